@@ -1,0 +1,17 @@
+//! Letterbox: a durable single-node message queue with dead letter queues,
+//! over gRPC.
+//!
+//! Code map (see ARCHITECTURE.md for the whole picture):
+//!
+//! - [`queue`]: the engine. Every rule of queues, leases, delivery counts,
+//!   dead letters, TTLs, delays and FIFO groups; no I/O of its own.
+//! - [`storage`]: durability. Our write-ahead log with group commit in
+//!   front of sled; the only module that names sled.
+//! - `server`: the gRPC services (tonic), conversions and the status
+//!   mapping; `serve` runs them.
+//! - [`pb`]: the generated protobuf types of `letterbox.v1`.
+//! - [`clock`]: wall-clock time, injectable for tests.
+pub mod clock;
+pub mod pb;
+pub mod queue;
+pub mod storage;

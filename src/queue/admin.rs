@@ -1,0 +1,436 @@
+//! Queue administration: create, get, list, update, delete, purge, stats,
+//! browse.
+
+use crate::storage::{Key, SysKey};
+
+use super::error::{QueueError, Result};
+use super::model::{
+    BrowsePage, BrowsedMessage, MessageState, QueueConfig, QueueConfigInput, QueueInfo,
+    QueueRemovals, QueueStats,
+};
+use super::state::{EntryState, QueueState};
+use super::{Broker, Change, State, durable, persist, validate};
+
+/// Messages deleted per transaction by purge and delete.
+const CHUNK: usize = 4096;
+
+impl Broker {
+    /// Creates a queue; `Ok((info, false))` when an identical one exists.
+    pub async fn create_queue(
+        &self,
+        name: &str,
+        input: &QueueConfigInput,
+    ) -> Result<(QueueInfo, bool)> {
+        validate::name("name", name)?;
+        let config = validate::new_config(input)?;
+        let now = self.now();
+        let commit = {
+            let mut st = self.lock();
+            if let Some(&qid) = st.names.get(name) {
+                let existing = st.queue(qid)?;
+                if existing.config == config {
+                    return Ok((info(&st, qid)?, false));
+                }
+                return Err(QueueError::AlreadyExists {
+                    kind: "queue",
+                    name: name.to_string(),
+                    detail: describe_difference(&existing.config, &config),
+                });
+            }
+            check_dead_letter(&st, name, &config)?;
+            let qid = st.next_qid;
+            st.next_qid += 1;
+            let mut change = Change::default();
+            change.txn.put_sys(SysKey::NextQid, u64::from(st.next_qid));
+            change
+                .txn
+                .put_queue(name, &persist::queue_record(qid, now, &config));
+            change.touch(qid);
+            if let Some(dl) = &config.dead_letter {
+                st.dlq_sources
+                    .entry(dl.queue.clone())
+                    .or_default()
+                    .insert(name.to_string());
+            }
+            st.names.insert(name.to_string(), qid);
+            st.queues
+                .insert(qid, QueueState::new(qid, name.to_string(), config, now));
+            self.submit(&st, change)
+        };
+        durable(commit).await?;
+        let st = self.lock();
+        let qid = st.qid(name)?;
+        Ok((info(&st, qid)?, true))
+    }
+
+    /// Describes one queue.
+    pub fn get_queue(&self, name: &str) -> Result<QueueInfo> {
+        let st = self.lock();
+        let qid = st.qid(name)?;
+        info(&st, qid)
+    }
+
+    /// Lists queues in name order after `after`, with an optional prefix.
+    pub fn list_queues(
+        &self,
+        prefix: &str,
+        page_size: u32,
+        after: Option<&str>,
+    ) -> Result<(Vec<QueueInfo>, Option<String>)> {
+        let size = validate::page_size("page_size", page_size)?;
+        let st = self.lock();
+        let start = after.map_or(std::ops::Bound::Unbounded, std::ops::Bound::Excluded);
+        let mut out = Vec::new();
+        let mut more = false;
+        for (name, &qid) in st
+            .names
+            .range::<str, _>((start, std::ops::Bound::Unbounded))
+            .filter(|(n, _)| n.starts_with(prefix))
+        {
+            if out.len() == size {
+                more = true;
+                break;
+            }
+            let _ = name;
+            out.push(info(&st, qid)?);
+        }
+        let next = if more { out.last().map(|q| q.name.clone()) } else { None };
+        Ok((out, next))
+    }
+
+    /// Changes a queue's configuration.
+    pub async fn update_queue(
+        &self,
+        name: &str,
+        input: &QueueConfigInput,
+        removals: QueueRemovals,
+    ) -> Result<QueueInfo> {
+        validate::name("name", name)?;
+        let commit = {
+            let mut st = self.lock();
+            let qid = st.qid(name)?;
+            let q = st.queue(qid)?;
+            let config = validate::updated_config(&q.config, input, removals)?;
+            let created_at = q.created_at;
+            check_dead_letter(&st, name, &config)?;
+            let q = st.queue(qid)?;
+            let old_dl = q.config.dead_letter.clone();
+            q.config = config.clone();
+            if let Some(dl) = old_dl {
+                if let Some(s) = st.dlq_sources.get_mut(&dl.queue) {
+                    s.remove(name);
+                }
+            }
+            if let Some(dl) = &config.dead_letter {
+                st.dlq_sources
+                    .entry(dl.queue.clone())
+                    .or_default()
+                    .insert(name.to_string());
+            }
+            let mut change = Change::default();
+            change
+                .txn
+                .put_queue(name, &persist::queue_record(qid, created_at, &config));
+            change.wake(qid);
+            self.submit(&st, change)
+        };
+        durable(commit).await?;
+        self.get_queue(name)
+    }
+
+    /// Deletes a queue and its messages; returns how many messages went.
+    pub async fn delete_queue(&self, name: &str, force: bool) -> Result<u64> {
+        validate::name("name", name)?;
+        let (qid, commit) = {
+            let mut st = self.lock();
+            let qid = st.qid(name)?;
+            let sources: Vec<String> = st
+                .dlq_sources
+                .get(name)
+                .map(|s| s.iter().cloned().collect())
+                .unwrap_or_default();
+            if !sources.is_empty() && !force {
+                return Err(QueueError::FailedPrecondition(format!(
+                    "queue {name:?} is the dead letter queue of {}; detach it first or delete with force",
+                    sources.join(", ")
+                )));
+            }
+            let mut change = Change::default();
+            // Detach the sources: they lose their dead letter queue.
+            for src in &sources {
+                let Some(&sqid) = st.names.get(src) else { continue };
+                let sq = st.queue(sqid)?;
+                sq.config.dead_letter = None;
+                sq.config.dead_letter_on_expiry = false;
+                let rec = persist::queue_record(sqid, sq.created_at, &sq.config);
+                change.txn.put_queue(src, &rec);
+            }
+            st.dlq_sources.remove(name);
+            let q = st.queue(qid)?;
+            if let Some(dl) = q.config.dead_letter.clone() {
+                if let Some(s) = st.dlq_sources.get_mut(&dl.queue) {
+                    s.remove(name);
+                }
+            }
+            change.txn.delete(Key::Queue(name));
+            change.txn.delete(Key::Counters(qid));
+            st.names.remove(name);
+            (qid, self.submit(&st, change))
+        };
+        durable(commit).await?;
+        // The queue is gone for every caller; now drop its messages in
+        // chunks (a crash in between leaves orphans that the next start
+        // deletes).
+        let deleted = self.drop_messages(qid, u64::MAX, true).await?;
+        let mut st = self.lock();
+        if let Some(q) = st.queues.remove(&qid) {
+            q.wake();
+        }
+        Ok(deleted)
+    }
+
+    /// Deletes every message of a queue; returns how many.
+    pub async fn purge_queue(&self, name: &str) -> Result<u64> {
+        validate::name("name", name)?;
+        let (qid, upto) = {
+            let st = self.lock();
+            (st.qid(name)?, st.next_pos)
+        };
+        self.drop_messages(qid, upto, false).await
+    }
+
+    /// Deletes the messages of a queue with positions below `upto`, a
+    /// chunk per transaction. For a deleted queue (`gone`), counters are
+    /// not kept.
+    async fn drop_messages(&self, qid: u32, upto: u64, gone: bool) -> Result<u64> {
+        let mut total = 0u64;
+        loop {
+            let commit = {
+                let mut st = self.lock();
+                let State { queues, timers, .. } = &mut *st;
+                let Some(q) = queues.get_mut(&qid) else { break };
+                let chunk: Vec<u64> = q.msgs.range(..upto).take(CHUNK).map(|(&p, _)| p).collect();
+                if chunk.is_empty() {
+                    break;
+                }
+                let mut change = Change::default();
+                for pos in &chunk {
+                    if let Some(e) = q.remove(*pos, timers) {
+                        change.txn.delete(Key::Meta(qid, *pos));
+                        change.txn.delete(Key::Payload(e.pid));
+                    }
+                }
+                total += chunk.len() as u64;
+                if !gone {
+                    q.counters.purged += chunk.len() as u64;
+                    change.touch(qid);
+                }
+                self.submit(&st, change)
+            };
+            durable(commit).await?;
+        }
+        if let Some(q) = self.lock().queues.get_mut(&qid) {
+            q.client_ids.retain(|_, p| *p >= upto);
+        }
+        Ok(total)
+    }
+
+    /// Exact figures of a queue.
+    pub fn stats(&self, name: &str) -> Result<QueueStats> {
+        let now = self.now();
+        let (qid, first, mut stats) = {
+            let mut st = self.lock();
+            let qid = st.qid(name)?;
+            let q = st.queue(qid)?;
+            let parked = q.fifo.as_ref().map_or(0, |f| f.parked_messages(&q.msgs));
+            let c = q.counters;
+            let stats = QueueStats {
+                ready: q.ready_count(),
+                in_flight: q.leased,
+                delayed: q.delayed,
+                parked,
+                total: q.msgs.len() as u64,
+                oldest_age: 0,
+                published: c.published,
+                acked: c.acked,
+                nacked: c.nacked,
+                expired: c.expired,
+                dead_lettered: c.dead_lettered,
+                dead_letters_received: c.dead_letters_received,
+                purged: c.purged,
+            };
+            (qid, q.msgs.keys().next().copied(), stats)
+        };
+        if let Some(pos) = first {
+            // The message may have left meanwhile; then it is not the oldest.
+            if let Some(meta) = self.store.get_meta(qid, pos)? {
+                stats.oldest_age = now.saturating_sub(meta.enqueued_at);
+            }
+        }
+        Ok(stats)
+    }
+
+    /// Reads messages without leasing them, in queue order, starting after
+    /// the position in `page_token`.
+    pub fn browse(&self, name: &str, max: u32, page_token: &str) -> Result<BrowsePage> {
+        let size = validate::page_size("max_messages", max)?;
+        let after = if page_token.is_empty() {
+            None
+        } else {
+            Some(page_token.parse::<u64>().map_err(|_| {
+                QueueError::invalid("page_token", page_token, "is not a token from an earlier page")
+            })?)
+        };
+        let (qid, picked, more) = {
+            let mut st = self.lock();
+            let qid = st.qid(name)?;
+            let q = st.queue(qid)?;
+            let start = after.map_or(std::ops::Bound::Unbounded, std::ops::Bound::Excluded);
+            let mut picked = Vec::new();
+            let mut iter = q.msgs.range((start, std::ops::Bound::Unbounded));
+            for (&pos, e) in iter.by_ref().take(size) {
+                picked.push((pos, message_state(q, pos, e.state, e.group)));
+            }
+            (qid, picked, iter.next().is_some())
+        };
+        let mut messages = Vec::with_capacity(picked.len());
+        let mut last = None;
+        for (pos, state) in picked {
+            last = Some(pos);
+            let Some(meta) = self.store.get_meta(qid, pos)? else { continue };
+            let Some(payload) = self.store.get_payload(meta.pid)? else { continue };
+            let leased = meta.lease.as_ref().map_or(0, |l| l.deadline);
+            messages.push(BrowsedMessage {
+                message_id: meta.message_id.clone(),
+                body: payload.body,
+                properties: payload.properties,
+                state,
+                delivery_count: meta.delivery_count,
+                published_at: payload.published_at,
+                enqueued_at: meta.enqueued_at,
+                expires_at: meta.expires_at,
+                visible_at: if state == MessageState::Delayed { meta.visible_at } else { 0 },
+                lease_deadline: leased,
+                group_id: meta.group.clone(),
+                dead_letters: persist::dead_letters(&meta),
+                attempts: persist::attempts(&meta),
+            });
+        }
+        Ok(BrowsePage {
+            messages,
+            next: if more { last.map(|p| p.to_string()) } else { None },
+        })
+    }
+}
+
+fn message_state(q: &QueueState, pos: u64, state: EntryState, gidx: u32) -> MessageState {
+    match state {
+        EntryState::Leased => MessageState::Leased,
+        EntryState::Delayed => MessageState::Delayed,
+        EntryState::Ready => match &q.fifo {
+            None => MessageState::Ready,
+            Some(f) => match f.groups.get(&gidx) {
+                Some(g) if g.parked.is_some() => MessageState::Parked,
+                Some(g) if g.msgs.first() != Some(&pos) || g.leased > 0 => MessageState::Blocked,
+                _ => MessageState::Ready,
+            },
+        },
+    }
+}
+
+/// Describes a queue.
+pub(crate) fn info(st: &State, qid: u32) -> Result<QueueInfo> {
+    let q = st
+        .queues
+        .get(&qid)
+        .ok_or_else(|| QueueError::Unavailable(format!("queue number {qid} vanished")))?;
+    Ok(QueueInfo {
+        name: q.name.clone(),
+        config: q.config.clone(),
+        dead_letter_sources: st
+            .dlq_sources
+            .get(&q.name)
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default(),
+        created_at: q.created_at,
+    })
+}
+
+/// Checks a queue's dead letter policy against the other queues: the DLQ
+/// exists, is not the queue itself, has the same kind, and the chain of
+/// dead letter queues does not lead back to the queue.
+fn check_dead_letter(st: &State, name: &str, config: &QueueConfig) -> Result<()> {
+    let Some(dl) = &config.dead_letter else {
+        return Ok(());
+    };
+    if dl.queue == name {
+        return Err(QueueError::invalid(
+            "config.dead_letter.queue",
+            &dl.queue,
+            "a queue cannot be its own dead letter queue",
+        ));
+    }
+    let dlq_qid = st.names.get(&dl.queue).ok_or_else(|| QueueError::NotFound {
+        kind: "dead letter queue",
+        name: dl.queue.clone(),
+    })?;
+    let dlq = st
+        .queues
+        .get(dlq_qid)
+        .ok_or_else(|| QueueError::no_queue(&dl.queue))?;
+    if dlq.config.kind != config.kind {
+        return Err(QueueError::FailedPrecondition(format!(
+            "dead letter queue {:?} is {} but queue {name:?} is {}; they must be of the same kind",
+            dl.queue, dlq.config.kind, config.kind
+        )));
+    }
+    // Follow the chain from the DLQ; it must not come back to `name`.
+    let mut seen = vec![dl.queue.clone()];
+    let mut next = dlq.config.dead_letter.as_ref().map(|d| d.queue.clone());
+    while let Some(n) = next {
+        if n == name {
+            seen.push(n);
+            return Err(QueueError::FailedPrecondition(format!(
+                "dead letter queues would form a loop: {name} -> {}",
+                seen.join(" -> ")
+            )));
+        }
+        if seen.contains(&n) {
+            break;
+        }
+        next = st
+            .names
+            .get(&n)
+            .and_then(|id| st.queues.get(id))
+            .and_then(|q| q.config.dead_letter.as_ref())
+            .map(|d| d.queue.clone());
+        seen.push(n);
+    }
+    Ok(())
+}
+
+fn describe_difference(old: &QueueConfig, new: &QueueConfig) -> String {
+    let mut diffs = Vec::new();
+    macro_rules! cmp {
+        ($($f:ident),*) => {$(
+            if old.$f != new.$f {
+                diffs.push(format!("{}: {:?} (requested {:?})", stringify!($f), old.$f, new.$f));
+            }
+        )*};
+    }
+    cmp!(
+        kind,
+        message_ttl,
+        ack_timeout,
+        delivery_delay,
+        dead_letter,
+        retry_backoff,
+        dead_letter_on_expiry,
+        max_length,
+        max_lease_total,
+        dedup_window,
+        on_poison,
+        content_based_dedup
+    );
+    format!("with a different configuration: {}", diffs.join(", "))
+}

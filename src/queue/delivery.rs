@@ -1,0 +1,389 @@
+//! Delivery: receive (long poll, auto-ack), ack, nack, extend.
+//!
+//! A lease is granted in the same record that raises the delivery count,
+//! so counts are exact across crashes. Tokens carry the lease's epoch (the
+//! delivery count at the grant); a settle call whose token is not the
+//! current, unexpired lease fails for that token and changes nothing.
+
+use std::time::{Duration, Instant};
+
+use crate::storage::Key;
+use crate::storage::records::LeaseRecord;
+
+use super::error::{QueueError, Result};
+use super::model::{AttemptOutcome, Delivery, Nack, ReceiveOptions, Settled};
+use super::state::{EntryState, QueueState};
+use super::token::AckToken;
+use super::{Broker, Change, State, durable, persist, validate};
+
+/// Bytes counted per delivery besides its body, for the response budget.
+const DELIVERY_OVERHEAD: u64 = 512;
+
+/// A leased (or auto-acked) message waiting for its payload to be read.
+struct Picked {
+    qid: u32,
+    pid: u64,
+    token: Option<AckToken>,
+    meta: crate::storage::records::MetaRecord,
+    deadline: u64,
+    /// Auto-ack: the payload, read before it was deleted.
+    payload: Option<crate::storage::records::PayloadRecord>,
+}
+
+impl Broker {
+    /// Leases up to `opts.max_messages` messages, waiting up to `opts.wait`
+    /// for the first to become ready.
+    pub async fn receive(&self, queue: &str, opts: ReceiveOptions) -> Result<Vec<Delivery>> {
+        let max = match opts.max_messages {
+            0 => 10,
+            n if n > validate::limits::MAX_RECEIVE => {
+                return Err(QueueError::invalid(
+                    "max_messages",
+                    n,
+                    format!("must be at most {}", validate::limits::MAX_RECEIVE),
+                ));
+            }
+            n => n,
+        };
+        if opts.wait > validate::limits::MAX_WAIT {
+            return Err(QueueError::invalid(
+                "wait_ms",
+                opts.wait,
+                format!("must be at most {}", validate::limits::MAX_WAIT),
+            ));
+        }
+        let give_up = Instant::now() + Duration::from_millis(opts.wait);
+        loop {
+            let (picked, commit, mut wake) = {
+                let mut st = self.lock();
+                let qid = st.qid(queue)?;
+                let q = st.queue(qid)?;
+                let timeout = match opts.ack_timeout {
+                    Some(t) => {
+                        validate::lease_length("ack_timeout_ms", t, q.config.max_lease_total)?;
+                        t
+                    }
+                    None => q.config.ack_timeout,
+                };
+                let wake = q.wake.subscribe();
+                let mut change = Change::default();
+                let picked = self.pick(&mut st, qid, max, timeout, opts.auto_ack, &mut change)?;
+                (picked, self.submit(&st, change), wake)
+            };
+            if !picked.is_empty() {
+                return self.deliver(queue, picked, commit).await;
+            }
+            durable(commit).await?;
+            let left = give_up.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(Vec::new());
+            }
+            // Woken when a message may have become ready; otherwise the
+            // wait runs out.
+            if tokio::time::timeout(left, wake.changed()).await.is_err() {
+                return Ok(Vec::new());
+            }
+        }
+    }
+
+    /// Chooses and leases messages under the lock. Expired candidates are
+    /// expired instead of delivered, and the choice is made again past
+    /// them (in a FIFO group the next message becomes the head).
+    fn pick(
+        &self,
+        st: &mut State,
+        qid: u32,
+        max: u32,
+        timeout: u64,
+        auto_ack: bool,
+        change: &mut Change,
+    ) -> Result<Vec<Picked>> {
+        let now = self.now();
+        let max = usize::try_from(max).unwrap_or(10);
+        let mut picked: Vec<Picked> = Vec::new();
+        let mut used = 0u64;
+        loop {
+            let q = st.queue(qid)?;
+            let budget = self.opts.max_response_bytes.saturating_sub(used);
+            if !picked.is_empty() && budget == 0 {
+                break;
+            }
+            let candidates = q.deliverable(max - picked.len(), budget, DELIVERY_OVERHEAD);
+            if candidates.is_empty() {
+                break;
+            }
+            let mut expired_any = false;
+            for pos in candidates {
+                let q = st.queue(qid)?;
+                let Some(e) = q.msgs.get(&pos) else { continue };
+                if e.expires_at <= now {
+                    self.expire(st, qid, pos, now, change)?;
+                    expired_any = true;
+                    continue;
+                }
+                used += u64::from(e.size) + DELIVERY_OVERHEAD;
+                picked.push(self.lease_one(st, qid, pos, now, timeout, auto_ack, change)?);
+            }
+            if !expired_any || picked.len() >= max {
+                break;
+            }
+        }
+        Ok(picked)
+    }
+
+    /// Leases (or auto-acks) one ready message.
+    #[allow(clippy::too_many_arguments)]
+    fn lease_one(
+        &self,
+        st: &mut State,
+        qid: u32,
+        pos: u64,
+        now: u64,
+        timeout: u64,
+        auto_ack: bool,
+        change: &mut Change,
+    ) -> Result<Picked> {
+        let mut meta = self.meta(qid, pos)?;
+        meta.delivery_count += 1;
+        meta.leases += 1;
+        if meta.first_delivered_at == 0 {
+            meta.first_delivered_at = now;
+        }
+        let State { queues, timers, .. } = st;
+        let q = queues
+            .get_mut(&qid)
+            .ok_or_else(|| QueueError::Unavailable(format!("queue number {qid} vanished")))?;
+        if auto_ack {
+            let payload = self.store.get_payload(meta.pid)?;
+            q.remove(pos, timers);
+            forget_client_id(q, &meta);
+            change.txn.delete(Key::Meta(qid, pos));
+            change.txn.delete(Key::Payload(meta.pid));
+            q.counters.acked += 1;
+            change.touch(qid);
+            return Ok(Picked {
+                qid,
+                pid: meta.pid,
+                token: None,
+                meta,
+                deadline: 0,
+                payload,
+            });
+        }
+        let deadline = now + timeout;
+        let epoch = meta.leases;
+        meta.lease = Some(LeaseRecord {
+            epoch,
+            deadline,
+            started: now,
+        });
+        change.txn.put_meta(qid, pos, &meta);
+        q.lease(pos, deadline, epoch, timers);
+        Ok(Picked {
+            qid,
+            pid: meta.pid,
+            token: Some(AckToken { qid, pos, epoch }),
+            meta,
+            deadline,
+            payload: None,
+        })
+    }
+
+    /// Reads the payloads of picked messages and waits for durability.
+    async fn deliver(
+        &self,
+        queue: &str,
+        picked: Vec<Picked>,
+        commit: Option<crate::storage::Commit>,
+    ) -> Result<Vec<Delivery>> {
+        let mut out = Vec::with_capacity(picked.len());
+        for p in picked {
+            let payload = match p.payload {
+                Some(payload) => Some(payload),
+                None => self.store.get_payload(p.pid)?,
+            };
+            let Some(payload) = payload else {
+                // Purged or deleted since it was leased.
+                continue;
+            };
+            out.push(Delivery {
+                queue: queue.to_string(),
+                message_id: p.meta.message_id.clone(),
+                body: payload.body,
+                properties: payload.properties,
+                ack_token: p.token.map(|t| t.to_string()),
+                delivery_count: p.meta.delivery_count,
+                published_at: payload.published_at,
+                first_delivered_at: p.meta.first_delivered_at,
+                lease_deadline: p.deadline,
+                group_id: p.meta.group.clone(),
+                dead_letters: persist::dead_letters(&p.meta),
+                attempts: persist::attempts(&p.meta),
+            });
+            let _ = p.qid;
+        }
+        durable(commit).await?;
+        Ok(out)
+    }
+
+    /// Acknowledges deliveries: each message is deleted for good.
+    pub async fn ack(&self, tokens: &[String]) -> Result<Vec<Settled>> {
+        validate::batch("ack_tokens", tokens.len())?;
+        let parsed = parse_tokens("ack_tokens", tokens.iter().map(String::as_str))?;
+        let now = self.now();
+        let (results, commit) = {
+            let mut st = self.lock();
+            let mut change = Change::default();
+            let mut results = Vec::with_capacity(parsed.len());
+            for (t, text) in parsed.iter().zip(tokens) {
+                if let Err(why) = current_lease(&st, t, now) {
+                    results.push(Settled::LeaseExpired(format!("lease expired: token {text} {why}")));
+                    continue;
+                }
+                let State { queues, timers, .. } = &mut *st;
+                let Some(q) = queues.get_mut(&t.qid) else { continue };
+                if let Some(e) = q.remove(t.pos, timers) {
+                    if !q.client_ids.is_empty() {
+                        let meta = self.meta(t.qid, t.pos)?;
+                        forget_client_id(q, &meta);
+                    }
+                    change.txn.delete(Key::Meta(t.qid, t.pos));
+                    change.txn.delete(Key::Payload(e.pid));
+                    q.counters.acked += 1;
+                    change.touch(t.qid);
+                    change.wake(t.qid);
+                }
+                results.push(Settled::Ok { deadline: 0 });
+            }
+            (results, self.submit(&st, change))
+        };
+        durable(commit).await?;
+        Ok(results)
+    }
+
+    /// Rejects deliveries: each counts as a failed attempt.
+    pub async fn nack(&self, items: &[Nack]) -> Result<Vec<Settled>> {
+        validate::batch("items", items.len())?;
+        let parsed = parse_tokens("items.ack_token", items.iter().map(|n| n.token.as_str()))?;
+        for (i, n) in items.iter().enumerate() {
+            if let Some(d) = n.delay {
+                if d > validate::limits::MAX_DELAY {
+                    return Err(QueueError::invalid(
+                        format!("items[{i}].delay_ms"),
+                        d,
+                        format!("must be at most {}", validate::limits::MAX_DELAY),
+                    ));
+                }
+            }
+            validate::reason(&format!("items[{i}].reason"), &n.reason)?;
+        }
+        let now = self.now();
+        let (results, commit) = {
+            let mut st = self.lock();
+            // A reject needs a dead letter queue: check all before changing any.
+            for (t, n) in parsed.iter().zip(items) {
+                if !n.dead_letter {
+                    continue;
+                }
+                if let Some(q) = st.queues.get(&t.qid) {
+                    if q.config.dead_letter.is_none() {
+                        return Err(QueueError::FailedPrecondition(format!(
+                            "queue {:?} has no dead letter queue, so token {} cannot be rejected to one",
+                            q.name, n.token
+                        )));
+                    }
+                }
+            }
+            let mut change = Change::default();
+            let mut results = Vec::with_capacity(items.len());
+            for (t, n) in parsed.iter().zip(items) {
+                if let Err(why) = current_lease(&st, t, now) {
+                    results.push(Settled::LeaseExpired(format!(
+                        "lease expired: token {} {why}",
+                        n.token
+                    )));
+                    continue;
+                }
+                let outcome = if n.dead_letter {
+                    AttemptOutcome::Rejected
+                } else {
+                    AttemptOutcome::Nacked
+                };
+                self.end_lease(&mut st, t.qid, t.pos, now, outcome, &n.reason, n.delay, &mut change)?;
+                results.push(Settled::Ok { deadline: 0 });
+            }
+            (results, self.submit(&st, change))
+        };
+        durable(commit).await?;
+        Ok(results)
+    }
+
+    /// Extends leases: new deadline = now + timeout, capped by the queue's
+    /// `max_lease_total` counted from the grant.
+    pub async fn extend(&self, items: &[(String, u64)]) -> Result<Vec<Settled>> {
+        validate::batch("items", items.len())?;
+        let parsed = parse_tokens("items.ack_token", items.iter().map(|(t, _)| t.as_str()))?;
+        for (i, (_, timeout)) in items.iter().enumerate() {
+            validate::lease_length(
+                &format!("items[{i}].timeout_ms"),
+                *timeout,
+                validate::limits::ACK_TIMEOUT.1,
+            )?;
+        }
+        let now = self.now();
+        let (results, commit) = {
+            let mut st = self.lock();
+            let mut change = Change::default();
+            let mut results = Vec::with_capacity(items.len());
+            for (t, (text, timeout)) in parsed.iter().zip(items) {
+                if let Err(why) = current_lease(&st, t, now) {
+                    results.push(Settled::LeaseExpired(format!("lease expired: token {text} {why}")));
+                    continue;
+                }
+                let mut meta = self.meta(t.qid, t.pos)?;
+                let State { queues, timers, .. } = &mut *st;
+                let Some(q) = queues.get_mut(&t.qid) else { continue };
+                let Some(lease) = meta.lease.as_mut() else {
+                    results.push(Settled::LeaseExpired(format!("lease expired: token {text} is not leased")));
+                    continue;
+                };
+                let deadline = (now + timeout).min(lease.started + q.config.max_lease_total);
+                lease.deadline = deadline;
+                q.set_deadline(t.pos, deadline, timers);
+                change.txn.put_meta(t.qid, t.pos, &meta);
+                results.push(Settled::Ok { deadline });
+            }
+            (results, self.submit(&st, change))
+        };
+        durable(commit).await?;
+        Ok(results)
+    }
+}
+
+/// Parses every token of a request before anything is done.
+fn parse_tokens<'a>(field: &str, tokens: impl Iterator<Item = &'a str>) -> Result<Vec<AckToken>> {
+    tokens
+        .enumerate()
+        .map(|(i, t)| AckToken::parse(&format!("{field}[{i}]"), t))
+        .collect()
+}
+
+/// Checks that a token is the current, unexpired lease of its message.
+fn current_lease(st: &State, t: &AckToken, now: u64) -> std::result::Result<(), &'static str> {
+    let q = st.queues.get(&t.qid).ok_or("(its queue no longer exists)")?;
+    let e = q.msgs.get(&t.pos).ok_or("(the message is no longer in the queue)")?;
+    if e.state != EntryState::Leased || e.epoch != t.epoch {
+        return Err("(the lease was settled, or ran out and the message was delivered again)");
+    }
+    if e.due <= now {
+        return Err("(the lease ran out)");
+    }
+    Ok(())
+}
+
+/// Drops a message's client id from its queue's index.
+pub(crate) fn forget_client_id(q: &mut QueueState, meta: &crate::storage::records::MetaRecord) {
+    if meta.client_id {
+        q.client_ids.remove(&meta.message_id);
+    }
+}

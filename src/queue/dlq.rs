@@ -1,0 +1,246 @@
+//! The end of a lease without an ack, dead-letter moves and expiry.
+//!
+//! A move to the dead letter queue is one transaction: the message's
+//! record leaves the source queue and a new record (with the dead-letter
+//! history appended) enters the DLQ, sharing the same payload. At every
+//! instant the message is in exactly one queue, before and after a crash.
+
+use crate::storage::Key;
+use crate::storage::records::{DeadLetterRec, GroupRecord, MetaRecord};
+
+use super::delivery::forget_client_id;
+use super::error::{QueueError, Result};
+use super::model::{AttemptOutcome, DeadLetterReason, PoisonPolicy};
+use super::state::{Entry, EntryState};
+use super::{Broker, Change, State, persist};
+
+impl Broker {
+    /// Ends a lease that was not acked (nack, reject, lease expiry, stream
+    /// close): records the attempt, then dead-letters, expires, parks or
+    /// makes the message ready again (after its delay).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn end_lease(
+        &self,
+        st: &mut State,
+        qid: u32,
+        pos: u64,
+        now: u64,
+        outcome: AttemptOutcome,
+        reason: &str,
+        delay: Option<u64>,
+        change: &mut Change,
+    ) -> Result<()> {
+        let mut meta = self.meta(qid, pos)?;
+        meta.lease = None;
+        persist::push_attempt(&mut meta, now, outcome, reason);
+        let q = st.queue(qid)?;
+        q.counters.nacked += 1;
+        change.touch(qid);
+        let config = q.config.clone();
+        if outcome == AttemptOutcome::Rejected {
+            return self.dead_letter(st, qid, pos, meta, DeadLetterReason::Rejected, "", now, change);
+        }
+        if meta.expires_at <= now {
+            return self.expire_with(st, qid, pos, meta, now, change);
+        }
+        if let Some(dl) = &config.dead_letter {
+            if meta.delivery_count >= dl.max_deliveries {
+                if config.on_poison == PoisonPolicy::ParkGroup && config.kind.is_fifo() {
+                    return self.park(st, qid, pos, meta, now, change);
+                }
+                return self.dead_letter(st, qid, pos, meta, DeadLetterReason::MaxDeliveries, "", now, change);
+            }
+        }
+        let backoff = config
+            .retry_backoff
+            .map(|b| b.delay(meta.delivery_count))
+            .unwrap_or(0);
+        meta.visible_at = now + delay.unwrap_or(backoff);
+        change.txn.put_meta(qid, pos, &meta);
+        let State { queues, timers, .. } = st;
+        if let Some(q) = queues.get_mut(&qid) {
+            q.release(pos, meta.visible_at, now, timers);
+        }
+        change.wake(qid);
+        Ok(())
+    }
+
+    /// Moves a message to its queue's dead letter queue, atomically.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn dead_letter(
+        &self,
+        st: &mut State,
+        qid: u32,
+        pos: u64,
+        mut meta: MetaRecord,
+        reason: DeadLetterReason,
+        note: &str,
+        now: u64,
+        change: &mut Change,
+    ) -> Result<()> {
+        let q = st.queue(qid)?;
+        let source = q.name.clone();
+        let dl = q.config.dead_letter.clone().ok_or_else(|| {
+            QueueError::FailedPrecondition(format!("queue {source:?} has no dead letter queue"))
+        })?;
+        let dlq_qid = st.qid(&dl.queue).map_err(|_| {
+            QueueError::FailedPrecondition(format!(
+                "dead letter queue {:?} of queue {source:?} does not exist",
+                dl.queue
+            ))
+        })?;
+        let new_pos = st.alloc_pos(&mut change.txn);
+        let State { queues, timers, .. } = st;
+        let q = queues
+            .get_mut(&qid)
+            .ok_or_else(|| QueueError::Unavailable(format!("queue number {qid} vanished")))?;
+        let Some(old) = q.remove(pos, timers) else {
+            return Ok(());
+        };
+        forget_client_id(q, &meta);
+        q.counters.dead_lettered += 1;
+        let last_nack_reason = meta
+            .attempts
+            .iter()
+            .rev()
+            .find(|a| !a.reason.is_empty())
+            .map(|a| a.reason.clone())
+            .unwrap_or_default();
+        let record = DeadLetterRec {
+            source_queue: source,
+            reason: persist::reason_code(reason),
+            delivery_count: meta.delivery_count,
+            last_nack_reason,
+            at: now,
+            note: note.to_string(),
+        };
+        persist::push_dead_letter(&mut meta, record);
+        let dlq = queues
+            .get_mut(&dlq_qid)
+            .ok_or_else(|| QueueError::Unavailable(format!("queue number {dlq_qid} vanished")))?;
+        // A new life in the DLQ: counts start again, TTL counts from now.
+        meta.delivery_count = 0;
+        meta.leases = 0;
+        meta.lease = None;
+        meta.first_delivered_at = 0;
+        meta.attempts.clear();
+        meta.enqueued_at = now;
+        meta.expires_at = now + dlq.config.message_ttl;
+        meta.visible_at = now;
+        meta.own_ttl = false;
+        if !dlq.config.kind.is_fifo() {
+            meta.group = None;
+        }
+        let group = match &mut dlq.fifo {
+            Some(f) => f.group_index(meta.group.as_deref().unwrap_or("")),
+            None => 0,
+        };
+        dlq.counters.dead_letters_received += 1;
+        if meta.client_id {
+            dlq.client_ids.insert(meta.message_id.clone(), new_pos);
+        }
+        dlq.add(
+            new_pos,
+            Entry {
+                state: EntryState::Ready,
+                due: 0,
+                expires_at: meta.expires_at,
+                pid: old.pid,
+                epoch: 0,
+                size: old.size,
+                group,
+            },
+            timers,
+        );
+        change.txn.delete(Key::Meta(qid, pos));
+        change.txn.put_meta(dlq_qid, new_pos, &meta);
+        change.touch(qid);
+        change.touch(dlq_qid);
+        change.wake(qid);
+        change.wake(dlq_qid);
+        Ok(())
+    }
+
+    /// Expires a message whose time to live ran out.
+    pub(crate) fn expire(
+        &self,
+        st: &mut State,
+        qid: u32,
+        pos: u64,
+        now: u64,
+        change: &mut Change,
+    ) -> Result<()> {
+        let meta = self.meta(qid, pos)?;
+        self.expire_with(st, qid, pos, meta, now, change)
+    }
+
+    /// Expires a message: to the DLQ with `dead_letter_on_expiry`, else
+    /// deleted.
+    pub(crate) fn expire_with(
+        &self,
+        st: &mut State,
+        qid: u32,
+        pos: u64,
+        meta: MetaRecord,
+        now: u64,
+        change: &mut Change,
+    ) -> Result<()> {
+        let q = st.queue(qid)?;
+        q.counters.expired += 1;
+        change.touch(qid);
+        if q.config.dead_letter_on_expiry && q.config.dead_letter.is_some() {
+            return self.dead_letter(st, qid, pos, meta, DeadLetterReason::Expired, "", now, change);
+        }
+        let State { queues, timers, .. } = st;
+        if let Some(q) = queues.get_mut(&qid) {
+            if let Some(e) = q.remove(pos, timers) {
+                forget_client_id(q, &meta);
+                change.txn.delete(Key::Meta(qid, pos));
+                change.txn.delete(Key::Payload(e.pid));
+            }
+        }
+        change.wake(qid);
+        Ok(())
+    }
+
+    /// Parks a FIFO group whose head exhausted its deliveries: the head
+    /// stays, visible, and the group holds until an operator acts.
+    fn park(
+        &self,
+        st: &mut State,
+        qid: u32,
+        pos: u64,
+        mut meta: MetaRecord,
+        now: u64,
+        change: &mut Change,
+    ) -> Result<()> {
+        let State { queues, timers, .. } = st;
+        let q = queues
+            .get_mut(&qid)
+            .ok_or_else(|| QueueError::Unavailable(format!("queue number {qid} vanished")))?;
+        meta.visible_at = now;
+        change.txn.put_meta(qid, pos, &meta);
+        let Some(gidx) = q.msgs.get(&pos).map(|e| e.group) else {
+            return Ok(());
+        };
+        let reason = format!(
+            "head message {} failed {} deliveries (on_poison = PARK_GROUP)",
+            meta.message_id, meta.delivery_count
+        );
+        let group = meta.group.clone().unwrap_or_default();
+        change.txn.put_group(
+            qid,
+            &group,
+            &GroupRecord {
+                parked_at: now,
+                reason: reason.clone(),
+            },
+        );
+        // Parked first, so that releasing the lease does not make the
+        // group ready.
+        q.set_parked(gidx, Some((now, reason)));
+        q.release(pos, now, now, timers);
+        tracing::warn!(queue = %q.name, group = %group, message_id = %meta.message_id, "FIFO group parked");
+        Ok(())
+    }
+}

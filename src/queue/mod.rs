@@ -1,0 +1,236 @@
+//! The queue engine: every rule of queues, leases, delivery counting, dead
+//! letters, TTLs, delays and FIFO groups lives here.
+//!
+//! [`Broker`] is what the server calls. It holds the in-memory indexes
+//! (see `state.rs`) behind one mutex and the [`Store`] that makes changes
+//! durable. Every state-changing operation follows the same path:
+//!
+//! 1. validate the request without the lock (a bad request changes
+//!    nothing);
+//! 2. take the lock, check preconditions, decide (which messages a receive
+//!    leases, whether a nack dead-letters), update the indexes and build
+//!    one storage transaction with the resulting absolute records;
+//! 3. submit the transaction while still holding the lock, so the log
+//!    order is the decision order;
+//! 4. release the lock and wait for the transaction to be durable before
+//!    answering.
+//!
+//! Because the log is ordered, a receive that leases a message whose
+//! publish is not yet durable answers only after the publish is.
+//!
+//! The engine reads time only through [`Clock`] and touches disk only
+//! through [`Store`]. It never names tonic, prost or sled.
+
+mod admin;
+mod delivery;
+mod dlq;
+pub mod error;
+mod fifo;
+pub mod model;
+mod persist;
+mod publish;
+mod recovery;
+mod state;
+mod timers;
+pub mod token;
+pub mod validate;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use crate::clock::Clock;
+use crate::storage::records::MetaRecord;
+use crate::storage::{Store, SysKey, Txn};
+
+pub use error::{QueueError, Result};
+use state::{QueueState, Timers};
+
+/// Positions are reserved in blocks of this size; after a crash the rest
+/// of the block is skipped, so no position is ever handed out twice.
+const POS_BLOCK: u64 = 1 << 20;
+
+/// Tunables of the engine.
+#[derive(Debug, Clone)]
+pub struct BrokerOptions {
+    /// Largest message body.
+    pub max_message_size: usize,
+    /// A receive returns no more body bytes than this (at least one
+    /// message), so that its response fits the client's size limit.
+    pub max_response_bytes: u64,
+    /// How often the sweeper looks for due leases, delays and expiries.
+    pub sweep_interval: Duration,
+}
+
+impl Default for BrokerOptions {
+    fn default() -> Self {
+        BrokerOptions {
+            max_message_size: 10 << 20,
+            max_response_bytes: 4 << 20,
+            sweep_interval: Duration::from_millis(50),
+        }
+    }
+}
+
+/// The engine's state behind its lock.
+#[derive(Debug, Default)]
+pub(crate) struct State {
+    pub queues: HashMap<u32, QueueState>,
+    pub names: BTreeMap<String, u32>,
+    /// DLQ name → names of the queues that use it.
+    pub dlq_sources: HashMap<String, BTreeSet<String>>,
+    pub timers: Timers,
+    pub next_pos: u64,
+    pub pos_reserved: u64,
+    pub next_qid: u32,
+}
+
+impl State {
+    /// The internal number of a queue, or NOT_FOUND.
+    pub(crate) fn qid(&self, name: &str) -> Result<u32> {
+        self.names.get(name).copied().ok_or_else(|| QueueError::no_queue(name))
+    }
+
+    /// A queue by internal number.
+    pub(crate) fn queue(&mut self, qid: u32) -> Result<&mut QueueState> {
+        self.queues
+            .get_mut(&qid)
+            .ok_or_else(|| QueueError::Unavailable(format!("queue number {qid} vanished")))
+    }
+
+    /// Hands out the next message position, reserving a new block in the
+    /// transaction when the current one is used up.
+    pub(crate) fn alloc_pos(&mut self, txn: &mut Txn) -> u64 {
+        if self.next_pos >= self.pos_reserved {
+            self.pos_reserved = self.next_pos + POS_BLOCK;
+            txn.put_sys(SysKey::PosReserved, self.pos_reserved);
+        }
+        let pos = self.next_pos;
+        self.next_pos += 1;
+        pos
+    }
+}
+
+/// A transaction being built, with the queues whose counters changed and
+/// the queues whose waiters must be woken.
+#[derive(Debug, Default)]
+pub(crate) struct Change {
+    pub txn: Txn,
+    touched: Vec<u32>,
+    woken: Vec<u32>,
+}
+
+impl Change {
+    /// Notes that a queue's counters changed.
+    pub(crate) fn touch(&mut self, qid: u32) {
+        if !self.touched.contains(&qid) {
+            self.touched.push(qid);
+        }
+    }
+
+    /// Notes that messages may have become deliverable in a queue.
+    pub(crate) fn wake(&mut self, qid: u32) {
+        if !self.woken.contains(&qid) {
+            self.woken.push(qid);
+        }
+    }
+
+    /// Adds the touched counters to the transaction and wakes waiters.
+    pub(crate) fn finish(mut self, st: &State) -> Txn {
+        for qid in &self.touched {
+            if let Some(q) = st.queues.get(qid) {
+                self.txn.put_counters(*qid, &persist::counters_record(&q.counters));
+            }
+        }
+        for qid in &self.woken {
+            if let Some(q) = st.queues.get(qid) {
+                q.wake();
+            }
+        }
+        self.txn
+    }
+}
+
+/// The queue engine.
+pub struct Broker {
+    store: Store,
+    clock: Arc<dyn Clock>,
+    opts: BrokerOptions,
+    state: Mutex<State>,
+}
+
+impl std::fmt::Debug for Broker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Broker").field("store", &self.store).finish()
+    }
+}
+
+impl Broker {
+    /// Builds the engine over an opened store, rebuilding the in-memory
+    /// indexes from it.
+    pub fn open(store: Store, clock: Arc<dyn Clock>, opts: BrokerOptions) -> Result<Broker> {
+        let state = recovery::load(&store, clock.now_ms())?;
+        Ok(Broker {
+            store,
+            clock,
+            opts,
+            state: Mutex::new(state),
+        })
+    }
+
+    /// The store under the engine.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// The engine's clock.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
+    }
+
+    /// The engine's options.
+    pub fn options(&self) -> &BrokerOptions {
+        &self.opts
+    }
+
+    /// Stops the engine and closes its store (applies and checkpoints).
+    pub fn close(self) -> Result<()> {
+        self.store.close().map_err(QueueError::from)
+    }
+
+    /// Takes the engine's lock. Sections under it are short and never
+    /// await; a panic while holding it cannot leave the indexes half
+    /// changed in a way the next caller could not work with, so a poisoned
+    /// lock is taken over.
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn now(&self) -> u64 {
+        self.clock.now_ms()
+    }
+
+    /// Reads a message's stored state; its absence is a broken invariant.
+    pub(crate) fn meta(&self, qid: u32, pos: u64) -> Result<MetaRecord> {
+        self.store.get_meta(qid, pos)?.ok_or_else(|| {
+            QueueError::DataLoss(format!("message {qid}/{pos} is indexed but not stored"))
+        })
+    }
+
+    /// Submits a change under the lock and returns its commit.
+    pub(crate) fn submit(&self, st: &State, change: Change) -> Option<crate::storage::Commit> {
+        let txn = change.finish(st);
+        (!txn.is_empty()).then(|| self.store.submit(txn))
+    }
+}
+
+/// Waits for a commit, if there is one.
+pub(crate) async fn durable(commit: Option<crate::storage::Commit>) -> Result<()> {
+    match commit {
+        Some(c) => c.wait().await.map_err(QueueError::from),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,452 @@
+//! The engine's own types: queue configurations, messages, deliveries,
+//! dead-letter records, figures. No protobuf or storage type appears here;
+//! `server/convert.rs` and the engine's persistence code translate.
+//!
+//! Durations and instants are milliseconds (instants since the Unix epoch).
+
+use bytes::Bytes;
+
+/// Milliseconds in a second, a minute, an hour, a day.
+pub const SECOND: u64 = 1_000;
+/// Milliseconds in a minute.
+pub const MINUTE: u64 = 60 * SECOND;
+/// Milliseconds in an hour.
+pub const HOUR: u64 = 60 * MINUTE;
+/// Milliseconds in a day.
+pub const DAY: u64 = 24 * HOUR;
+
+/// STANDARD or FIFO.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum QueueKind {
+    /// At-least-once, best-effort order.
+    #[default]
+    Standard,
+    /// Strict order per message group.
+    Fifo,
+}
+
+impl QueueKind {
+    /// True for FIFO queues.
+    pub fn is_fifo(self) -> bool {
+        self == QueueKind::Fifo
+    }
+}
+
+impl std::fmt::Display for QueueKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            QueueKind::Standard => "STANDARD",
+            QueueKind::Fifo => "FIFO",
+        })
+    }
+}
+
+/// What a FIFO queue does when a group's head exhausts its deliveries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PoisonPolicy {
+    /// Dead-letter the head and go on with the group.
+    #[default]
+    DeadLetterAndContinue,
+    /// Hold the group until an operator acts.
+    ParkGroup,
+}
+
+/// Where messages go after too many failed deliveries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLetterPolicy {
+    /// The dead letter queue's name.
+    pub queue: String,
+    /// Deliveries before the move.
+    pub max_deliveries: u32,
+}
+
+/// Exponential delay before a failed message is visible again.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RetryBackoff {
+    /// Delay after the first failed delivery.
+    pub initial: u64,
+    /// Largest delay.
+    pub max: u64,
+    /// Growth factor per further failed delivery.
+    pub multiplier: f64,
+}
+
+impl RetryBackoff {
+    /// The delay after the `delivery_count`-th failed delivery (1-based).
+    pub fn delay(&self, delivery_count: u32) -> u64 {
+        let exp = i32::try_from(delivery_count.saturating_sub(1).min(64)).unwrap_or(64);
+        let d = self.initial as f64 * self.multiplier.powi(exp);
+        if d.is_finite() && d < self.max as f64 {
+            // The value is below `max`, a u64: the conversion is exact
+            // enough and cannot overflow.
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            let d = d as u64;
+            d
+        } else {
+            self.max
+        }
+    }
+}
+
+/// A queue's configuration with every value in force.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueueConfig {
+    /// STANDARD or FIFO.
+    pub kind: QueueKind,
+    /// Message time to live.
+    pub message_ttl: u64,
+    /// Default lease length.
+    pub ack_timeout: u64,
+    /// Delay before a new message is visible.
+    pub delivery_delay: u64,
+    /// Dead letter queue, if any.
+    pub dead_letter: Option<DeadLetterPolicy>,
+    /// Retry backoff, if any.
+    pub retry_backoff: Option<RetryBackoff>,
+    /// Dead-letter expired messages instead of dropping them.
+    pub dead_letter_on_expiry: bool,
+    /// Length limit, if any.
+    pub max_length: Option<u64>,
+    /// Ceiling of one lease, extensions included.
+    pub max_lease_total: u64,
+    /// FIFO dedup window.
+    pub dedup_window: u64,
+    /// FIFO poison policy.
+    pub on_poison: PoisonPolicy,
+    /// FIFO content-based dedup.
+    pub content_based_dedup: bool,
+}
+
+/// A configuration as requested: `None` means "the default" on create and
+/// "unchanged" on update.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct QueueConfigInput {
+    /// STANDARD or FIFO.
+    pub kind: Option<QueueKind>,
+    /// Message time to live.
+    pub message_ttl: Option<u64>,
+    /// Default lease length.
+    pub ack_timeout: Option<u64>,
+    /// Delay before a new message is visible.
+    pub delivery_delay: Option<u64>,
+    /// Dead letter queue (name, max deliveries; 0 = default).
+    pub dead_letter: Option<(String, u32)>,
+    /// Retry backoff.
+    pub retry_backoff: Option<RetryBackoff>,
+    /// Dead-letter expired messages.
+    pub dead_letter_on_expiry: Option<bool>,
+    /// Length limit.
+    pub max_length: Option<u64>,
+    /// Ceiling of one lease.
+    pub max_lease_total: Option<u64>,
+    /// FIFO dedup window.
+    pub dedup_window: Option<u64>,
+    /// FIFO poison policy.
+    pub on_poison: Option<PoisonPolicy>,
+    /// FIFO content-based dedup.
+    pub content_based_dedup: Option<bool>,
+}
+
+/// What an update removes outright.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QueueRemovals {
+    /// Remove the dead letter policy.
+    pub dead_letter: bool,
+    /// Remove the retry backoff.
+    pub retry_backoff: bool,
+    /// Remove the length limit.
+    pub max_length: bool,
+}
+
+/// A queue as described to clients.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueueInfo {
+    /// Its name.
+    pub name: String,
+    /// Its configuration.
+    pub config: QueueConfig,
+    /// Queues whose dead letter queue it is.
+    pub dead_letter_sources: Vec<String>,
+    /// Creation time.
+    pub created_at: u64,
+}
+
+/// A message to publish.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct NewMessage {
+    /// Client-chosen id.
+    pub message_id: Option<String>,
+    /// Payload.
+    pub body: Bytes,
+    /// Properties, in any order.
+    pub properties: Vec<(String, String)>,
+    /// Own time to live.
+    pub ttl: Option<u64>,
+    /// Own delay.
+    pub delay: Option<u64>,
+    /// FIFO group.
+    pub group_id: Option<String>,
+    /// FIFO dedup id.
+    pub dedup_id: Option<String>,
+}
+
+/// The outcome of one published message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Published {
+    /// Its id (the first one's, for a duplicate).
+    pub message_id: String,
+    /// True when it was not stored again.
+    pub duplicate: bool,
+}
+
+/// Why a message was dead-lettered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeadLetterReason {
+    /// Deliveries exhausted.
+    MaxDeliveries,
+    /// Rejected by a consumer.
+    Rejected,
+    /// Time to live ran out.
+    Expired,
+    /// Skipped by an operator.
+    Skipped,
+}
+
+/// One move to a dead letter queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLetter {
+    /// The queue the message left.
+    pub source_queue: String,
+    /// Why.
+    pub reason: DeadLetterReason,
+    /// Delivery count at the move.
+    pub delivery_count: u32,
+    /// Last nack reason.
+    pub last_nack_reason: String,
+    /// When.
+    pub at: u64,
+    /// Operator note.
+    pub note: String,
+}
+
+/// How a delivery attempt ended without an ack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttemptOutcome {
+    /// Nacked.
+    Nacked,
+    /// Lease ran out.
+    LeaseExpired,
+    /// Rejected to the dead letter queue.
+    Rejected,
+    /// The subscribe stream closed.
+    StreamClosed,
+}
+
+/// One failed attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attempt {
+    /// When it ended.
+    pub at: u64,
+    /// How.
+    pub outcome: AttemptOutcome,
+    /// The nack reason.
+    pub reason: String,
+}
+
+/// Receive options.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReceiveOptions {
+    /// Most messages.
+    pub max_messages: u32,
+    /// Long-poll wait.
+    pub wait: u64,
+    /// Lease length override.
+    pub ack_timeout: Option<u64>,
+    /// Delete on delivery.
+    pub auto_ack: bool,
+}
+
+impl Default for ReceiveOptions {
+    fn default() -> Self {
+        ReceiveOptions {
+            max_messages: 10,
+            wait: 0,
+            ack_timeout: None,
+            auto_ack: false,
+        }
+    }
+}
+
+/// A message handed to a consumer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Delivery {
+    /// The queue it came from.
+    pub queue: String,
+    /// Its id.
+    pub message_id: String,
+    /// Payload.
+    pub body: Bytes,
+    /// Properties, sorted by key.
+    pub properties: Vec<(String, String)>,
+    /// Token for ack/nack/extend; `None` for auto-ack.
+    pub ack_token: Option<String>,
+    /// Deliveries so far, this one included.
+    pub delivery_count: u32,
+    /// First publish time.
+    pub published_at: u64,
+    /// First delivery from this queue.
+    pub first_delivered_at: u64,
+    /// Lease deadline (0 for auto-ack).
+    pub lease_deadline: u64,
+    /// FIFO group.
+    pub group_id: Option<String>,
+    /// Earlier dead-letter moves.
+    pub dead_letters: Vec<DeadLetter>,
+    /// Recent failed attempts.
+    pub attempts: Vec<Attempt>,
+}
+
+/// One delivery to reject.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Nack {
+    /// Its token.
+    pub token: String,
+    /// Visibility delay overriding the backoff.
+    pub delay: Option<u64>,
+    /// Reason, kept in the attempt history.
+    pub reason: String,
+    /// Dead-letter it now.
+    pub dead_letter: bool,
+}
+
+/// The outcome of settling one token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Settled {
+    /// Done; for an extension, the new deadline.
+    Ok {
+        /// New lease deadline (extend only, else 0).
+        deadline: u64,
+    },
+    /// The lease is not current; nothing changed.
+    LeaseExpired(String),
+}
+
+/// Exact figures of a queue.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QueueStats {
+    /// Deliverable now.
+    pub ready: u64,
+    /// Leased.
+    pub in_flight: u64,
+    /// Waiting for a delay.
+    pub delayed: u64,
+    /// In parked FIFO groups.
+    pub parked: u64,
+    /// All messages.
+    pub total: u64,
+    /// Age of the oldest message in the queue.
+    pub oldest_age: u64,
+    /// Published, ever.
+    pub published: u64,
+    /// Acknowledged.
+    pub acked: u64,
+    /// Failed attempts.
+    pub nacked: u64,
+    /// Expired.
+    pub expired: u64,
+    /// Moved to the DLQ.
+    pub dead_lettered: u64,
+    /// Moved in from sources.
+    pub dead_letters_received: u64,
+    /// Deleted by purges.
+    pub purged: u64,
+}
+
+/// Where a message stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MessageState {
+    /// Deliverable now.
+    Ready,
+    /// Waiting for its delay.
+    Delayed,
+    /// Leased.
+    Leased,
+    /// Behind an earlier message of its FIFO group.
+    Blocked,
+    /// Head of a parked group.
+    Parked,
+}
+
+/// A message as seen by Browse.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BrowsedMessage {
+    /// Its id.
+    pub message_id: String,
+    /// Payload.
+    pub body: Bytes,
+    /// Properties.
+    pub properties: Vec<(String, String)>,
+    /// Where it stands.
+    pub state: MessageState,
+    /// Deliveries so far.
+    pub delivery_count: u32,
+    /// First publish time.
+    pub published_at: u64,
+    /// When it entered this queue.
+    pub enqueued_at: u64,
+    /// When it expires.
+    pub expires_at: u64,
+    /// When it becomes visible (delayed).
+    pub visible_at: u64,
+    /// Lease deadline (leased).
+    pub lease_deadline: u64,
+    /// FIFO group.
+    pub group_id: Option<String>,
+    /// Earlier dead-letter moves.
+    pub dead_letters: Vec<DeadLetter>,
+    /// Recent failed attempts.
+    pub attempts: Vec<Attempt>,
+}
+
+/// A page of browsed messages.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct BrowsePage {
+    /// The messages.
+    pub messages: Vec<BrowsedMessage>,
+    /// Token for the next page, if any.
+    pub next: Option<String>,
+}
+
+/// The state of a FIFO group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GroupState {
+    /// Head deliverable now.
+    Ready,
+    /// A message of it is leased.
+    Leased,
+    /// Its head is delayed.
+    Delayed,
+    /// Parked.
+    Parked,
+}
+
+/// A FIFO group as listed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupInfo {
+    /// Group id; empty for the default group.
+    pub group_id: String,
+    /// Messages in the group.
+    pub backlog: u64,
+    /// Leased messages.
+    pub in_flight: u64,
+    /// Age of its oldest message.
+    pub oldest_age: u64,
+    /// State.
+    pub state: GroupState,
+    /// Why it is not ready.
+    pub reason: String,
+    /// Head message id.
+    pub head_message_id: String,
+    /// Head delivery count.
+    pub head_delivery_count: u32,
+}

@@ -1,0 +1,181 @@
+//! Translation between the engine's model and the storage records.
+
+use crate::storage::records::{
+    AttemptRecord, CountersRecord, DeadLetterRec, MetaRecord, QueueRecord,
+};
+
+use super::model::{
+    Attempt, AttemptOutcome, DeadLetter, DeadLetterPolicy, DeadLetterReason, PoisonPolicy,
+    QueueConfig, QueueKind, RetryBackoff,
+};
+use super::state::Counters;
+
+/// Most attempts kept per message, and most dead-letter records.
+pub(crate) const HISTORY_LIMIT: usize = 16;
+
+pub(crate) fn queue_record(qid: u32, created_at: u64, c: &QueueConfig) -> QueueRecord {
+    QueueRecord {
+        qid,
+        created_at,
+        kind: match c.kind {
+            QueueKind::Standard => 1,
+            QueueKind::Fifo => 2,
+        },
+        message_ttl: c.message_ttl,
+        ack_timeout: c.ack_timeout,
+        delivery_delay: c.delivery_delay,
+        dead_letter: c
+            .dead_letter
+            .as_ref()
+            .map(|d| (d.queue.clone(), d.max_deliveries)),
+        retry_backoff: c.retry_backoff.map(|b| (b.initial, b.max, b.multiplier)),
+        dead_letter_on_expiry: c.dead_letter_on_expiry,
+        max_length: c.max_length,
+        max_lease_total: c.max_lease_total,
+        dedup_window: c.dedup_window,
+        on_poison: match c.on_poison {
+            PoisonPolicy::DeadLetterAndContinue => 1,
+            PoisonPolicy::ParkGroup => 2,
+        },
+        content_based_dedup: c.content_based_dedup,
+    }
+}
+
+pub(crate) fn queue_config(r: &QueueRecord) -> QueueConfig {
+    QueueConfig {
+        kind: if r.kind == 2 {
+            QueueKind::Fifo
+        } else {
+            QueueKind::Standard
+        },
+        message_ttl: r.message_ttl,
+        ack_timeout: r.ack_timeout,
+        delivery_delay: r.delivery_delay,
+        dead_letter: r.dead_letter.as_ref().map(|(q, n)| DeadLetterPolicy {
+            queue: q.clone(),
+            max_deliveries: *n,
+        }),
+        retry_backoff: r.retry_backoff.map(|(initial, max, multiplier)| RetryBackoff {
+            initial,
+            max,
+            multiplier,
+        }),
+        dead_letter_on_expiry: r.dead_letter_on_expiry,
+        max_length: r.max_length,
+        max_lease_total: r.max_lease_total,
+        dedup_window: r.dedup_window,
+        on_poison: if r.on_poison == 2 {
+            PoisonPolicy::ParkGroup
+        } else {
+            PoisonPolicy::DeadLetterAndContinue
+        },
+        content_based_dedup: r.content_based_dedup,
+    }
+}
+
+pub(crate) fn counters_record(c: &Counters) -> CountersRecord {
+    CountersRecord {
+        published: c.published,
+        acked: c.acked,
+        nacked: c.nacked,
+        expired: c.expired,
+        dead_lettered: c.dead_lettered,
+        dead_letters_received: c.dead_letters_received,
+        purged: c.purged,
+    }
+}
+
+pub(crate) fn counters(r: &CountersRecord) -> Counters {
+    Counters {
+        published: r.published,
+        acked: r.acked,
+        nacked: r.nacked,
+        expired: r.expired,
+        dead_lettered: r.dead_lettered,
+        dead_letters_received: r.dead_letters_received,
+        purged: r.purged,
+    }
+}
+
+pub(crate) fn outcome_code(o: AttemptOutcome) -> u8 {
+    match o {
+        AttemptOutcome::Nacked => 1,
+        AttemptOutcome::LeaseExpired => 2,
+        AttemptOutcome::Rejected => 3,
+        AttemptOutcome::StreamClosed => 4,
+    }
+}
+
+fn outcome(code: u8) -> AttemptOutcome {
+    match code {
+        2 => AttemptOutcome::LeaseExpired,
+        3 => AttemptOutcome::Rejected,
+        4 => AttemptOutcome::StreamClosed,
+        _ => AttemptOutcome::Nacked,
+    }
+}
+
+pub(crate) fn reason_code(r: DeadLetterReason) -> u8 {
+    match r {
+        DeadLetterReason::MaxDeliveries => 1,
+        DeadLetterReason::Rejected => 2,
+        DeadLetterReason::Expired => 3,
+        DeadLetterReason::Skipped => 4,
+    }
+}
+
+fn reason(code: u8) -> DeadLetterReason {
+    match code {
+        2 => DeadLetterReason::Rejected,
+        3 => DeadLetterReason::Expired,
+        4 => DeadLetterReason::Skipped,
+        _ => DeadLetterReason::MaxDeliveries,
+    }
+}
+
+pub(crate) fn attempts(m: &MetaRecord) -> Vec<Attempt> {
+    m.attempts
+        .iter()
+        .map(|a| Attempt {
+            at: a.at,
+            outcome: outcome(a.outcome),
+            reason: a.reason.clone(),
+        })
+        .collect()
+}
+
+pub(crate) fn dead_letters(m: &MetaRecord) -> Vec<DeadLetter> {
+    m.dead_letters
+        .iter()
+        .map(|d| DeadLetter {
+            source_queue: d.source_queue.clone(),
+            reason: reason(d.reason),
+            delivery_count: d.delivery_count,
+            last_nack_reason: d.last_nack_reason.clone(),
+            at: d.at,
+            note: d.note.clone(),
+        })
+        .collect()
+}
+
+/// Appends a failed attempt, keeping the most recent ones.
+pub(crate) fn push_attempt(m: &mut MetaRecord, at: u64, o: AttemptOutcome, reason: &str) {
+    m.attempts.push(AttemptRecord {
+        at,
+        outcome: outcome_code(o),
+        reason: reason.to_string(),
+    });
+    if m.attempts.len() > HISTORY_LIMIT {
+        let extra = m.attempts.len() - HISTORY_LIMIT;
+        m.attempts.drain(..extra);
+    }
+}
+
+/// Appends a dead-letter record, keeping the most recent ones.
+pub(crate) fn push_dead_letter(m: &mut MetaRecord, rec: DeadLetterRec) {
+    m.dead_letters.push(rec);
+    if m.dead_letters.len() > HISTORY_LIMIT {
+        let extra = m.dead_letters.len() - HISTORY_LIMIT;
+        m.dead_letters.drain(..extra);
+    }
+}

@@ -1,0 +1,292 @@
+//! Publishing: all-or-nothing batches, idempotent client ids, FIFO dedup.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::OnceLock;
+
+use bytes::Bytes;
+use sha2::{Digest, Sha256};
+
+use crate::storage::records::{DedupRecord, MetaRecord, PayloadRecord};
+use crate::storage::encode_payload;
+
+use super::error::{QueueError, Result};
+use super::model::{NewMessage, Published, QueueKind};
+use super::state::{Entry, EntryState, QueueState};
+use super::{Broker, Change, State, durable, validate};
+
+/// Why a message of a batch is not stored.
+enum Dup {
+    /// Stored already under this id.
+    Stored(String),
+    /// A duplicate of the batch's message at this index.
+    Earlier(usize),
+}
+
+impl Broker {
+    /// Publishes a batch of messages into a queue, all or nothing; answers
+    /// once the batch is durable.
+    pub async fn publish(&self, queue: &str, msgs: Vec<NewMessage>) -> Result<Vec<Published>> {
+        validate::batch("messages", msgs.len())?;
+        for (i, m) in msgs.iter().enumerate() {
+            validate::message(i, m, self.opts.max_message_size)?;
+        }
+        let now = self.now();
+        // Encoding copies bodies: do it before taking the lock.
+        let payloads: Vec<Bytes> = msgs
+            .iter()
+            .map(|m| {
+                let mut props = m.properties.clone();
+                props.sort();
+                encode_payload(&PayloadRecord::new(now, props, m.body.clone()))
+            })
+            .collect();
+        let (results, commit) = {
+            let mut st = self.lock();
+            let qid = st.qid(queue)?;
+            let q = st.queue(qid)?;
+            for (i, m) in msgs.iter().enumerate() {
+                validate::message_for_queue(i, m, &q.config)?;
+            }
+            let keys: Vec<Vec<Vec<u8>>> = if q.fifo.is_some() && q.config.dedup_window > 0 {
+                msgs.iter()
+                    .map(|m| dedup_keys(m, q.config.content_based_dedup))
+                    .collect()
+            } else {
+                vec![Vec::new(); msgs.len()]
+            };
+            if !self.store.has_space() {
+                return Err(QueueError::ResourceExhausted(format!(
+                    "disk full: free space in {} is below the configured minimum; publishes are refused until space is freed",
+                    self.store.dir().display()
+                )));
+            }
+            let dups = find_duplicates(q, &msgs, &keys, now);
+            let new_count = dups.iter().filter(|d| d.is_none()).count() as u64;
+            if let Some(max) = q.config.max_length {
+                let len = q.msgs.len() as u64;
+                if len + new_count > max {
+                    return Err(QueueError::ResourceExhausted(format!(
+                        "queue {queue:?} is full: it holds {len} of at most {max} messages (max_length) and the batch adds {new_count}"
+                    )));
+                }
+            }
+            let mut change = Change::default();
+            let mut results = Vec::with_capacity(msgs.len());
+            for (i, (m, payload)) in msgs.into_iter().zip(payloads).enumerate() {
+                let first = match &dups[i] {
+                    Some(Dup::Stored(id)) => Some(id.clone()),
+                    Some(Dup::Earlier(j)) => results.get(*j).map(|r: &Published| r.message_id.clone()),
+                    None => None,
+                };
+                if let Some(message_id) = first {
+                    results.push(Published {
+                        message_id,
+                        duplicate: true,
+                    });
+                    continue;
+                }
+                let id = store_new(&mut st, qid, m, payload, &keys[i], now, &mut change)?;
+                results.push(Published {
+                    message_id: id,
+                    duplicate: false,
+                });
+            }
+            let q = st.queue(qid)?;
+            q.counters.published += new_count;
+            change.touch(qid);
+            change.wake(qid);
+            (results, self.submit(&st, change))
+        };
+        durable(commit).await?;
+        Ok(results)
+    }
+}
+
+/// Stores one new message; returns its id.
+fn store_new(
+    st: &mut State,
+    qid: u32,
+    m: NewMessage,
+    payload: Bytes,
+    keys: &[Vec<u8>],
+    now: u64,
+    change: &mut Change,
+) -> Result<String> {
+    let pos = st.alloc_pos(&mut change.txn);
+    let State { queues, timers, .. } = st;
+    let q = queues
+        .get_mut(&qid)
+        .ok_or_else(|| QueueError::Unavailable(format!("queue number {qid} vanished")))?;
+    let client_id = m.message_id.is_some();
+    let message_id = m.message_id.unwrap_or_else(|| new_message_id(now, pos));
+    let delay = m.delay.unwrap_or(q.config.delivery_delay);
+    let visible_at = now + delay;
+    let expires_at = now + m.ttl.unwrap_or(q.config.message_ttl);
+    let size = u32::try_from(m.body.len()).unwrap_or(u32::MAX);
+    let group = match &mut q.fifo {
+        Some(f) => f.group_index(m.group_id.as_deref().unwrap_or("")),
+        None => 0,
+    };
+    let meta = MetaRecord {
+        pid: pos,
+        message_id: message_id.clone(),
+        client_id,
+        enqueued_at: now,
+        expires_at,
+        visible_at,
+        delivery_count: 0,
+        leases: 0,
+        lease: None,
+        first_delivered_at: 0,
+        attempts: Vec::new(),
+        dead_letters: Vec::new(),
+        group: m.group_id.filter(|_| q.config.kind == QueueKind::Fifo),
+        size,
+        own_ttl: m.ttl.is_some(),
+    };
+    change.txn.put_payload(pos, payload);
+    change.txn.put_meta(qid, pos, &meta);
+    if client_id {
+        q.client_ids.insert(message_id.clone(), pos);
+    }
+    if let Some(f) = &mut q.fifo {
+        if q.config.dedup_window > 0 {
+            let until = now + q.config.dedup_window;
+            for k in keys {
+                if let Some((_, old)) = f.dedup.insert(k.clone(), (message_id.clone(), until)) {
+                    f.dedup_expiry.remove(&(old, k.clone()));
+                }
+                f.dedup_expiry.insert((until, k.clone()));
+                change.txn.put_dedup(
+                    qid,
+                    k,
+                    &DedupRecord {
+                        message_id: message_id.clone(),
+                        expires_at: until,
+                    },
+                );
+            }
+        }
+    }
+    let (state, due) = if visible_at > now {
+        (EntryState::Delayed, visible_at)
+    } else {
+        (EntryState::Ready, 0)
+    };
+    q.add(
+        pos,
+        Entry {
+            state,
+            due,
+            expires_at,
+            pid: pos,
+            epoch: 0,
+            size,
+            group,
+        },
+        timers,
+    );
+    Ok(message_id)
+}
+
+/// Marks each message that must not be stored: its client id is in the
+/// queue, or (FIFO) one of its dedup keys is within the dedup window, or
+/// an earlier message of the batch has the same id or key.
+fn find_duplicates(
+    q: &QueueState,
+    msgs: &[NewMessage],
+    keys: &[Vec<Vec<u8>>],
+    now: u64,
+) -> Vec<Option<Dup>> {
+    let mut seen_ids: HashMap<&str, usize> = HashMap::new();
+    let mut seen_keys: HashMap<&[u8], usize> = HashMap::new();
+    let mut out = Vec::with_capacity(msgs.len());
+    for (i, m) in msgs.iter().enumerate() {
+        let mut dup = None;
+        if let Some(id) = &m.message_id {
+            if let Some(&j) = seen_ids.get(id.as_str()) {
+                dup = Some(Dup::Earlier(j));
+            } else if q.client_ids.get(id).is_some_and(|p| q.msgs.contains_key(p)) {
+                dup = Some(Dup::Stored(id.clone()));
+            }
+        }
+        if dup.is_none() {
+            for k in &keys[i] {
+                if let Some(&j) = seen_keys.get(k.as_slice()) {
+                    dup = Some(Dup::Earlier(j));
+                    break;
+                }
+                let known = q.fifo.as_ref().and_then(|f| f.dedup.get(k));
+                if let Some((first, until)) = known {
+                    if *until > now {
+                        dup = Some(Dup::Stored(first.clone()));
+                        break;
+                    }
+                }
+            }
+        }
+        if dup.is_none() {
+            if let Some(cid) = &m.message_id {
+                seen_ids.insert(cid.as_str(), i);
+            }
+            for k in &keys[i] {
+                seen_keys.insert(k.as_slice(), i);
+            }
+        }
+        out.push(dup);
+    }
+    out
+}
+
+/// The FIFO dedup keys of a message: its dedup id, its client id, and
+/// with content-based dedup the SHA-256 of its body (when it has no dedup
+/// id).
+fn dedup_keys(m: &NewMessage, content_based: bool) -> Vec<Vec<u8>> {
+    let mut keys = Vec::new();
+    if let Some(d) = &m.dedup_id {
+        keys.push([b"d:".as_slice(), d.as_bytes()].concat());
+    }
+    if let Some(id) = &m.message_id {
+        keys.push([b"m:".as_slice(), id.as_bytes()].concat());
+    }
+    if content_based && m.dedup_id.is_none() {
+        let digest = Sha256::digest(&m.body);
+        keys.push([b"c:".as_slice(), digest.as_slice()].concat());
+    }
+    keys
+}
+
+/// A server-assigned message id: 26 characters of Crockford base32 of
+/// (48-bit time in ms, 64-bit position, 16 bits of per-process salt), so
+/// ids sort by time and never repeat within a data directory.
+fn new_message_id(now: u64, pos: u64) -> String {
+    static SALT: OnceLock<u16> = OnceLock::new();
+    let salt = *SALT.get_or_init(|| {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u64(pos);
+        u16::try_from(h.finish() & 0xffff).unwrap_or(0)
+    });
+    const ALPHABET: &[u8; 32] = b"0123456789ABCDEFGHJKMNPQRSTVWXYZ";
+    let v: u128 = (u128::from(now & ((1 << 48) - 1)) << 80) | (u128::from(pos) << 16) | u128::from(salt);
+    let mut out = String::with_capacity(26);
+    for i in (0..26).rev() {
+        let digit = usize::try_from((v >> (5 * i)) & 31).unwrap_or(0);
+        out.push(char::from(ALPHABET[digit]));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn server_ids_sort_by_time_then_position() {
+        let a = new_message_id(1_000, 5);
+        let b = new_message_id(1_000, 6);
+        let c = new_message_id(1_001, 1);
+        assert_eq!(a.len(), 26);
+        assert!(a < b && b < c, "{a} {b} {c}");
+    }
+}

@@ -1,0 +1,120 @@
+//! Rebuilding the in-memory indexes from the store at start.
+//!
+//! Leases are kept with their deadlines; one that ran out while the server
+//! was down is expired by the first sweep, counting as a failed attempt.
+//! Messages of queues that no longer exist (a delete cut short by a crash)
+//! are deleted.
+
+use crate::storage::records::{
+    CountersRecord, DedupRecord, GroupRecord, MetaRecord, QueueRecord,
+};
+use crate::storage::{Key, OwnedKey, Space, Store, SysKey, Txn};
+
+use super::error::Result;
+use super::persist;
+use super::state::{Entry, EntryState, QueueState};
+use super::State;
+
+pub(crate) fn load(store: &Store, now: u64) -> Result<State> {
+    let mut st = State::default();
+    for item in store.scan::<QueueRecord>(Space::Queues) {
+        let (key, rec) = item?;
+        let OwnedKey::Queue(name) = key else { continue };
+        let config = persist::queue_config(&rec);
+        if let Some(dl) = &config.dead_letter {
+            st.dlq_sources
+                .entry(dl.queue.clone())
+                .or_default()
+                .insert(name.clone());
+        }
+        st.names.insert(name.clone(), rec.qid);
+        st.next_qid = st.next_qid.max(rec.qid + 1);
+        st.queues
+            .insert(rec.qid, QueueState::new(rec.qid, name, config, rec.created_at));
+    }
+    for item in store.scan::<CountersRecord>(Space::Counters) {
+        let (key, rec) = item?;
+        if let OwnedKey::Counters(qid) = key {
+            if let Some(q) = st.queues.get_mut(&qid) {
+                q.counters = persist::counters(&rec);
+            }
+        }
+    }
+    let mut cleanup = Txn::new();
+    for item in store.scan::<GroupRecord>(Space::Groups) {
+        let (key, rec) = item?;
+        let OwnedKey::Group(qid, group) = key else { continue };
+        match st.queues.get_mut(&qid).and_then(|q| q.fifo.as_mut()) {
+            Some(f) => {
+                let gidx = f.group_index(&group);
+                if let Some(g) = f.groups.get_mut(&gidx) {
+                    g.parked = Some((rec.parked_at, rec.reason));
+                }
+            }
+            None => cleanup.delete(Key::Group(qid, &group)),
+        }
+    }
+    let mut max_pos = 0u64;
+    for item in store.scan::<MetaRecord>(Space::Metas) {
+        let (key, meta) = item?;
+        let OwnedKey::Meta(qid, pos) = key else { continue };
+        max_pos = max_pos.max(pos);
+        let Some(q) = st.queues.get_mut(&qid) else {
+            cleanup.delete(Key::Meta(qid, pos));
+            cleanup.delete(Key::Payload(meta.pid));
+            continue;
+        };
+        let (state, due) = match meta.lease {
+            Some(l) => (EntryState::Leased, l.deadline),
+            None if meta.visible_at > now => (EntryState::Delayed, meta.visible_at),
+            None => (EntryState::Ready, 0),
+        };
+        let group = match &mut q.fifo {
+            Some(f) => f.group_index(meta.group.as_deref().unwrap_or("")),
+            None => 0,
+        };
+        if meta.client_id {
+            q.client_ids.insert(meta.message_id.clone(), pos);
+        }
+        let entry = Entry {
+            state,
+            due,
+            expires_at: meta.expires_at,
+            pid: meta.pid,
+            epoch: meta.leases,
+            size: meta.size,
+            group,
+        };
+        q.add(pos, entry, &mut st.timers);
+    }
+    for item in store.scan::<DedupRecord>(Space::Dedups) {
+        let (key, rec) = item?;
+        let OwnedKey::Dedup(qid, k) = key else { continue };
+        match st.queues.get_mut(&qid).and_then(|q| q.fifo.as_mut()) {
+            Some(f) if rec.expires_at > now => {
+                f.dedup_expiry.insert((rec.expires_at, k.clone()));
+                f.dedup.insert(k, (rec.message_id, rec.expires_at));
+            }
+            _ => cleanup.delete(Key::Dedup(qid, &k)),
+        }
+    }
+    // Parked groups that lost all their messages are still listed (an
+    // operator releases them); groups created above for messages are
+    // refreshed by `add`.
+    let reserved = store.get_sys(SysKey::PosReserved)?.unwrap_or(0);
+    st.next_pos = reserved.max(max_pos + 1).max(1);
+    // Force a fresh reservation on the first allocation.
+    st.pos_reserved = st.next_pos;
+    let next_qid = store.get_sys(SysKey::NextQid)?.unwrap_or(0);
+    st.next_qid = st
+        .next_qid
+        .max(u32::try_from(next_qid).unwrap_or(u32::MAX))
+        .max(1);
+    if !cleanup.is_empty() {
+        tracing::info!("deleting records of queues deleted before the last stop");
+        // Durable at the next commit; losing it to a crash only means
+        // doing it again at the next start.
+        let _ = store.submit(cleanup);
+    }
+    Ok(st)
+}

@@ -1,0 +1,180 @@
+//! File-system helpers for durability: fsync of directories and of whole
+//! trees, the data directory's lock and format file.
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use super::error::{Result, StorageError};
+
+/// The data format this build reads and writes.
+pub const FORMAT_VERSION: u32 = 1;
+
+const FORMAT_FILE: &str = "FORMAT";
+const LOCK_FILE: &str = "LOCK";
+const FORMAT_HEADER: &str = "letterbox data directory";
+
+/// Makes a directory's entries (creations, renames, deletions) durable.
+pub fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| StorageError::io("fsync directory", dir, e))
+}
+
+/// fsyncs every file and directory under `root`, `root` included. Used at
+/// checkpoints to make the embedded database durable with a real fsync
+/// (sled's own flush ends in `sync_file_range`, which is not enough).
+pub fn sync_tree(root: &Path) -> Result<()> {
+    let entries = std::fs::read_dir(root).map_err(|e| StorageError::io("read directory", root, e))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| StorageError::io("read directory", root, e))?;
+        let path = entry.path();
+        let ty = entry
+            .file_type()
+            .map_err(|e| StorageError::io("stat", &path, e))?;
+        if ty.is_dir() {
+            sync_tree(&path)?;
+        } else if ty.is_file() {
+            match File::open(&path) {
+                Ok(f) => f.sync_all().map_err(|e| StorageError::io("fsync", &path, e))?,
+                // A file removed meanwhile (sled deletes old snapshots) has
+                // nothing left to make durable.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(StorageError::io("open", &path, e)),
+            }
+        }
+    }
+    sync_dir(root)
+}
+
+/// Creates `dir` (mode 0700) and its parents if missing.
+pub fn create_private_dir(dir: &Path) -> Result<()> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| StorageError::io("create directory", dir, e))
+}
+
+/// The held lock of a data directory; released when dropped.
+#[derive(Debug)]
+pub struct DirLock {
+    _file: File,
+}
+
+/// Takes the exclusive lock of the data directory, failing at once if
+/// another process holds it.
+pub fn lock_dir(dir: &Path) -> Result<DirLock> {
+    let path = dir.join(LOCK_FILE);
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .open(&path)
+        .map_err(|e| StorageError::io("open", &path, e))?;
+    match file.try_lock() {
+        Ok(()) => Ok(DirLock { _file: file }),
+        Err(std::fs::TryLockError::WouldBlock) => Err(StorageError::Locked { path }),
+        Err(std::fs::TryLockError::Error(e)) => Err(StorageError::io("lock", &path, e)),
+    }
+}
+
+/// Checks the format file of an existing data directory, or writes it into
+/// a new (empty) one. Refuses a non-empty directory without one.
+pub fn check_or_init_format(dir: &Path) -> Result<()> {
+    let path = dir.join(FORMAT_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => parse_format(&path, &text),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let others = std::fs::read_dir(dir)
+                .map_err(|e| StorageError::io("read directory", dir, e))?
+                .filter_map(|e| e.ok())
+                .filter(|e| e.file_name() != LOCK_FILE)
+                .count();
+            if others > 0 {
+                return Err(StorageError::NotDataDir {
+                    path: dir.to_path_buf(),
+                    reason: format!("it is not empty and has no {FORMAT_FILE} file"),
+                });
+            }
+            write_format(dir, &path)
+        }
+        Err(e) => Err(StorageError::io("read", &path, e)),
+    }
+}
+
+fn parse_format(path: &Path, text: &str) -> Result<()> {
+    let mut lines = text.lines();
+    if lines.next() != Some(FORMAT_HEADER) {
+        return Err(StorageError::NotDataDir {
+            path: path.to_path_buf(),
+            reason: format!("first line is not {FORMAT_HEADER:?}"),
+        });
+    }
+    let found = lines
+        .next()
+        .and_then(|l| l.strip_prefix("format "))
+        .unwrap_or("")
+        .trim()
+        .to_string();
+    if found.parse::<u32>().ok() == Some(FORMAT_VERSION) {
+        Ok(())
+    } else {
+        Err(StorageError::FormatVersion {
+            path: path.to_path_buf(),
+            found,
+            supported: FORMAT_VERSION,
+        })
+    }
+}
+
+fn write_format(dir: &Path, path: &PathBuf) -> Result<()> {
+    let tmp = dir.join("FORMAT.tmp");
+    let mut f = File::create(&tmp).map_err(|e| StorageError::io("create", &tmp, e))?;
+    f.write_all(format!("{FORMAT_HEADER}\nformat {FORMAT_VERSION}\n").as_bytes())
+        .and_then(|()| f.sync_all())
+        .map_err(|e| StorageError::io("write", &tmp, e))?;
+    std::fs::rename(&tmp, path).map_err(|e| StorageError::io("rename", path, e))?;
+    sync_dir(dir)
+}
+
+/// Free bytes available to this process on the file system of `dir`.
+pub fn free_bytes(dir: &Path) -> Result<u64> {
+    let st = rustix::fs::statvfs(dir)
+        .map_err(|e| StorageError::io("statvfs", dir, std::io::Error::from(e)))?;
+    Ok(st.f_bavail.saturating_mul(st.f_frsize))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn format_is_written_then_checked() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        check_or_init_format(dir.path()).expect("init");
+        check_or_init_format(dir.path()).expect("check");
+        std::fs::write(dir.path().join(FORMAT_FILE), "letterbox data directory\nformat 99\n")
+            .expect("write");
+        let err = check_or_init_format(dir.path()).expect_err("newer format");
+        assert!(err.to_string().contains("format 99"), "{err}");
+    }
+
+    #[test]
+    fn foreign_directory_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(dir.path().join("notes.txt"), "hello").expect("write");
+        let err = check_or_init_format(dir.path()).expect_err("refused");
+        assert!(err.to_string().contains("no FORMAT"), "{err}");
+    }
+
+    #[test]
+    fn second_lock_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let _held = lock_dir(dir.path()).expect("first lock");
+        let err = lock_dir(dir.path()).expect_err("second lock");
+        assert!(matches!(err, StorageError::Locked { .. }));
+    }
+}

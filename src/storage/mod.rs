@@ -1,0 +1,848 @@
+//! Durable storage: our write-ahead log in front of sled.
+//!
+//! The only module that names `sled`. It makes no policy decision and
+//! reads no clock: it stores what the queue engine tells it to, in the
+//! order it is told, and says when each change is durable.
+//!
+//! ## Durability contract
+//!
+//! * [`Store::submit`] takes one transaction (a list of puts and deletes)
+//!   and gives it the next log sequence number (lsn). Transactions are
+//!   logged in submission order. The returned [`Commit`] resolves once the
+//!   transaction's log record, and every record before it, is written and
+//!   `fdatasync`'d. Concurrent submissions share one write and one
+//!   `fdatasync` (group commit).
+//! * [`Store::get`] sees every submitted transaction at once, durable or
+//!   not (the memtable), so the engine can read what it has just decided.
+//!   Callers that hand data to a client wait for their own commit first.
+//! * The database (sled) is written only with durable transactions, in
+//!   frozen generations, each applied as one atomic sled batch together
+//!   with the lsn of its last record (`SysKey::AppliedLsn`). sled is never
+//!   ahead of the durable log.
+//! * A checkpoint flushes sled, fsyncs every file of the database and its
+//!   directories (sled's own flush only calls `sync_file_range`), and then
+//!   deletes log segments whose records are all applied.
+//! * Opening replays log records newer than the applied lsn into sled (a
+//!   record is a set of absolute puts and deletes, so replay is
+//!   idempotent), checkpoints, and starts a fresh log segment.
+//! * An I/O error while logging, applying or checkpointing stops the store
+//!   for good (fail-stop): the failed transaction and every later one get
+//!   an error, nothing is retried, and [`Store::failure`] reports it so the
+//!   process can exit and recover from disk.
+
+mod error;
+pub mod fsutil;
+pub mod keys;
+pub mod records;
+pub mod wal;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use serde::Serialize;
+use tokio::sync::{oneshot, watch};
+
+pub use error::{Result, StorageError};
+pub use keys::{Key, OwnedKey, Space, SysKey};
+use records::{
+    CountersRecord, DedupRecord, GroupRecord, MetaRecord, PayloadRecord, QueueRecord,
+};
+pub use wal::Mutation;
+
+/// Tunables of the store.
+#[derive(Debug, Clone)]
+pub struct StoreOptions {
+    /// Size of a log segment.
+    pub segment_size: u64,
+    /// How often durable changes are applied to the database.
+    pub apply_interval: Duration,
+    /// Apply early once the memtable holds this many bytes.
+    pub apply_bytes: usize,
+    /// Longest time between checkpoints.
+    pub checkpoint_interval: Duration,
+    /// Checkpoint once this many log bytes were written since the last one.
+    pub checkpoint_bytes: u64,
+    /// sled's page cache size.
+    pub cache_bytes: u64,
+    /// Below this many free bytes on the data directory's file system,
+    /// [`Store::has_space`] says no.
+    pub min_free_bytes: u64,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            segment_size: 64 << 20,
+            apply_interval: Duration::from_millis(100),
+            apply_bytes: 32 << 20,
+            checkpoint_interval: Duration::from_secs(30),
+            checkpoint_bytes: 128 << 20,
+            cache_bytes: 256 << 20,
+            min_free_bytes: 64 << 20,
+        }
+    }
+}
+
+/// What opening the store found and did.
+#[derive(Debug, Clone, Default)]
+pub struct OpenReport {
+    /// The lsn the database had applied before replay.
+    pub applied_lsn: u64,
+    /// Log records replayed into the database.
+    pub replayed: u64,
+    /// Time taken to open, replay and checkpoint.
+    pub elapsed: Duration,
+}
+
+/// Figures of the store since it was opened.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StoreStats {
+    /// `fdatasync` calls on the log (one per group commit).
+    pub log_syncs: u64,
+    /// Log records (transactions) made durable.
+    pub records: u64,
+    /// Bytes written to the log.
+    pub log_bytes: u64,
+    /// Checkpoints completed.
+    pub checkpoints: u64,
+    /// Highest durable lsn.
+    pub durable_lsn: u64,
+    /// Highest lsn applied to the database.
+    pub applied_lsn: u64,
+    /// Total microseconds spent in log write + fdatasync.
+    pub sync_micros: u64,
+}
+
+/// A transaction under construction: puts and deletes applied atomically.
+#[derive(Debug, Default)]
+pub struct Txn {
+    muts: Vec<Mutation>,
+}
+
+impl Txn {
+    /// An empty transaction.
+    pub fn new() -> Txn {
+        Txn::default()
+    }
+
+    /// True when nothing was added.
+    pub fn is_empty(&self) -> bool {
+        self.muts.is_empty()
+    }
+
+    fn put(&mut self, key: Key<'_>, value: Bytes) {
+        self.muts.push(Mutation {
+            key: key.encode(),
+            value: Some(value),
+        });
+    }
+
+    fn put_record<T: Serialize>(&mut self, key: Key<'_>, value: &T) {
+        self.put(key, records::encode(value));
+    }
+
+    /// Deletes a key.
+    pub fn delete(&mut self, key: Key<'_>) {
+        self.muts.push(Mutation {
+            key: key.encode(),
+            value: None,
+        });
+    }
+
+    /// Stores a system value.
+    pub fn put_sys(&mut self, key: SysKey, value: u64) {
+        self.put(Key::Sys(key), Bytes::copy_from_slice(&value.to_be_bytes()));
+    }
+
+    /// Stores a queue's configuration.
+    pub fn put_queue(&mut self, name: &str, rec: &QueueRecord) {
+        self.put_record(Key::Queue(name), rec);
+    }
+
+    /// Stores a queue's counters.
+    pub fn put_counters(&mut self, qid: u32, rec: &CountersRecord) {
+        self.put_record(Key::Counters(qid), rec);
+    }
+
+    /// Stores a message's state.
+    pub fn put_meta(&mut self, qid: u32, pos: u64, rec: &MetaRecord) {
+        self.put_record(Key::Meta(qid, pos), rec);
+    }
+
+    /// Stores a payload already encoded with [`encode_payload`].
+    pub fn put_payload(&mut self, pid: u64, encoded: Bytes) {
+        self.put(Key::Payload(pid), encoded);
+    }
+
+    /// Stores a dedup entry.
+    pub fn put_dedup(&mut self, qid: u32, key: &[u8], rec: &DedupRecord) {
+        self.put_record(Key::Dedup(qid, key), rec);
+    }
+
+    /// Stores a group's state.
+    pub fn put_group(&mut self, qid: u32, group: &str, rec: &GroupRecord) {
+        self.put_record(Key::Group(qid, group), rec);
+    }
+}
+
+/// Encodes a payload (outside any lock; it can be large).
+pub fn encode_payload(rec: &PayloadRecord) -> Bytes {
+    records::encode(rec)
+}
+
+/// Size in bytes of the log record of a transaction.
+pub fn txn_log_size(txn: &Txn) -> usize {
+    wal::HEADER + wal::encoded_len(&txn.muts)
+}
+
+/// A submitted transaction; [`Commit::wait`] resolves when it is durable.
+#[derive(Debug)]
+pub struct Commit {
+    lsn: u64,
+    rx: std::result::Result<oneshot::Receiver<std::result::Result<(), String>>, String>,
+}
+
+impl Commit {
+    /// The transaction's log sequence number.
+    pub fn lsn(&self) -> u64 {
+        self.lsn
+    }
+
+    /// Waits until the transaction is durable.
+    pub async fn wait(self) -> Result<()> {
+        match self.rx {
+            Ok(rx) => match rx.await {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(reason)) => Err(StorageError::Stopped { reason }),
+                Err(_) => Err(StorageError::Stopped {
+                    reason: "the log writer stopped".into(),
+                }),
+            },
+            Err(reason) => Err(StorageError::Stopped { reason }),
+        }
+    }
+}
+
+type Memtable = HashMap<Bytes, Option<Bytes>>;
+
+struct Pending {
+    lsn: u64,
+    muts: Vec<Mutation>,
+    done: oneshot::Sender<std::result::Result<(), String>>,
+}
+
+struct State {
+    next_lsn: u64,
+    /// Submitted changes not yet frozen for application.
+    active: Memtable,
+    active_bytes: usize,
+    /// Changes being applied to sled; still read until they are.
+    frozen: Option<Arc<Memtable>>,
+    /// Transactions waiting for the log writer.
+    pending: Vec<Pending>,
+    /// Set on close or failure: no more submissions.
+    closed: Option<String>,
+}
+
+struct Inner {
+    dir: PathBuf,
+    db: sled::Db,
+    opts: StoreOptions,
+    state: Mutex<State>,
+    /// Wakes the log writer when `pending` gets work.
+    commit_cv: Condvar,
+    /// Wakes the applier (memtable full, close).
+    apply_cv: Condvar,
+    durable: Mutex<u64>,
+    durable_cv: Condvar,
+    failure: watch::Sender<Option<String>>,
+    space_ok: AtomicBool,
+    /// Set to stop without a final apply and checkpoint (a simulated
+    /// crash, for tests).
+    abandon: AtomicBool,
+    log_syncs: AtomicU64,
+    records: AtomicU64,
+    log_bytes: AtomicU64,
+    checkpoints: AtomicU64,
+    applied: AtomicU64,
+    sync_micros: AtomicU64,
+    segments: Arc<Mutex<Vec<(u64, u64)>>>,
+}
+
+/// The durable store of one data directory.
+pub struct Store {
+    inner: Arc<Inner>,
+    threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
+    _lock: fsutil::DirLock,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store").field("dir", &self.inner.dir).finish()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A poisoned lock means a thread panicked while holding it; the data
+    // it guards is still consistent (every section is a few assignments).
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Store {
+    /// Opens (or creates) the data directory: takes its lock, checks its
+    /// format, replays the log into the database, checkpoints, and starts
+    /// the log writer and the applier.
+    pub fn open(dir: &Path, opts: StoreOptions) -> Result<(Store, OpenReport)> {
+        let started = Instant::now();
+        fsutil::create_private_dir(dir)?;
+        let dir_lock = fsutil::lock_dir(dir)?;
+        fsutil::check_or_init_format(dir)?;
+        let db_dir = dir.join("db");
+        let wal_dir = dir.join("wal");
+        fsutil::create_private_dir(&wal_dir)?;
+        let db = sled::Config::new()
+            .path(&db_dir)
+            .flush_every_ms(None)
+            .cache_capacity(opts.cache_bytes)
+            .mode(sled::Mode::HighThroughput)
+            .open()
+            .map_err(|e| StorageError::Db {
+                path: db_dir.clone(),
+                source: e,
+            })?;
+        let dbe = |e: sled::Error| StorageError::Db {
+            path: db_dir.clone(),
+            source: e,
+        };
+        check_db_format(&db, &db_dir)?;
+        let applied = read_sys(&db, SysKey::AppliedLsn, &db_dir)?.unwrap_or(0);
+
+        // Replay what the log has beyond the database.
+        let mut batch = sled::Batch::default();
+        let mut in_batch = 0usize;
+        let end = wal::replay(&wal_dir, applied, |lsn, muts| {
+            for m in muts {
+                match m.value {
+                    Some(v) => batch.insert(m.key.as_ref(), v.as_ref()),
+                    None => batch.remove(m.key.as_ref()),
+                }
+                in_batch += 1;
+            }
+            if in_batch > 10_000 {
+                batch.insert(Key::Sys(SysKey::AppliedLsn).encode().as_ref(), &lsn.to_be_bytes());
+                db.apply_batch(std::mem::take(&mut batch)).map_err(dbe)?;
+                in_batch = 0;
+            }
+            Ok(())
+        })?;
+        batch.insert(
+            Key::Sys(SysKey::AppliedLsn).encode().as_ref(),
+            &end.last_lsn.to_be_bytes(),
+        );
+        db.apply_batch(batch).map_err(dbe)?;
+        // Make the database durable before the log that fed it goes.
+        db.flush().map_err(dbe)?;
+        fsutil::sync_tree(&db_dir)?;
+        for number in wal::list_segments(&wal_dir)? {
+            let path = wal::segment_path(&wal_dir, number);
+            std::fs::remove_file(&path).map_err(|e| StorageError::io("remove", &path, e))?;
+        }
+        let writer = wal::Writer::start(&wal_dir, end.last_segment, opts.segment_size)?;
+
+        let (failure, _) = watch::channel(None);
+        let inner = Arc::new(Inner {
+            dir: dir.to_path_buf(),
+            db,
+            opts,
+            state: Mutex::new(State {
+                next_lsn: end.last_lsn + 1,
+                active: HashMap::new(),
+                active_bytes: 0,
+                frozen: None,
+                pending: Vec::new(),
+                closed: None,
+            }),
+            commit_cv: Condvar::new(),
+            apply_cv: Condvar::new(),
+            durable: Mutex::new(end.last_lsn),
+            durable_cv: Condvar::new(),
+            failure,
+            space_ok: AtomicBool::new(true),
+            abandon: AtomicBool::new(false),
+            log_syncs: AtomicU64::new(0),
+            records: AtomicU64::new(0),
+            log_bytes: AtomicU64::new(0),
+            checkpoints: AtomicU64::new(0),
+            applied: AtomicU64::new(end.last_lsn),
+            sync_micros: AtomicU64::new(0),
+            segments: Arc::clone(&writer.written),
+        });
+        inner.refresh_space();
+        let mut threads = Vec::new();
+        let i = Arc::clone(&inner);
+        threads.push(spawn("letterbox-log", move || log_writer(&i, writer))?);
+        let i = Arc::clone(&inner);
+        threads.push(spawn("letterbox-apply", move || applier(&i))?);
+        let report = OpenReport {
+            applied_lsn: applied,
+            replayed: end.replayed,
+            elapsed: started.elapsed(),
+        };
+        Ok((
+            Store {
+                inner,
+                threads: Mutex::new(threads),
+                _lock: dir_lock,
+            },
+            report,
+        ))
+    }
+
+    /// The data directory.
+    pub fn dir(&self) -> &Path {
+        &self.inner.dir
+    }
+
+    /// Logs a transaction (see the module's durability contract).
+    pub fn submit(&self, txn: Txn) -> Commit {
+        let (tx, rx) = oneshot::channel();
+        let mut st = lock(&self.inner.state);
+        if let Some(reason) = &st.closed {
+            return Commit {
+                lsn: 0,
+                rx: Err(reason.clone()),
+            };
+        }
+        let lsn = st.next_lsn;
+        st.next_lsn += 1;
+        for m in &txn.muts {
+            st.active_bytes += m.key.len() + m.value.as_ref().map_or(0, Bytes::len) + 48;
+            st.active.insert(m.key.clone(), m.value.clone());
+        }
+        let full = st.active_bytes > self.inner.opts.apply_bytes;
+        st.pending.push(Pending {
+            lsn,
+            muts: txn.muts,
+            done: tx,
+        });
+        if st.pending.len() == 1 {
+            self.inner.commit_cv.notify_one();
+        }
+        drop(st);
+        if full {
+            self.inner.apply_cv.notify_one();
+        }
+        Commit { lsn, rx: Ok(rx) }
+    }
+
+    /// Reads a key as of the latest submitted transaction.
+    pub fn get(&self, key: &Key<'_>) -> Result<Option<Bytes>> {
+        let k = key.encode();
+        {
+            let st = lock(&self.inner.state);
+            if let Some(v) = st.active.get(&k) {
+                return Ok(v.clone());
+            }
+            if let Some(v) = st.frozen.as_ref().and_then(|f| f.get(&k)) {
+                return Ok(v.clone());
+            }
+        }
+        self.inner
+            .db
+            .get(&k)
+            .map(|v| v.map(|iv| Bytes::copy_from_slice(&iv)))
+            .map_err(|e| self.inner.db_error(e))
+    }
+
+    /// Reads and decodes a message's payload, checking its checksum.
+    pub fn get_payload(&self, pid: u64) -> Result<Option<PayloadRecord>> {
+        let what = format!("payload {pid}");
+        match self.get(&Key::Payload(pid))? {
+            None => Ok(None),
+            Some(bytes) => {
+                let rec: PayloadRecord = records::decode(&what, &bytes)?;
+                rec.verify(&what)?;
+                Ok(Some(rec))
+            }
+        }
+    }
+
+    /// Reads and decodes a message's state.
+    pub fn get_meta(&self, qid: u32, pos: u64) -> Result<Option<MetaRecord>> {
+        match self.get(&Key::Meta(qid, pos))? {
+            None => Ok(None),
+            Some(bytes) => records::decode(&format!("message {qid}/{pos}"), &bytes).map(Some),
+        }
+    }
+
+    /// Reads a system value.
+    pub fn get_sys(&self, key: SysKey) -> Result<Option<u64>> {
+        match self.get(&Key::Sys(key))? {
+            None => Ok(None),
+            Some(b) => Ok(Some(u64::from_be_bytes(b.as_ref().try_into().map_err(|_| {
+                StorageError::corrupt(format!("system key {key:?}"), "not 8 bytes")
+            })?))),
+        }
+    }
+
+    /// Iterates the database's keys of one space with decoded values. Only
+    /// valid before the first submission (it reads the database, not the
+    /// memtable); used to rebuild the engine's indexes at start.
+    pub fn scan<T: serde::de::DeserializeOwned>(
+        &self,
+        space: Space,
+    ) -> impl Iterator<Item = Result<(OwnedKey, T)>> + '_ {
+        self.inner.db.scan_prefix(space.prefix()).map(move |item| {
+            let (k, v) = item.map_err(|e| self.inner.db_error(e))?;
+            let key = OwnedKey::decode(&k)
+                .ok_or_else(|| StorageError::corrupt(format!("key {k:?}"), "malformed key"))?;
+            let value = records::decode(&format!("{key:?}"), &v)?;
+            Ok((key, value))
+        })
+    }
+
+    /// False while free space on the data directory's file system is below
+    /// the configured minimum: the engine then refuses publishes.
+    pub fn has_space(&self) -> bool {
+        self.inner.space_ok.load(Ordering::Relaxed)
+    }
+
+    /// Watches for a fail-stop error: the value turns `Some(reason)` once
+    /// the store has stopped.
+    pub fn failure(&self) -> watch::Receiver<Option<String>> {
+        self.inner.failure.subscribe()
+    }
+
+    /// Figures since open.
+    pub fn stats(&self) -> StoreStats {
+        let i = &self.inner;
+        StoreStats {
+            log_syncs: i.log_syncs.load(Ordering::Relaxed),
+            records: i.records.load(Ordering::Relaxed),
+            log_bytes: i.log_bytes.load(Ordering::Relaxed),
+            checkpoints: i.checkpoints.load(Ordering::Relaxed),
+            durable_lsn: *lock(&i.durable),
+            applied_lsn: i.applied.load(Ordering::Relaxed),
+            sync_micros: i.sync_micros.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Stops taking transactions, waits for the log writer to make every
+    /// submitted one durable, applies them, checkpoints and releases the
+    /// directory. Returns the failure that stopped the store, if any.
+    pub fn close(self) -> Result<()> {
+        {
+            let mut st = lock(&self.inner.state);
+            if st.closed.is_none() {
+                st.closed = Some("store closed".into());
+            }
+        }
+        self.inner.commit_cv.notify_all();
+        self.inner.apply_cv.notify_all();
+        for t in lock(&self.threads).drain(..) {
+            let _ = t.join();
+        }
+        match self.inner.failure.borrow().clone() {
+            Some(reason) => Err(StorageError::Stopped { reason }),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Store {
+    /// Stops like a crash: the log writer finishes what was submitted, but
+    /// nothing more is applied to the database and no checkpoint runs.
+    #[cfg(test)]
+    pub(crate) fn crash(self) {
+        self.inner.abandon.store(true, Ordering::Relaxed);
+        drop(self);
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        let mut st = lock(&self.inner.state);
+        if st.closed.is_none() {
+            st.closed = Some("store dropped".into());
+        }
+        drop(st);
+        self.inner.commit_cv.notify_all();
+        self.inner.apply_cv.notify_all();
+        for t in lock(&self.threads).drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(f)
+        .map_err(|e| StorageError::io("spawn thread", name, e))
+}
+
+fn read_sys(db: &sled::Db, key: SysKey, path: &Path) -> Result<Option<u64>> {
+    let v = db.get(Key::Sys(key).encode()).map_err(|e| StorageError::Db {
+        path: path.to_path_buf(),
+        source: e,
+    })?;
+    match v {
+        None => Ok(None),
+        Some(iv) => Ok(Some(u64::from_be_bytes(iv.as_ref().try_into().map_err(|_| {
+            StorageError::corrupt(format!("{} system key {key:?}", path.display()), "not 8 bytes")
+        })?))),
+    }
+}
+
+fn check_db_format(db: &sled::Db, path: &Path) -> Result<()> {
+    let supported = fsutil::FORMAT_VERSION;
+    match read_sys(db, SysKey::FormatVersion, path)? {
+        Some(v) if v == u64::from(supported) => Ok(()),
+        Some(v) => Err(StorageError::FormatVersion {
+            path: path.to_path_buf(),
+            found: v.to_string(),
+            supported,
+        }),
+        None => {
+            db.insert(
+                Key::Sys(SysKey::FormatVersion).encode(),
+                &u64::from(supported).to_be_bytes(),
+            )
+            .map_err(|e| StorageError::Db {
+                path: path.to_path_buf(),
+                source: e,
+            })?;
+            Ok(())
+        }
+    }
+}
+
+impl Inner {
+    fn db_error(&self, e: sled::Error) -> StorageError {
+        StorageError::Db {
+            path: self.dir.join("db"),
+            source: e,
+        }
+    }
+
+    /// Stops the store for good after an I/O error.
+    fn fail(&self, err: &StorageError) {
+        let reason = err.to_string();
+        tracing::error!(error = %reason, "storage failed; no further writes are accepted");
+        let pending = {
+            let mut st = lock(&self.state);
+            st.closed = Some(reason.clone());
+            std::mem::take(&mut st.pending)
+        };
+        for p in pending {
+            let _ = p.done.send(Err(reason.clone()));
+        }
+        self.failure.send_replace(Some(reason));
+        self.commit_cv.notify_all();
+        self.apply_cv.notify_all();
+        self.durable_cv.notify_all();
+    }
+
+    fn failed(&self) -> bool {
+        self.failure.borrow().is_some()
+    }
+
+    fn refresh_space(&self) {
+        let ok = fsutil::free_bytes(&self.dir).map_or(true, |free| free >= self.opts.min_free_bytes);
+        if self.space_ok.swap(ok, Ordering::Relaxed) != ok {
+            if ok {
+                tracing::info!(dir = %self.dir.display(), "free disk space is back above the minimum; publishes resume");
+            } else {
+                tracing::warn!(dir = %self.dir.display(), min_free = self.opts.min_free_bytes, "free disk space is below the minimum; publishes are refused");
+            }
+        }
+    }
+
+    /// Waits until everything up to `lsn` is durable; false on failure.
+    fn wait_durable(&self, lsn: u64) -> bool {
+        let mut d = lock(&self.durable);
+        while *d < lsn {
+            if self.failed() {
+                return false;
+            }
+            d = self
+                .durable_cv
+                .wait_timeout(d, Duration::from_millis(100))
+                .map(|(g, _)| g)
+                .unwrap_or_else(|e| e.into_inner().0);
+        }
+        true
+    }
+}
+
+/// The log writer thread: takes every pending transaction, writes them in
+/// one go, fdatasyncs, and answers them.
+fn log_writer(inner: &Inner, mut writer: wal::Writer) {
+    let mut frames = Vec::with_capacity(1 << 20);
+    let mut bounds = Vec::new();
+    loop {
+        let batch = {
+            let mut st = lock(&inner.state);
+            while st.pending.is_empty() && st.closed.is_none() {
+                st = inner.commit_cv.wait(st).unwrap_or_else(|e| e.into_inner());
+            }
+            if st.pending.is_empty() {
+                return; // closed and drained
+            }
+            std::mem::take(&mut st.pending)
+        };
+        frames.clear();
+        bounds.clear();
+        let first = batch[0].lsn;
+        for p in &batch {
+            wal::frame(p.lsn, first, &p.muts, &mut frames);
+            bounds.push((frames.len(), p.lsn));
+        }
+        let t = Instant::now();
+        if let Err(e) = writer.write(&frames, &bounds) {
+            let reason = e.to_string();
+            for p in batch {
+                let _ = p.done.send(Err(reason.clone()));
+            }
+            inner.fail(&e);
+            return;
+        }
+        let last = batch[batch.len() - 1].lsn;
+        inner.sync_micros.fetch_add(
+            u64::try_from(t.elapsed().as_micros()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+        inner.log_syncs.fetch_add(1, Ordering::Relaxed);
+        inner.records.fetch_add(batch.len() as u64, Ordering::Relaxed);
+        inner.log_bytes.fetch_add(frames.len() as u64, Ordering::Relaxed);
+        *lock(&inner.durable) = last;
+        inner.durable_cv.notify_all();
+        for p in batch {
+            let _ = p.done.send(Ok(()));
+        }
+        if frames.capacity() > 64 << 20 {
+            frames = Vec::with_capacity(1 << 20);
+        }
+    }
+}
+
+/// The applier thread: freezes the memtable, waits for its records to be
+/// durable, applies it to sled in one batch, and checkpoints now and then.
+fn applier(inner: &Inner) {
+    let mut last_checkpoint = Instant::now();
+    let mut log_bytes_at_checkpoint = 0u64;
+    let mut last_space_check = Instant::now();
+    loop {
+        let closing = {
+            let st = lock(&inner.state);
+            let (st, _) = inner
+                .apply_cv
+                .wait_timeout_while(st, inner.opts.apply_interval, |s| {
+                    s.closed.is_none() && s.active_bytes <= inner.opts.apply_bytes
+                })
+                .unwrap_or_else(|e| e.into_inner());
+            st.closed.is_some()
+        };
+        if inner.failed() {
+            return;
+        }
+        if closing && inner.abandon.load(Ordering::Relaxed) {
+            return;
+        }
+        if let Err(e) = apply_once(inner) {
+            inner.fail(&e);
+            return;
+        }
+        if closing && inner.abandon.load(Ordering::Relaxed) {
+            return;
+        }
+        if closing {
+            // The log writer drains before it exits; apply what it wrote.
+            let next = lock(&inner.state).next_lsn;
+            if !inner.wait_durable(next - 1) {
+                return;
+            }
+            if let Err(e) = apply_once(inner).and_then(|()| checkpoint(inner)) {
+                inner.fail(&e);
+            }
+            return;
+        }
+        if last_space_check.elapsed() >= Duration::from_millis(500) {
+            inner.refresh_space();
+            last_space_check = Instant::now();
+        }
+        let log_bytes = inner.log_bytes.load(Ordering::Relaxed);
+        if last_checkpoint.elapsed() >= inner.opts.checkpoint_interval
+            || log_bytes - log_bytes_at_checkpoint >= inner.opts.checkpoint_bytes
+        {
+            if let Err(e) = checkpoint(inner) {
+                inner.fail(&e);
+                return;
+            }
+            last_checkpoint = Instant::now();
+            log_bytes_at_checkpoint = log_bytes;
+        }
+    }
+}
+
+/// Applies the memtable's current content to sled once it is durable.
+fn apply_once(inner: &Inner) -> Result<()> {
+    let (frozen, upto) = {
+        let mut st = lock(&inner.state);
+        if st.active.is_empty() {
+            return Ok(());
+        }
+        let frozen = Arc::new(std::mem::take(&mut st.active));
+        st.active_bytes = 0;
+        st.frozen = Some(Arc::clone(&frozen));
+        (frozen, st.next_lsn - 1)
+    };
+    if !inner.wait_durable(upto) {
+        return Err(StorageError::Stopped {
+            reason: "log writer failed".into(),
+        });
+    }
+    let mut batch = sled::Batch::default();
+    for (k, v) in frozen.iter() {
+        match v {
+            Some(v) => batch.insert(k.as_ref(), v.as_ref()),
+            None => batch.remove(k.as_ref()),
+        }
+    }
+    batch.insert(Key::Sys(SysKey::AppliedLsn).encode().as_ref(), &upto.to_be_bytes());
+    inner.db.apply_batch(batch).map_err(|e| inner.db_error(e))?;
+    lock(&inner.state).frozen = None;
+    inner.applied.store(upto, Ordering::Relaxed);
+    Ok(())
+}
+
+/// Makes the database durable up to the applied lsn, then deletes log
+/// segments that hold nothing newer.
+fn checkpoint(inner: &Inner) -> Result<()> {
+    let applied = inner.applied.load(Ordering::Relaxed);
+    inner.db.flush().map_err(|e| inner.db_error(e))?;
+    fsutil::sync_tree(&inner.dir.join("db"))?;
+    let wal_dir = inner.dir.join("wal");
+    let mut segments = lock(&inner.segments);
+    let mut removed = false;
+    // Segment i holds lsns below the first lsn of segment i+1.
+    while segments.len() >= 2 && segments[1].1 <= applied + 1 {
+        let (number, _) = segments.remove(0);
+        let path = wal::segment_path(&wal_dir, number);
+        std::fs::remove_file(&path).map_err(|e| StorageError::io("remove", &path, e))?;
+        removed = true;
+    }
+    drop(segments);
+    if removed {
+        fsutil::sync_dir(&wal_dir)?;
+    }
+    inner.checkpoints.fetch_add(1, Ordering::Relaxed);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

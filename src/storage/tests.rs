@@ -1,0 +1,150 @@
+use super::*;
+use records::{CountersRecord, PayloadRecord};
+
+fn small_opts() -> StoreOptions {
+    StoreOptions {
+        segment_size: 64 << 10,
+        apply_interval: Duration::from_millis(20),
+        checkpoint_interval: Duration::from_millis(50),
+        checkpoint_bytes: 32 << 10,
+        min_free_bytes: 0,
+        ..StoreOptions::default()
+    }
+}
+
+fn payload(i: u64) -> Bytes {
+    encode_payload(&PayloadRecord::new(i, vec![], Bytes::from(format!("body-{i}"))))
+}
+
+fn body(store: &Store, pid: u64) -> Option<String> {
+    store
+        .get_payload(pid)
+        .expect("read")
+        .map(|p| String::from_utf8(p.body.to_vec()).expect("utf8"))
+}
+
+#[tokio::test]
+async fn submitted_changes_are_visible_at_once_and_after_reopen() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (store, _) = Store::open(dir.path(), small_opts()).expect("open");
+    let mut t = Txn::new();
+    t.put_payload(1, payload(1));
+    t.put_payload(2, payload(2));
+    let c = store.submit(t);
+    assert_eq!(body(&store, 1).as_deref(), Some("body-1"), "memtable serves reads");
+    c.wait().await.expect("durable");
+    let mut t = Txn::new();
+    t.delete(Key::Payload(1));
+    store.submit(t).wait().await.expect("durable");
+    assert_eq!(body(&store, 1), None);
+    store.close().expect("close");
+
+    let (store, report) = Store::open(dir.path(), small_opts()).expect("reopen");
+    assert_eq!(report.replayed, 0, "a clean close leaves nothing to replay");
+    assert_eq!(body(&store, 1), None);
+    assert_eq!(body(&store, 2).as_deref(), Some("body-2"));
+}
+
+#[tokio::test]
+async fn a_crash_is_recovered_from_the_log() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let opts = StoreOptions {
+        apply_interval: Duration::from_secs(3600),
+        checkpoint_interval: Duration::from_secs(3600),
+        ..small_opts()
+    };
+    let (store, _) = Store::open(dir.path(), opts.clone()).expect("open");
+    let mut commits = Vec::new();
+    for i in 0..200u64 {
+        let mut t = Txn::new();
+        t.put_payload(i, payload(i));
+        if i % 2 == 1 {
+            t.delete(Key::Payload(i - 1));
+        }
+        t.put_counters(1, &CountersRecord { published: i + 1, ..CountersRecord::default() });
+        commits.push(store.submit(t));
+    }
+    for c in commits {
+        c.wait().await.expect("durable");
+    }
+    assert_eq!(store.stats().applied_lsn, 0, "nothing applied before the crash");
+    store.crash();
+
+    let (store, report) = Store::open(dir.path(), opts).expect("reopen");
+    assert_eq!(report.replayed, 200);
+    for i in 0..200u64 {
+        let expect = (i % 2 == 1).then(|| format!("body-{i}"));
+        assert_eq!(body(&store, i), expect, "pid {i}");
+    }
+    let counters: Vec<_> = store.scan::<CountersRecord>(Space::Counters).collect();
+    assert_eq!(counters.len(), 1);
+    assert_eq!(counters[0].as_ref().expect("decodes").1.published, 200);
+}
+
+#[tokio::test]
+async fn concurrent_submissions_share_fsyncs() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (store, _) = Store::open(dir.path(), small_opts()).expect("open");
+    let store = Arc::new(store);
+    let mut tasks = Vec::new();
+    for w in 0..8u64 {
+        let store = Arc::clone(&store);
+        tasks.push(tokio::spawn(async move {
+            for i in 0..50u64 {
+                let mut t = Txn::new();
+                t.put_payload(w * 1000 + i, payload(i));
+                store.submit(t).wait().await.expect("durable");
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("task");
+    }
+    let stats = store.stats();
+    assert_eq!(stats.records, 400);
+    assert!(stats.log_syncs <= stats.records, "{stats:?}");
+}
+
+#[tokio::test]
+async fn checkpoints_reclaim_log_segments() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (store, _) = Store::open(dir.path(), small_opts()).expect("open");
+    for i in 0..400u64 {
+        let mut t = Txn::new();
+        t.put_payload(i, encode_payload(&PayloadRecord::new(0, vec![], Bytes::from(vec![7u8; 900]))));
+        store.submit(t).wait().await.expect("durable");
+    }
+    // 400 records of ~1 KiB fill several 64 KiB segments; checkpoints must
+    // have deleted the applied ones.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut t = Txn::new();
+    t.put_payload(9999, payload(1));
+    store.submit(t).wait().await.expect("durable");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let segments = wal::list_segments(&dir.path().join("wal")).expect("list");
+    assert!(store.stats().checkpoints > 0);
+    assert!(segments.len() <= 3, "segments left: {segments:?}");
+    store.close().expect("close");
+    let (store, _) = Store::open(dir.path(), small_opts()).expect("reopen");
+    assert_eq!(body(&store, 9999).as_deref(), Some("body-1"));
+    assert!(store.get_payload(399).expect("read").is_some());
+}
+
+#[tokio::test]
+async fn a_second_open_of_the_same_directory_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_store, _) = Store::open(dir.path(), small_opts()).expect("open");
+    let err = Store::open(dir.path(), small_opts()).expect_err("locked");
+    assert!(matches!(err, StorageError::Locked { .. }), "{err}");
+}
+
+#[tokio::test]
+async fn submissions_after_close_fail() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (store, _) = Store::open(dir.path(), small_opts()).expect("open");
+    store.inner.fail(&StorageError::Stopped { reason: "test".into() });
+    let mut t = Txn::new();
+    t.put_payload(1, payload(1));
+    assert!(store.submit(t).wait().await.is_err());
+    assert_eq!(store.failure().borrow().as_deref(), Some("storage stopped: test"));
+}
