@@ -12,6 +12,8 @@
 //! - [`pb`]: the generated protobuf types of `letterbox.v1`.
 //! - [`clock`]: wall-clock time, injectable for tests.
 pub mod clock;
+pub mod config;
 pub mod pb;
 pub mod queue;
+pub mod server;
 pub mod storage;

@@ -1,1 +1,123 @@
-fn main() {}
+//! The `letterbox` binary: `letterbox serve` runs the server.
+//!
+//! Exit codes: 0 after a graceful shutdown; 2 for bad flags; 1 when the
+//! server cannot start (data directory locked, damaged or of an unknown
+//! format, address in use); 3 when the storage failed while running
+//! (fail-stop: restart to recover from disk).
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::{Parser, Subcommand};
+use letterbox::clock::SystemClock;
+use letterbox::config::{LogFormat, ServeArgs};
+use letterbox::server::{Server, ServerError};
+use tracing_subscriber::EnvFilter;
+
+/// Letterbox: a durable message queue with dead letter queues.
+#[derive(Debug, Parser)]
+#[command(name = "letterbox", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the server.
+    Serve(ServeArgs),
+}
+
+fn init_logs(filter: &str, format: LogFormat) -> Result<(), String> {
+    let filter = EnvFilter::try_new(filter).map_err(|e| format!("--log / LETTERBOX_LOG: {e}"))?;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        }
+        _ => std::future::pending().await,
+    }
+}
+
+async fn serve(args: ServeArgs) -> ExitCode {
+    let config = match args.server_config() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("letterbox: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let server = match Server::start(config.clone(), Arc::new(SystemClock)).await {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start");
+            eprintln!("letterbox: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let report = server.open_report();
+    tracing::info!(
+        data_dir = %config.data_dir.display(),
+        replayed = report.replayed,
+        recovery_ms = u64::try_from(report.elapsed.as_millis()).unwrap_or(u64::MAX),
+        "recovered"
+    );
+    // The first line of standard output is the bound address: scripts and
+    // tests started with port 0 read it.
+    println!("letterbox listening on {}", server.local_addr());
+    tracing::info!(addr = %server.local_addr(), "serving gRPC");
+    match server.serve(shutdown_signal()).await {
+        Ok(()) => {
+            tracing::info!("stopped cleanly");
+            ExitCode::SUCCESS
+        }
+        Err(e @ ServerError::StorageFailed(_)) => {
+            eprintln!("letterbox: {e}");
+            ExitCode::from(3)
+        }
+        Err(e) => {
+            eprintln!("letterbox: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Serve(args) => {
+            if let Err(e) = init_logs(&args.log, args.log_format) {
+                eprintln!("letterbox: {e}");
+                return ExitCode::from(2);
+            }
+            let runtime = match tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(r) => r,
+                Err(e) => {
+                    eprintln!("letterbox: cannot start the async runtime: {e}");
+                    return ExitCode::from(1);
+                }
+            };
+            runtime.block_on(serve(args))
+        }
+    }
+}

@@ -94,7 +94,11 @@ impl Broker {
             let _ = name;
             out.push(info(&st, qid)?);
         }
-        let next = if more { out.last().map(|q| q.name.clone()) } else { None };
+        let next = if more {
+            out.last().map(|q| q.name.clone())
+        } else {
+            None
+        };
         Ok((out, next))
     }
 
@@ -116,10 +120,10 @@ impl Broker {
             let q = st.queue(qid)?;
             let old_dl = q.config.dead_letter.clone();
             q.config = config.clone();
-            if let Some(dl) = old_dl {
-                if let Some(s) = st.dlq_sources.get_mut(&dl.queue) {
-                    s.remove(name);
-                }
+            if let Some(dl) = old_dl
+                && let Some(s) = st.dlq_sources.get_mut(&dl.queue)
+            {
+                s.remove(name);
             }
             if let Some(dl) = &config.dead_letter {
                 st.dlq_sources
@@ -158,7 +162,9 @@ impl Broker {
             let mut change = Change::default();
             // Detach the sources: they lose their dead letter queue.
             for src in &sources {
-                let Some(&sqid) = st.names.get(src) else { continue };
+                let Some(&sqid) = st.names.get(src) else {
+                    continue;
+                };
                 let sq = st.queue(sqid)?;
                 sq.config.dead_letter = None;
                 sq.config.dead_letter_on_expiry = false;
@@ -167,10 +173,10 @@ impl Broker {
             }
             st.dlq_sources.remove(name);
             let q = st.queue(qid)?;
-            if let Some(dl) = q.config.dead_letter.clone() {
-                if let Some(s) = st.dlq_sources.get_mut(&dl.queue) {
-                    s.remove(name);
-                }
+            if let Some(dl) = q.config.dead_letter.clone()
+                && let Some(s) = st.dlq_sources.get_mut(&dl.queue)
+            {
+                s.remove(name);
             }
             change.txn.delete(Key::Queue(name));
             change.txn.delete(Key::Counters(qid));
@@ -278,7 +284,11 @@ impl Broker {
             None
         } else {
             Some(page_token.parse::<u64>().map_err(|_| {
-                QueueError::invalid("page_token", page_token, "is not a token from an earlier page")
+                QueueError::invalid(
+                    "page_token",
+                    page_token,
+                    "is not a token from an earlier page",
+                )
             })?)
         };
         let (qid, picked, more) = {
@@ -297,8 +307,12 @@ impl Broker {
         let mut last = None;
         for (pos, state) in picked {
             last = Some(pos);
-            let Some(meta) = self.store.get_meta(qid, pos)? else { continue };
-            let Some(payload) = self.store.get_payload(meta.pid)? else { continue };
+            let Some(meta) = self.store.get_meta(qid, pos)? else {
+                continue;
+            };
+            let Some(payload) = self.store.get_payload(meta.pid)? else {
+                continue;
+            };
             let leased = meta.lease.as_ref().map_or(0, |l| l.deadline);
             messages.push(BrowsedMessage {
                 message_id: meta.message_id.clone(),
@@ -309,7 +323,11 @@ impl Broker {
                 published_at: payload.published_at,
                 enqueued_at: meta.enqueued_at,
                 expires_at: meta.expires_at,
-                visible_at: if state == MessageState::Delayed { meta.visible_at } else { 0 },
+                visible_at: if state == MessageState::Delayed {
+                    meta.visible_at
+                } else {
+                    0
+                },
                 lease_deadline: leased,
                 group_id: meta.group.clone(),
                 dead_letters: persist::dead_letters(&meta),
@@ -318,7 +336,11 @@ impl Broker {
         }
         Ok(BrowsePage {
             messages,
-            next: if more { last.map(|p| p.to_string()) } else { None },
+            next: if more {
+                last.map(|p| p.to_string())
+            } else {
+                None
+            },
         })
     }
 }
@@ -370,10 +392,13 @@ fn check_dead_letter(st: &State, name: &str, config: &QueueConfig) -> Result<()>
             "a queue cannot be its own dead letter queue",
         ));
     }
-    let dlq_qid = st.names.get(&dl.queue).ok_or_else(|| QueueError::NotFound {
-        kind: "dead letter queue",
-        name: dl.queue.clone(),
-    })?;
+    let dlq_qid = st
+        .names
+        .get(&dl.queue)
+        .ok_or_else(|| QueueError::NotFound {
+            kind: "dead letter queue",
+            name: dl.queue.clone(),
+        })?;
     let dlq = st
         .queues
         .get(dlq_qid)

@@ -75,7 +75,7 @@ impl Broker {
             }
             durable(commit).await?;
             let left = give_up.saturating_duration_since(Instant::now());
-            if left.is_zero() {
+            if left.is_zero() || self.is_closing() {
                 return Ok(Vec::new());
             }
             // Woken when a message may have become ready; otherwise the
@@ -237,11 +237,15 @@ impl Broker {
             let mut results = Vec::with_capacity(parsed.len());
             for (t, text) in parsed.iter().zip(tokens) {
                 if let Err(why) = current_lease(&st, t, now) {
-                    results.push(Settled::LeaseExpired(format!("lease expired: token {text} {why}")));
+                    results.push(Settled::LeaseExpired(format!(
+                        "lease expired: token {text} {why}"
+                    )));
                     continue;
                 }
                 let State { queues, timers, .. } = &mut *st;
-                let Some(q) = queues.get_mut(&t.qid) else { continue };
+                let Some(q) = queues.get_mut(&t.qid) else {
+                    continue;
+                };
                 if let Some(e) = q.remove(t.pos, timers) {
                     if !q.client_ids.is_empty() {
                         let meta = self.meta(t.qid, t.pos)?;
@@ -266,14 +270,14 @@ impl Broker {
         validate::batch("items", items.len())?;
         let parsed = parse_tokens("items.ack_token", items.iter().map(|n| n.token.as_str()))?;
         for (i, n) in items.iter().enumerate() {
-            if let Some(d) = n.delay {
-                if d > validate::limits::MAX_DELAY {
-                    return Err(QueueError::invalid(
-                        format!("items[{i}].delay_ms"),
-                        d,
-                        format!("must be at most {}", validate::limits::MAX_DELAY),
-                    ));
-                }
+            if let Some(d) = n.delay
+                && d > validate::limits::MAX_DELAY
+            {
+                return Err(QueueError::invalid(
+                    format!("items[{i}].delay_ms"),
+                    d,
+                    format!("must be at most {}", validate::limits::MAX_DELAY),
+                ));
             }
             validate::reason(&format!("items[{i}].reason"), &n.reason)?;
         }
@@ -285,13 +289,13 @@ impl Broker {
                 if !n.dead_letter {
                     continue;
                 }
-                if let Some(q) = st.queues.get(&t.qid) {
-                    if q.config.dead_letter.is_none() {
-                        return Err(QueueError::FailedPrecondition(format!(
-                            "queue {:?} has no dead letter queue, so token {} cannot be rejected to one",
-                            q.name, n.token
-                        )));
-                    }
+                if let Some(q) = st.queues.get(&t.qid)
+                    && q.config.dead_letter.is_none()
+                {
+                    return Err(QueueError::FailedPrecondition(format!(
+                        "queue {:?} has no dead letter queue, so token {} cannot be rejected to one",
+                        q.name, n.token
+                    )));
                 }
             }
             let mut change = Change::default();
@@ -309,7 +313,16 @@ impl Broker {
                 } else {
                     AttemptOutcome::Nacked
                 };
-                self.end_lease(&mut st, t.qid, t.pos, now, outcome, &n.reason, n.delay, &mut change)?;
+                self.end_lease(
+                    &mut st,
+                    t.qid,
+                    t.pos,
+                    now,
+                    outcome,
+                    &n.reason,
+                    n.delay,
+                    &mut change,
+                )?;
                 results.push(Settled::Ok { deadline: 0 });
             }
             (results, self.submit(&st, change))
@@ -337,14 +350,20 @@ impl Broker {
             let mut results = Vec::with_capacity(items.len());
             for (t, (text, timeout)) in parsed.iter().zip(items) {
                 if let Err(why) = current_lease(&st, t, now) {
-                    results.push(Settled::LeaseExpired(format!("lease expired: token {text} {why}")));
+                    results.push(Settled::LeaseExpired(format!(
+                        "lease expired: token {text} {why}"
+                    )));
                     continue;
                 }
                 let mut meta = self.meta(t.qid, t.pos)?;
                 let State { queues, timers, .. } = &mut *st;
-                let Some(q) = queues.get_mut(&t.qid) else { continue };
+                let Some(q) = queues.get_mut(&t.qid) else {
+                    continue;
+                };
                 let Some(lease) = meta.lease.as_mut() else {
-                    results.push(Settled::LeaseExpired(format!("lease expired: token {text} is not leased")));
+                    results.push(Settled::LeaseExpired(format!(
+                        "lease expired: token {text} is not leased"
+                    )));
                     continue;
                 };
                 let deadline = (now + timeout).min(lease.started + q.config.max_lease_total);
@@ -370,8 +389,14 @@ fn parse_tokens<'a>(field: &str, tokens: impl Iterator<Item = &'a str>) -> Resul
 
 /// Checks that a token is the current, unexpired lease of its message.
 fn current_lease(st: &State, t: &AckToken, now: u64) -> std::result::Result<(), &'static str> {
-    let q = st.queues.get(&t.qid).ok_or("(its queue no longer exists)")?;
-    let e = q.msgs.get(&t.pos).ok_or("(the message is no longer in the queue)")?;
+    let q = st
+        .queues
+        .get(&t.qid)
+        .ok_or("(its queue no longer exists)")?;
+    let e = q
+        .msgs
+        .get(&t.pos)
+        .ok_or("(the message is no longer in the queue)")?;
     if e.state != EntryState::Leased || e.epoch != t.epoch {
         return Err("(the lease was settled, or ran out and the message was delivered again)");
     }

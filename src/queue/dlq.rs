@@ -38,18 +38,36 @@ impl Broker {
         change.touch(qid);
         let config = q.config.clone();
         if outcome == AttemptOutcome::Rejected {
-            return self.dead_letter(st, qid, pos, meta, DeadLetterReason::Rejected, "", now, change);
+            return self.dead_letter(
+                st,
+                qid,
+                pos,
+                meta,
+                DeadLetterReason::Rejected,
+                "",
+                now,
+                change,
+            );
         }
         if meta.expires_at <= now {
             return self.expire_with(st, qid, pos, meta, now, change);
         }
-        if let Some(dl) = &config.dead_letter {
-            if meta.delivery_count >= dl.max_deliveries {
-                if config.on_poison == PoisonPolicy::ParkGroup && config.kind.is_fifo() {
-                    return self.park(st, qid, pos, meta, now, change);
-                }
-                return self.dead_letter(st, qid, pos, meta, DeadLetterReason::MaxDeliveries, "", now, change);
+        if let Some(dl) = &config.dead_letter
+            && meta.delivery_count >= dl.max_deliveries
+        {
+            if config.on_poison == PoisonPolicy::ParkGroup && config.kind.is_fifo() {
+                return self.park(st, qid, pos, meta, now, change);
             }
+            return self.dead_letter(
+                st,
+                qid,
+                pos,
+                meta,
+                DeadLetterReason::MaxDeliveries,
+                "",
+                now,
+                change,
+            );
         }
         let backoff = config
             .retry_backoff
@@ -189,15 +207,24 @@ impl Broker {
         q.counters.expired += 1;
         change.touch(qid);
         if q.config.dead_letter_on_expiry && q.config.dead_letter.is_some() {
-            return self.dead_letter(st, qid, pos, meta, DeadLetterReason::Expired, "", now, change);
+            return self.dead_letter(
+                st,
+                qid,
+                pos,
+                meta,
+                DeadLetterReason::Expired,
+                "",
+                now,
+                change,
+            );
         }
         let State { queues, timers, .. } = st;
-        if let Some(q) = queues.get_mut(&qid) {
-            if let Some(e) = q.remove(pos, timers) {
-                forget_client_id(q, &meta);
-                change.txn.delete(Key::Meta(qid, pos));
-                change.txn.delete(Key::Payload(e.pid));
-            }
+        if let Some(q) = queues.get_mut(&qid)
+            && let Some(e) = q.remove(pos, timers)
+        {
+            forget_client_id(q, &meta);
+            change.txn.delete(Key::Meta(qid, pos));
+            change.txn.delete(Key::Payload(e.pid));
         }
         change.wake(qid);
         Ok(())

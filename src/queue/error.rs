@@ -54,7 +54,11 @@ pub enum QueueError {
 
 impl QueueError {
     /// An invalid-argument error; long values are shortened.
-    pub fn invalid(field: impl Into<String>, value: impl std::fmt::Display, reason: impl Into<String>) -> Self {
+    pub fn invalid(
+        field: impl Into<String>,
+        value: impl std::fmt::Display,
+        reason: impl Into<String>,
+    ) -> Self {
         let mut value = value.to_string();
         if value.chars().count() > 120 {
             value = value.chars().take(117).collect::<String>() + "...";
@@ -76,7 +80,10 @@ impl QueueError {
 
     /// True when retrying the same call later may succeed.
     pub fn is_retryable(&self) -> bool {
-        matches!(self, QueueError::Unavailable(_) | QueueError::ResourceExhausted(_))
+        matches!(
+            self,
+            QueueError::Unavailable(_) | QueueError::ResourceExhausted(_)
+        )
     }
 }
 

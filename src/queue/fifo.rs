@@ -40,7 +40,9 @@ impl Broker {
             let mut rows = Vec::new();
             let mut more = false;
             for (id, gidx) in ids {
-                let Some(g) = f.groups.get(gidx) else { continue };
+                let Some(g) = f.groups.get(gidx) else {
+                    continue;
+                };
                 let head = g.msgs.first().copied();
                 let head_state = head.and_then(|p| q.msgs.get(&p)).map(|e| (e.state, e.due));
                 let (state, reason) = match (&g.parked, head_state) {
@@ -49,9 +51,10 @@ impl Broker {
                         GroupState::Leased,
                         format!("{} message(s) leased", g.leased),
                     ),
-                    (None, Some((EntryState::Delayed, due))) => {
-                        (GroupState::Delayed, format!("head visible at {due} (unix ms)"))
-                    }
+                    (None, Some((EntryState::Delayed, due))) => (
+                        GroupState::Delayed,
+                        format!("head visible at {due} (unix ms)"),
+                    ),
                     _ => (GroupState::Ready, String::new()),
                 };
                 if only.is_some_and(|s| s != state) {
@@ -61,7 +64,14 @@ impl Broker {
                     more = true;
                     break;
                 }
-                rows.push((id.clone(), head, g.msgs.len() as u64, u64::from(g.leased), state, reason));
+                rows.push((
+                    id.clone(),
+                    head,
+                    g.msgs.len() as u64,
+                    u64::from(g.leased),
+                    state,
+                    reason,
+                ));
             }
             (qid, rows, more)
         };
@@ -75,14 +85,23 @@ impl Broker {
                 group_id,
                 backlog,
                 in_flight,
-                oldest_age: meta.as_ref().map_or(0, |m| now.saturating_sub(m.enqueued_at)),
+                oldest_age: meta
+                    .as_ref()
+                    .map_or(0, |m| now.saturating_sub(m.enqueued_at)),
                 state,
                 reason,
-                head_message_id: meta.as_ref().map(|m| m.message_id.clone()).unwrap_or_default(),
+                head_message_id: meta
+                    .as_ref()
+                    .map(|m| m.message_id.clone())
+                    .unwrap_or_default(),
                 head_delivery_count: meta.as_ref().map_or(0, |m| m.delivery_count),
             });
         }
-        let next = if more { out.last().map(|g| g.group_id.clone()) } else { None };
+        let next = if more {
+            out.last().map(|g| g.group_id.clone())
+        } else {
+            None
+        };
         Ok((out, next))
     }
 
@@ -107,7 +126,10 @@ impl Broker {
                     "group {group:?} of queue {queue:?} has no message to skip"
                 )));
             };
-            if q.msgs.get(&pos).is_some_and(|e| e.state == EntryState::Leased) {
+            if q.msgs
+                .get(&pos)
+                .is_some_and(|e| e.state == EntryState::Leased)
+            {
                 return Err(QueueError::FailedPrecondition(format!(
                     "the head of group {group:?} is leased by a consumer; wait for its lease to end"
                 )));
@@ -116,7 +138,16 @@ impl Broker {
             unpark(&mut st, qid, gidx, group, &mut change)?;
             let meta = self.meta(qid, pos)?;
             let id = meta.message_id.clone();
-            self.dead_letter(&mut st, qid, pos, meta, DeadLetterReason::Skipped, note, now, &mut change)?;
+            self.dead_letter(
+                &mut st,
+                qid,
+                pos,
+                meta,
+                DeadLetterReason::Skipped,
+                note,
+                now,
+                &mut change,
+            )?;
             (id, self.submit(&st, change))
         };
         durable(commit).await?;

@@ -36,6 +36,7 @@ pub mod token;
 pub mod validate;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -88,7 +89,10 @@ pub(crate) struct State {
 impl State {
     /// The internal number of a queue, or NOT_FOUND.
     pub(crate) fn qid(&self, name: &str) -> Result<u32> {
-        self.names.get(name).copied().ok_or_else(|| QueueError::no_queue(name))
+        self.names
+            .get(name)
+            .copied()
+            .ok_or_else(|| QueueError::no_queue(name))
     }
 
     /// A queue by internal number.
@@ -139,7 +143,8 @@ impl Change {
     pub(crate) fn finish(mut self, st: &State) -> Txn {
         for qid in &self.touched {
             if let Some(q) = st.queues.get(qid) {
-                self.txn.put_counters(*qid, &persist::counters_record(&q.counters));
+                self.txn
+                    .put_counters(*qid, &persist::counters_record(&q.counters));
             }
         }
         for qid in &self.woken {
@@ -157,11 +162,14 @@ pub struct Broker {
     clock: Arc<dyn Clock>,
     opts: BrokerOptions,
     state: Mutex<State>,
+    closing: AtomicBool,
 }
 
 impl std::fmt::Debug for Broker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Broker").field("store", &self.store).finish()
+        f.debug_struct("Broker")
+            .field("store", &self.store)
+            .finish()
     }
 }
 
@@ -175,7 +183,23 @@ impl Broker {
             clock,
             opts,
             state: Mutex::new(state),
+            closing: AtomicBool::new(false),
         })
+    }
+
+    /// Starts a graceful shutdown: waiting receives return at once (with
+    /// what they have, possibly nothing); everything else goes on.
+    pub fn begin_shutdown(&self) {
+        self.closing.store(true, Ordering::SeqCst);
+        let st = self.lock();
+        for q in st.queues.values() {
+            q.wake();
+        }
+    }
+
+    /// True once [`Broker::begin_shutdown`] was called.
+    pub fn is_closing(&self) -> bool {
+        self.closing.load(Ordering::SeqCst)
     }
 
     /// The store under the engine.

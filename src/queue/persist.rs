@@ -55,11 +55,13 @@ pub(crate) fn queue_config(r: &QueueRecord) -> QueueConfig {
             queue: q.clone(),
             max_deliveries: *n,
         }),
-        retry_backoff: r.retry_backoff.map(|(initial, max, multiplier)| RetryBackoff {
-            initial,
-            max,
-            multiplier,
-        }),
+        retry_backoff: r
+            .retry_backoff
+            .map(|(initial, max, multiplier)| RetryBackoff {
+                initial,
+                max,
+                multiplier,
+            }),
         dead_letter_on_expiry: r.dead_letter_on_expiry,
         max_length: r.max_length,
         max_lease_total: r.max_lease_total,

@@ -7,8 +7,8 @@ use std::sync::OnceLock;
 use bytes::Bytes;
 use sha2::{Digest, Sha256};
 
-use crate::storage::records::{DedupRecord, MetaRecord, PayloadRecord};
 use crate::storage::encode_payload;
+use crate::storage::records::{DedupRecord, MetaRecord, PayloadRecord};
 
 use super::error::{QueueError, Result};
 use super::model::{NewMessage, Published, QueueKind};
@@ -76,7 +76,9 @@ impl Broker {
             for (i, (m, payload)) in msgs.into_iter().zip(payloads).enumerate() {
                 let first = match &dups[i] {
                     Some(Dup::Stored(id)) => Some(id.clone()),
-                    Some(Dup::Earlier(j)) => results.get(*j).map(|r: &Published| r.message_id.clone()),
+                    Some(Dup::Earlier(j)) => {
+                        results.get(*j).map(|r: &Published| r.message_id.clone())
+                    }
                     None => None,
                 };
                 if let Some(message_id) = first {
@@ -150,23 +152,23 @@ fn store_new(
     if client_id {
         q.client_ids.insert(message_id.clone(), pos);
     }
-    if let Some(f) = &mut q.fifo {
-        if q.config.dedup_window > 0 {
-            let until = now + q.config.dedup_window;
-            for k in keys {
-                if let Some((_, old)) = f.dedup.insert(k.clone(), (message_id.clone(), until)) {
-                    f.dedup_expiry.remove(&(old, k.clone()));
-                }
-                f.dedup_expiry.insert((until, k.clone()));
-                change.txn.put_dedup(
-                    qid,
-                    k,
-                    &DedupRecord {
-                        message_id: message_id.clone(),
-                        expires_at: until,
-                    },
-                );
+    if let Some(f) = &mut q.fifo
+        && q.config.dedup_window > 0
+    {
+        let until = now + q.config.dedup_window;
+        for k in keys {
+            if let Some((_, old)) = f.dedup.insert(k.clone(), (message_id.clone(), until)) {
+                f.dedup_expiry.remove(&(old, k.clone()));
             }
+            f.dedup_expiry.insert((until, k.clone()));
+            change.txn.put_dedup(
+                qid,
+                k,
+                &DedupRecord {
+                    message_id: message_id.clone(),
+                    expires_at: until,
+                },
+            );
         }
     }
     let (state, due) = if visible_at > now {
@@ -218,11 +220,11 @@ fn find_duplicates(
                     break;
                 }
                 let known = q.fifo.as_ref().and_then(|f| f.dedup.get(k));
-                if let Some((first, until)) = known {
-                    if *until > now {
-                        dup = Some(Dup::Stored(first.clone()));
-                        break;
-                    }
+                if let Some((first, until)) = known
+                    && *until > now
+                {
+                    dup = Some(Dup::Stored(first.clone()));
+                    break;
                 }
             }
         }
@@ -268,7 +270,8 @@ fn new_message_id(now: u64, pos: u64) -> String {
         u16::try_from(h.finish() & 0xffff).unwrap_or(0)
     });
     const ALPHABET: &[u8; 32] = b"0123456789ABCDEFGHJKMNPQRSTVWXYZ";
-    let v: u128 = (u128::from(now & ((1 << 48) - 1)) << 80) | (u128::from(pos) << 16) | u128::from(salt);
+    let v: u128 =
+        (u128::from(now & ((1 << 48) - 1)) << 80) | (u128::from(pos) << 16) | u128::from(salt);
     let mut out = String::with_capacity(26);
     for i in (0..26).rev() {
         let digit = usize::try_from((v >> (5 * i)) & 31).unwrap_or(0);

@@ -5,15 +5,13 @@
 //! Messages of queues that no longer exist (a delete cut short by a crash)
 //! are deleted.
 
-use crate::storage::records::{
-    CountersRecord, DedupRecord, GroupRecord, MetaRecord, QueueRecord,
-};
+use crate::storage::records::{CountersRecord, DedupRecord, GroupRecord, MetaRecord, QueueRecord};
 use crate::storage::{Key, OwnedKey, Space, Store, SysKey, Txn};
 
+use super::State;
 use super::error::Result;
 use super::persist;
 use super::state::{Entry, EntryState, QueueState};
-use super::State;
 
 pub(crate) fn load(store: &Store, now: u64) -> Result<State> {
     let mut st = State::default();
@@ -29,21 +27,25 @@ pub(crate) fn load(store: &Store, now: u64) -> Result<State> {
         }
         st.names.insert(name.clone(), rec.qid);
         st.next_qid = st.next_qid.max(rec.qid + 1);
-        st.queues
-            .insert(rec.qid, QueueState::new(rec.qid, name, config, rec.created_at));
+        st.queues.insert(
+            rec.qid,
+            QueueState::new(rec.qid, name, config, rec.created_at),
+        );
     }
     for item in store.scan::<CountersRecord>(Space::Counters) {
         let (key, rec) = item?;
-        if let OwnedKey::Counters(qid) = key {
-            if let Some(q) = st.queues.get_mut(&qid) {
-                q.counters = persist::counters(&rec);
-            }
+        if let OwnedKey::Counters(qid) = key
+            && let Some(q) = st.queues.get_mut(&qid)
+        {
+            q.counters = persist::counters(&rec);
         }
     }
     let mut cleanup = Txn::new();
     for item in store.scan::<GroupRecord>(Space::Groups) {
         let (key, rec) = item?;
-        let OwnedKey::Group(qid, group) = key else { continue };
+        let OwnedKey::Group(qid, group) = key else {
+            continue;
+        };
         match st.queues.get_mut(&qid).and_then(|q| q.fifo.as_mut()) {
             Some(f) => {
                 let gidx = f.group_index(&group);
@@ -57,7 +59,9 @@ pub(crate) fn load(store: &Store, now: u64) -> Result<State> {
     let mut max_pos = 0u64;
     for item in store.scan::<MetaRecord>(Space::Metas) {
         let (key, meta) = item?;
-        let OwnedKey::Meta(qid, pos) = key else { continue };
+        let OwnedKey::Meta(qid, pos) = key else {
+            continue;
+        };
         max_pos = max_pos.max(pos);
         let Some(q) = st.queues.get_mut(&qid) else {
             cleanup.delete(Key::Meta(qid, pos));
@@ -89,7 +93,9 @@ pub(crate) fn load(store: &Store, now: u64) -> Result<State> {
     }
     for item in store.scan::<DedupRecord>(Space::Dedups) {
         let (key, rec) = item?;
-        let OwnedKey::Dedup(qid, k) = key else { continue };
+        let OwnedKey::Dedup(qid, k) = key else {
+            continue;
+        };
         match st.queues.get_mut(&qid).and_then(|q| q.fifo.as_mut()) {
             Some(f) if rec.expires_at > now => {
                 f.dedup_expiry.insert((rec.expires_at, k.clone()));

@@ -402,7 +402,9 @@ impl QueueState {
             }
             Some(f) => {
                 'groups: for &(_, gidx) in &f.ready {
-                    let Some(g) = f.groups.get(&gidx) else { continue };
+                    let Some(g) = f.groups.get(&gidx) else {
+                        continue;
+                    };
                     for &pos in &g.msgs {
                         match self.msgs.get(&pos) {
                             Some(e) if e.state == EntryState::Ready => {

@@ -145,10 +145,16 @@ async fn publish_receive_ack_then_the_message_is_gone() {
     let s = env.stats("q");
     assert_eq!((s.ready, s.in_flight, s.total), (0, 2, 2));
     assert_eq!(env.ack(&got[0]).await, Settled::Ok { deadline: 0 });
-    assert!(matches!(env.ack(&got[0]).await, Settled::LeaseExpired(_)), "double ack fails");
+    assert!(
+        matches!(env.ack(&got[0]).await, Settled::LeaseExpired(_)),
+        "double ack fails"
+    );
     let s = env.stats("q");
     assert_eq!((s.in_flight, s.total, s.acked, s.published), (1, 1, 1, 2));
-    assert!(env.receive("q", 10).await.is_empty(), "leased messages are not redelivered");
+    assert!(
+        env.receive("q", 10).await.is_empty(),
+        "leased messages are not redelivered"
+    );
 }
 
 #[tokio::test]
@@ -160,7 +166,7 @@ async fn nack_redelivers_with_history_until_the_dlq() {
     for attempt in 1..=3u32 {
         let d = env.receive("q", 1).await.remove(0);
         assert_eq!(d.delivery_count, attempt);
-        assert_eq!(d.attempts.len() as u32, attempt - 1);
+        assert_eq!(d.attempts.len(), usize::try_from(attempt - 1).unwrap());
         env.nack(&d, &format!("fail {attempt}")).await;
     }
     assert!(env.receive("q", 1).await.is_empty());
@@ -182,14 +188,24 @@ async fn nack_redelivers_with_history_until_the_dlq() {
 #[tokio::test]
 async fn lease_expiry_counts_as_a_failed_attempt_and_fences_the_old_token() {
     let env = Env::new();
-    env.create("q", QueueConfigInput { ack_timeout: Some(5 * SECOND), ..Default::default() }).await;
+    env.create(
+        "q",
+        QueueConfigInput {
+            ack_timeout: Some(5 * SECOND),
+            ..Default::default()
+        },
+    )
+    .await;
     env.publish("q", &["m"]).await;
     let first = env.receive("q", 1).await.remove(0);
     env.advance(5 * SECOND).await;
     let second = env.receive("q", 1).await.remove(0);
     assert_eq!(second.delivery_count, 2);
     assert_eq!(second.attempts[0].outcome, AttemptOutcome::LeaseExpired);
-    assert!(matches!(env.ack(&first).await, Settled::LeaseExpired(_)), "late ack is fenced");
+    assert!(
+        matches!(env.ack(&first).await, Settled::LeaseExpired(_)),
+        "late ack is fenced"
+    );
     assert_eq!(env.stats("q").in_flight, 1, "the late ack changed nothing");
     assert_eq!(env.ack(&second).await, Settled::Ok { deadline: 0 });
 }
@@ -197,7 +213,14 @@ async fn lease_expiry_counts_as_a_failed_attempt_and_fences_the_old_token() {
 #[tokio::test]
 async fn an_ack_after_the_deadline_fails_even_before_the_sweep() {
     let env = Env::new();
-    env.create("q", QueueConfigInput { ack_timeout: Some(SECOND), ..Default::default() }).await;
+    env.create(
+        "q",
+        QueueConfigInput {
+            ack_timeout: Some(SECOND),
+            ..Default::default()
+        },
+    )
+    .await;
     env.publish("q", &["m"]).await;
     let d = env.receive("q", 1).await.remove(0);
     env.clock.advance(SECOND);
@@ -217,11 +240,30 @@ async fn extend_is_capped_by_max_lease_total() {
     let d = env.receive("q", 1).await.remove(0);
     let t = d.ack_token.clone().expect("token");
     env.advance(8 * SECOND).await;
-    let r = env.b().extend(&[(t.clone(), 10 * SECOND)]).await.expect("extend");
-    assert_eq!(r[0], Settled::Ok { deadline: T0 + 18 * SECOND });
+    let r = env
+        .b()
+        .extend(&[(t.clone(), 10 * SECOND)])
+        .await
+        .expect("extend");
+    assert_eq!(
+        r[0],
+        Settled::Ok {
+            deadline: T0 + 18 * SECOND
+        }
+    );
     env.advance(9 * SECOND).await;
-    let r = env.b().extend(&[(t.clone(), 60 * SECOND)]).await.expect("extend");
-    assert_eq!(r[0], Settled::Ok { deadline: T0 + 30 * SECOND }, "capped");
+    let r = env
+        .b()
+        .extend(&[(t.clone(), 60 * SECOND)])
+        .await
+        .expect("extend");
+    assert_eq!(
+        r[0],
+        Settled::Ok {
+            deadline: T0 + 30 * SECOND
+        },
+        "capped"
+    );
     env.advance(13 * SECOND).await;
     let r = env.b().extend(&[(t, 10 * SECOND)]).await.expect("extend");
     assert!(matches!(r[0], Settled::LeaseExpired(_)));
@@ -231,7 +273,11 @@ async fn extend_is_capped_by_max_lease_total() {
 async fn retry_backoff_and_nack_delay_hold_messages_back() {
     let env = Env::new();
     let cfg = QueueConfigInput {
-        retry_backoff: Some(RetryBackoff { initial: SECOND, max: 4 * SECOND, multiplier: 2.0 }),
+        retry_backoff: Some(RetryBackoff {
+            initial: SECOND,
+            max: 4 * SECOND,
+            multiplier: 2.0,
+        }),
         ..Default::default()
     };
     env.create("q", cfg).await;
@@ -245,18 +291,36 @@ async fn retry_backoff_and_nack_delay_hold_messages_back() {
         env.advance(1).await;
     }
     let d = env.receive("q", 1).await.remove(0);
-    let n = Nack { token: d.ack_token.clone().expect("token"), delay: Some(0), reason: String::new(), dead_letter: false };
+    let n = Nack {
+        token: d.ack_token.clone().expect("token"),
+        delay: Some(0),
+        reason: String::new(),
+        dead_letter: false,
+    };
     env.b().nack(&[n]).await.expect("nack");
-    assert_eq!(env.receive("q", 1).await.len(), 1, "an explicit delay overrides the backoff");
+    assert_eq!(
+        env.receive("q", 1).await.len(),
+        1,
+        "an explicit delay overrides the backoff"
+    );
 }
 
 #[tokio::test]
 async fn delays_and_ttl() {
     let env = Env::new();
-    let cfg = QueueConfigInput { delivery_delay: Some(2 * SECOND), message_ttl: Some(MINUTE), ..Default::default() };
+    let cfg = QueueConfigInput {
+        delivery_delay: Some(2 * SECOND),
+        message_ttl: Some(MINUTE),
+        ..Default::default()
+    };
     env.create("q", cfg).await;
     env.publish("q", &["late"]).await;
-    let own = NewMessage { body: Bytes::from_static(b"now"), delay: Some(0), ttl: Some(5 * SECOND), ..Default::default() };
+    let own = NewMessage {
+        body: Bytes::from_static(b"now"),
+        delay: Some(0),
+        ttl: Some(5 * SECOND),
+        ..Default::default()
+    };
     env.b().publish("q", vec![own]).await.expect("publish");
     let got = env.receive("q", 10).await;
     assert_eq!(got.iter().map(body).collect::<Vec<_>>(), ["now"]);
@@ -267,15 +331,29 @@ async fn delays_and_ttl() {
     let s = env.stats("q");
     assert_eq!((s.total, s.expired), (1, 1), "own ttl ran out");
     env.clock.advance(MINUTE);
-    assert!(env.receive("q", 10).await.is_empty(), "never delivered after its ttl");
+    assert!(
+        env.receive("q", 10).await.is_empty(),
+        "never delivered after its ttl"
+    );
     assert_eq!(env.stats("q").expired, 2);
 }
 
 #[tokio::test]
 async fn expired_messages_go_to_the_dlq_when_asked() {
     let env = Env::new();
-    env.create("dlq", QueueConfigInput { message_ttl: Some(10 * MINUTE), ..Default::default() }).await;
-    let cfg = QueueConfigInput { dead_letter_on_expiry: Some(true), message_ttl: Some(MINUTE), ..with_dlq("dlq", 5) };
+    env.create(
+        "dlq",
+        QueueConfigInput {
+            message_ttl: Some(10 * MINUTE),
+            ..Default::default()
+        },
+    )
+    .await;
+    let cfg = QueueConfigInput {
+        dead_letter_on_expiry: Some(true),
+        message_ttl: Some(MINUTE),
+        ..with_dlq("dlq", 5)
+    };
     env.create("q", cfg).await;
     env.publish("q", &["m"]).await;
     env.advance(MINUTE).await;
@@ -284,7 +362,11 @@ async fn expired_messages_go_to_the_dlq_when_asked() {
     let m = &b.messages[0];
     assert_eq!(m.dead_letters[0].reason, DeadLetterReason::Expired);
     assert_eq!(m.enqueued_at, T0 + MINUTE);
-    assert_eq!(m.expires_at, T0 + MINUTE + 10 * MINUTE, "DLQ ttl counts from the move");
+    assert_eq!(
+        m.expires_at,
+        T0 + MINUTE + 10 * MINUTE,
+        "DLQ ttl counts from the move"
+    );
 }
 
 #[tokio::test]
@@ -296,34 +378,81 @@ async fn reject_moves_to_the_dlq_at_once_and_needs_one() {
     env.publish("q", &["bad"]).await;
     env.publish("plain", &["bad"]).await;
     let d = env.receive("q", 1).await.remove(0);
-    let n = Nack { token: d.ack_token.clone().expect("token"), delay: None, reason: "invalid".into(), dead_letter: true };
+    let n = Nack {
+        token: d.ack_token.clone().expect("token"),
+        delay: None,
+        reason: "invalid".into(),
+        dead_letter: true,
+    };
     env.b().nack(&[n]).await.expect("reject");
-    let m = env.b().browse("dlq", 1, "").expect("browse").messages.remove(0);
+    let m = env
+        .b()
+        .browse("dlq", 1, "")
+        .expect("browse")
+        .messages
+        .remove(0);
     assert_eq!(m.dead_letters[0].reason, DeadLetterReason::Rejected);
     assert_eq!(m.dead_letters[0].last_nack_reason, "invalid");
 
     let d = env.receive("plain", 1).await.remove(0);
-    let n = Nack { token: d.ack_token.clone().expect("token"), delay: None, reason: String::new(), dead_letter: true };
+    let n = Nack {
+        token: d.ack_token.clone().expect("token"),
+        delay: None,
+        reason: String::new(),
+        dead_letter: true,
+    };
     let err = env.b().nack(&[n]).await.expect_err("no dlq");
     assert!(matches!(err, QueueError::FailedPrecondition(_)), "{err}");
     assert_eq!(env.stats("plain").nacked, 0, "nothing changed");
-    assert_eq!(env.ack(&d).await, Settled::Ok { deadline: 0 }, "the lease is intact");
+    assert_eq!(
+        env.ack(&d).await,
+        Settled::Ok { deadline: 0 },
+        "the lease is intact"
+    );
 }
 
 #[tokio::test]
 async fn max_length_client_ids_and_auto_ack() {
     let env = Env::new();
-    env.create("q", QueueConfigInput { max_length: Some(2), ..Default::default() }).await;
-    let m = |id: &str| NewMessage { message_id: Some(id.into()), body: Bytes::from_static(b"x"), ..Default::default() };
-    let r = env.b().publish("q", vec![m("a"), m("a"), m("b")]).await.expect("publish");
-    assert_eq!(r.iter().map(|p| p.duplicate).collect::<Vec<_>>(), [false, true, false]);
+    env.create(
+        "q",
+        QueueConfigInput {
+            max_length: Some(2),
+            ..Default::default()
+        },
+    )
+    .await;
+    let m = |id: &str| NewMessage {
+        message_id: Some(id.into()),
+        body: Bytes::from_static(b"x"),
+        ..Default::default()
+    };
+    let r = env
+        .b()
+        .publish("q", vec![m("a"), m("a"), m("b")])
+        .await
+        .expect("publish");
+    assert_eq!(
+        r.iter().map(|p| p.duplicate).collect::<Vec<_>>(),
+        [false, true, false]
+    );
     let r = env.b().publish("q", vec![m("a")]).await.expect("repeat");
-    assert!(r[0].duplicate, "an id already in the queue is not stored twice");
+    assert!(
+        r[0].duplicate,
+        "an id already in the queue is not stored twice"
+    );
     let err = env.b().publish("q", vec![m("c")]).await.expect_err("full");
     assert!(matches!(err, QueueError::ResourceExhausted(_)), "{err}");
     let got = env
         .b()
-        .receive("q", ReceiveOptions { max_messages: 10, auto_ack: true, ..Default::default() })
+        .receive(
+            "q",
+            ReceiveOptions {
+                max_messages: 10,
+                auto_ack: true,
+                ..Default::default()
+            },
+        )
         .await
         .expect("receive");
     assert_eq!(got.len(), 2);
@@ -331,34 +460,76 @@ async fn max_length_client_ids_and_auto_ack() {
     let s = env.stats("q");
     assert_eq!((s.total, s.acked), (0, 2));
     let r = env.b().publish("q", vec![m("a")]).await.expect("again");
-    assert!(!r[0].duplicate, "consumed ids may be published again on standard queues");
+    assert!(
+        !r[0].duplicate,
+        "consumed ids may be published again on standard queues"
+    );
 }
 
 #[tokio::test]
 async fn queue_admin_rules() {
     let env = Env::new();
     let b = env.b();
-    let (_, created) = b.create_queue("dlq", &QueueConfigInput::default()).await.expect("create");
+    let (_, created) = b
+        .create_queue("dlq", &QueueConfigInput::default())
+        .await
+        .expect("create");
     assert!(created);
-    let (_, created) = b.create_queue("dlq", &QueueConfigInput::default()).await.expect("idempotent");
+    let (_, created) = b
+        .create_queue("dlq", &QueueConfigInput::default())
+        .await
+        .expect("idempotent");
     assert!(!created);
-    let other = QueueConfigInput { ack_timeout: Some(5 * SECOND), ..Default::default() };
-    assert!(matches!(b.create_queue("dlq", &other).await, Err(QueueError::AlreadyExists { .. })));
-    assert!(matches!(b.create_queue("q", &with_dlq("nope", 3)).await, Err(QueueError::NotFound { .. })));
-    assert!(matches!(b.create_queue("q", &with_dlq("q", 3)).await, Err(QueueError::InvalidArgument { .. })));
-    let fifo = QueueConfigInput { kind: Some(QueueKind::Fifo), ..Default::default() };
+    let other = QueueConfigInput {
+        ack_timeout: Some(5 * SECOND),
+        ..Default::default()
+    };
+    assert!(matches!(
+        b.create_queue("dlq", &other).await,
+        Err(QueueError::AlreadyExists { .. })
+    ));
+    assert!(matches!(
+        b.create_queue("q", &with_dlq("nope", 3)).await,
+        Err(QueueError::NotFound { .. })
+    ));
+    assert!(matches!(
+        b.create_queue("q", &with_dlq("q", 3)).await,
+        Err(QueueError::InvalidArgument { .. })
+    ));
+    let fifo = QueueConfigInput {
+        kind: Some(QueueKind::Fifo),
+        ..Default::default()
+    };
     b.create_queue("f", &fifo).await.expect("fifo");
-    assert!(matches!(b.create_queue("q", &with_dlq("f", 3)).await, Err(QueueError::FailedPrecondition(_))));
-    b.create_queue("q", &with_dlq("dlq", 3)).await.expect("create with dlq");
+    assert!(matches!(
+        b.create_queue("q", &with_dlq("f", 3)).await,
+        Err(QueueError::FailedPrecondition(_))
+    ));
+    b.create_queue("q", &with_dlq("dlq", 3))
+        .await
+        .expect("create with dlq");
     assert_eq!(b.get_queue("dlq").expect("get").dead_letter_sources, ["q"]);
     // dlq -> q would loop back.
-    let loop_back = QueueConfigInput { dead_letter: Some(("q".into(), 3)), ..Default::default() };
-    let err = b.update_queue("dlq", &loop_back, QueueRemovals::default()).await.expect_err("loop");
+    let loop_back = QueueConfigInput {
+        dead_letter: Some(("q".into(), 3)),
+        ..Default::default()
+    };
+    let err = b
+        .update_queue("dlq", &loop_back, QueueRemovals::default())
+        .await
+        .expect_err("loop");
     assert!(err.to_string().contains("loop"), "{err}");
-    assert!(matches!(b.delete_queue("dlq", false).await, Err(QueueError::FailedPrecondition(_))));
+    assert!(matches!(
+        b.delete_queue("dlq", false).await,
+        Err(QueueError::FailedPrecondition(_))
+    ));
     env.publish("dlq", &["x"]).await;
     assert_eq!(b.delete_queue("dlq", true).await.expect("forced"), 1);
-    assert_eq!(b.get_queue("q").expect("get").config.dead_letter, None, "detached");
+    assert_eq!(
+        b.get_queue("q").expect("get").config.dead_letter,
+        None,
+        "detached"
+    );
     let (page, next) = b.list_queues("", 1, None).expect("list");
     assert_eq!(page[0].name, "f");
     let (page, next) = b.list_queues("", 1, next.as_deref()).expect("list");
@@ -373,7 +544,10 @@ async fn purge_and_browse_do_not_count_deliveries() {
     env.publish("q", &["a", "b", "c"]).await;
     let page = env.b().browse("q", 2, "").expect("browse");
     assert_eq!(page.messages.len(), 2);
-    let rest = env.b().browse("q", 2, page.next.as_deref().expect("more")).expect("browse");
+    let rest = env
+        .b()
+        .browse("q", 2, page.next.as_deref().expect("more"))
+        .expect("browse");
     assert_eq!(rest.messages.len(), 1);
     assert_eq!(rest.next, None);
     assert!(page.messages.iter().all(|m| m.delivery_count == 0));
@@ -391,7 +565,16 @@ async fn long_poll_wakes_on_publish() {
     env.create("q", QueueConfigInput::default()).await;
     let e = Arc::clone(&env);
     let waiter = tokio::spawn(async move {
-        e.b().receive("q", ReceiveOptions { max_messages: 1, wait: 10_000, ..Default::default() }).await
+        e.b()
+            .receive(
+                "q",
+                ReceiveOptions {
+                    max_messages: 1,
+                    wait: 10_000,
+                    ..Default::default()
+                },
+            )
+            .await
     });
     tokio::time::sleep(Duration::from_millis(50)).await;
     let started = std::time::Instant::now();
@@ -413,7 +596,11 @@ async fn state_survives(crash: bool) {
     assert_eq!(body(&d), "b");
     env.nack(&d, "again").await; // second failure: to the DLQ
     let before = (env.stats("q"), env.stats("dlq"));
-    if crash { env.crash() } else { env.restart() }
+    if crash {
+        env.crash()
+    } else {
+        env.restart()
+    }
     assert_eq!((env.stats("q"), env.stats("dlq")), before);
     // The live lease of "c" keeps its deadline and its token works.
     assert_eq!(env.ack(&got[2]).await, Settled::Ok { deadline: 0 });
@@ -440,7 +627,14 @@ async fn state_survives_a_crash() {
 #[tokio::test]
 async fn a_lease_that_ran_out_while_down_expires_on_start_and_counts() {
     let mut env = Env::new();
-    env.create("q", QueueConfigInput { ack_timeout: Some(SECOND), ..Default::default() }).await;
+    env.create(
+        "q",
+        QueueConfigInput {
+            ack_timeout: Some(SECOND),
+            ..Default::default()
+        },
+    )
+    .await;
     env.publish("q", &["m"]).await;
     env.receive("q", 1).await;
     env.restart();
@@ -453,7 +647,11 @@ async fn a_lease_that_ran_out_while_down_expires_on_start_and_counts() {
 // ---- FIFO -------------------------------------------------------------
 
 fn fifo(extra: QueueConfigInput) -> QueueConfigInput {
-    QueueConfigInput { kind: Some(QueueKind::Fifo), ack_timeout: Some(10 * SECOND), ..extra }
+    QueueConfigInput {
+        kind: Some(QueueKind::Fifo),
+        ack_timeout: Some(10 * SECOND),
+        ..extra
+    }
 }
 
 async fn publish_group(env: &Env, q: &str, group: &str, bodies: &[&str]) {
@@ -477,7 +675,11 @@ async fn fifo_groups_are_leased_to_one_consumer_at_a_time_in_order() {
     let first = env.receive("f", 2).await;
     assert_eq!(first.iter().map(body).collect::<Vec<_>>(), ["a1", "a2"]);
     let second = env.receive("f", 10).await;
-    assert_eq!(second.iter().map(body).collect::<Vec<_>>(), ["b1"], "group a is leased");
+    assert_eq!(
+        second.iter().map(body).collect::<Vec<_>>(),
+        ["b1"],
+        "group a is leased"
+    );
     env.nack(&first[0], "").await;
     env.ack(&first[1]).await;
     // a1 went back to the head: it comes before a3.
@@ -498,7 +700,11 @@ async fn fifo_rotation_is_fair_to_small_groups() {
     assert_eq!(body(&d), "big0");
     env.ack(&d).await;
     let d = env.receive("f", 1).await.remove(0);
-    assert_eq!(body(&d), "s1", "the small group is served before the big one's next message");
+    assert_eq!(
+        body(&d),
+        "s1",
+        "the small group is served before the big one's next message"
+    );
 }
 
 #[tokio::test]
@@ -515,14 +721,21 @@ async fn fifo_poison_dead_letters_and_continues() {
     let d = env.receive("f", 1).await.remove(0);
     assert_eq!(body(&d), "next");
     let dl = env.receive("fdlq", 1).await.remove(0);
-    assert_eq!((body(&dl), dl.group_id.as_deref()), ("p", Some("g")), "group kept in the DLQ");
+    assert_eq!(
+        (body(&dl), dl.group_id.as_deref()),
+        ("p", Some("g")),
+        "group kept in the DLQ"
+    );
 }
 
 #[tokio::test]
 async fn fifo_park_skip_and_release() {
     let env = Env::new();
     env.create("fdlq", fifo(QueueConfigInput::default())).await;
-    let cfg = fifo(QueueConfigInput { on_poison: Some(PoisonPolicy::ParkGroup), ..with_dlq("fdlq", 1) });
+    let cfg = fifo(QueueConfigInput {
+        on_poison: Some(PoisonPolicy::ParkGroup),
+        ..with_dlq("fdlq", 1)
+    });
     env.create("f", cfg).await;
     publish_group(&env, "f", "g", &["p", "q", "r"]).await;
     let d = env.receive("f", 1).await.remove(0);
@@ -535,14 +748,27 @@ async fn fifo_park_skip_and_release() {
     let id = env.b().release_group("f", "g").await.expect("release");
     assert_eq!(id, d.message_id);
     let d = env.receive("f", 1).await.remove(0);
-    assert_eq!((body(&d), d.delivery_count), ("p", 1), "fresh count after release");
+    assert_eq!(
+        (body(&d), d.delivery_count),
+        ("p", 1),
+        "fresh count after release"
+    );
     env.nack(&d, "boom again").await;
     assert!(env.receive("f", 10).await.is_empty(), "parked again");
-    let skipped = env.b().skip_head("f", "g", "bad data, ticket 42").await.expect("skip");
+    let skipped = env
+        .b()
+        .skip_head("f", "g", "bad data, ticket 42")
+        .await
+        .expect("skip");
     assert_eq!(skipped, d.message_id);
     let d = env.receive("f", 1).await.remove(0);
     assert_eq!(body(&d), "q");
-    let m = env.b().browse("fdlq", 1, "").expect("browse").messages.remove(0);
+    let m = env
+        .b()
+        .browse("fdlq", 1, "")
+        .expect("browse")
+        .messages
+        .remove(0);
     assert_eq!(m.dead_letters[0].reason, DeadLetterReason::Skipped);
     assert_eq!(m.dead_letters[0].note, "bad data, ticket 42");
 }
@@ -550,9 +776,24 @@ async fn fifo_park_skip_and_release() {
 #[tokio::test]
 async fn fifo_dedup_window_survives_a_crash_and_expires() {
     let mut env = Env::new();
-    env.create("f", fifo(QueueConfigInput { dedup_window: Some(MINUTE), ..Default::default() })).await;
-    let m = |d: &str| NewMessage { body: Bytes::from_static(b"x"), dedup_id: Some(d.into()), ..Default::default() };
-    let first = env.b().publish("f", vec![m("k"), m("k")]).await.expect("publish");
+    env.create(
+        "f",
+        fifo(QueueConfigInput {
+            dedup_window: Some(MINUTE),
+            ..Default::default()
+        }),
+    )
+    .await;
+    let m = |d: &str| NewMessage {
+        body: Bytes::from_static(b"x"),
+        dedup_id: Some(d.into()),
+        ..Default::default()
+    };
+    let first = env
+        .b()
+        .publish("f", vec![m("k"), m("k")])
+        .await
+        .expect("publish");
     assert!(!first[0].duplicate && first[1].duplicate);
     assert_eq!(first[1].message_id, first[0].message_id);
     let d = env.receive("f", 1).await.remove(0);
@@ -571,11 +812,29 @@ async fn fifo_refuses_per_message_delays_and_standard_refuses_groups() {
     let env = Env::new();
     env.create("f", fifo(QueueConfigInput::default())).await;
     env.create("s", QueueConfigInput::default()).await;
-    let delayed = NewMessage { body: Bytes::from_static(b"x"), delay: Some(5), ..Default::default() };
-    let err = env.b().publish("f", vec![delayed]).await.expect_err("refused").to_string();
+    let delayed = NewMessage {
+        body: Bytes::from_static(b"x"),
+        delay: Some(5),
+        ..Default::default()
+    };
+    let err = env
+        .b()
+        .publish("f", vec![delayed])
+        .await
+        .expect_err("refused")
+        .to_string();
     assert!(err.contains("messages[0].delay_ms"), "{err}");
-    let grouped = NewMessage { body: Bytes::from_static(b"x"), group_id: Some("g".into()), ..Default::default() };
-    let err = env.b().publish("s", vec![grouped]).await.expect_err("refused").to_string();
+    let grouped = NewMessage {
+        body: Bytes::from_static(b"x"),
+        group_id: Some("g".into()),
+        ..Default::default()
+    };
+    let err = env
+        .b()
+        .publish("s", vec![grouped])
+        .await
+        .expect_err("refused")
+        .to_string();
     assert!(err.contains("messages[0].group_id"), "{err}");
     assert_eq!(env.stats("f").total + env.stats("s").total, 0);
 }

@@ -43,7 +43,9 @@ impl Broker {
     fn due_timers(&self, st: &mut State, now: u64, change: &mut Change) -> Result<usize> {
         let mut n = 0;
         while n < BATCH {
-            let Some(&(due, qid, pos)) = st.timers.first() else { break };
+            let Some(&(due, qid, pos)) = st.timers.first() else {
+                break;
+            };
             if due > now {
                 break;
             }
@@ -55,7 +57,16 @@ impl Broker {
                 .map(|e| e.state);
             match state {
                 Some(EntryState::Leased) => {
-                    self.end_lease(st, qid, pos, now, AttemptOutcome::LeaseExpired, "", None, change)?;
+                    self.end_lease(
+                        st,
+                        qid,
+                        pos,
+                        now,
+                        AttemptOutcome::LeaseExpired,
+                        "",
+                        None,
+                        change,
+                    )?;
                 }
                 Some(EntryState::Delayed) => {
                     let State { queues, timers, .. } = &mut *st;
@@ -82,7 +93,10 @@ impl Broker {
                 if at > now || due.len() >= BATCH {
                     break;
                 }
-                if q.msgs.get(&pos).is_some_and(|e| e.state != EntryState::Leased) {
+                if q.msgs
+                    .get(&pos)
+                    .is_some_and(|e| e.state != EntryState::Leased)
+                {
                     due.push((qid, pos));
                 }
             }

@@ -37,7 +37,8 @@ impl AckToken {
         }
         let mut raw = [0u8; 20];
         for (i, byte) in raw.iter_mut().enumerate() {
-            *byte = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).map_err(|_| bad("is not hex"))?;
+            *byte =
+                u8::from_str_radix(&text[2 * i..2 * i + 2], 16).map_err(|_| bad("is not hex"))?;
         }
         let t = AckToken {
             qid: u32::from_be_bytes([raw[0], raw[1], raw[2], raw[3]]),
@@ -55,7 +56,10 @@ impl AckToken {
 impl std::fmt::Display for AckToken {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let body = self.body();
-        for b in body.iter().chain(crc32fast::hash(&body).to_be_bytes().iter()) {
+        for b in body
+            .iter()
+            .chain(crc32fast::hash(&body).to_be_bytes().iter())
+        {
             write!(f, "{b:02x}")?;
         }
         Ok(())
@@ -68,7 +72,11 @@ mod tests {
 
     #[test]
     fn tokens_round_trip_and_reject_damage() {
-        let t = AckToken { qid: 7, pos: 1 << 40, epoch: 3 };
+        let t = AckToken {
+            qid: 7,
+            pos: 1 << 40,
+            epoch: 3,
+        };
         let s = t.to_string();
         assert_eq!(s.len(), 40);
         assert_eq!(AckToken::parse("t", &s).expect("parses"), t);
@@ -78,7 +86,12 @@ mod tests {
         assert!(AckToken::parse("t", &damaged).is_err());
         assert!(AckToken::parse("t", "").is_err());
         assert!(AckToken::parse("t", &"zz".repeat(20)).is_err());
-        let err = AckToken::parse("ack_tokens[2]", "nope").expect_err("bad").to_string();
-        assert!(err.contains("ack_tokens[2]") && err.contains("nope"), "{err}");
+        let err = AckToken::parse("ack_tokens[2]", "nope")
+            .expect_err("bad")
+            .to_string();
+        assert!(
+            err.contains("ack_tokens[2]") && err.contains("nope"),
+            "{err}"
+        );
     }
 }

@@ -4,8 +4,8 @@
 
 use super::error::{QueueError, Result};
 use super::model::{
-    DAY, DeadLetterPolicy, HOUR, MINUTE, NewMessage, PoisonPolicy, QueueConfig,
-    QueueConfigInput, QueueKind, QueueRemovals, SECOND,
+    DAY, DeadLetterPolicy, HOUR, MINUTE, NewMessage, PoisonPolicy, QueueConfig, QueueConfigInput,
+    QueueKind, QueueRemovals, SECOND,
 };
 
 /// Bounds of the configuration fields (SPEC §1).
@@ -59,14 +59,20 @@ pub fn name(field: &str, name: &str) -> Result<()> {
         .chars()
         .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
     {
-        return bad(&format!("contains {c:?}; only letters, digits, '.', '_' and '-' are allowed"));
+        return bad(&format!(
+            "contains {c:?}; only letters, digits, '.', '_' and '-' are allowed"
+        ));
     }
     Ok(())
 }
 
 fn range(field: &str, v: u64, lo: u64, hi: u64) -> Result<()> {
     if v < lo || v > hi {
-        return Err(QueueError::invalid(field, v, format!("must be between {lo} and {hi}")));
+        return Err(QueueError::invalid(
+            field,
+            v,
+            format!("must be between {lo} and {hi}"),
+        ));
     }
     Ok(())
 }
@@ -82,7 +88,11 @@ pub fn new_config(input: &QueueConfigInput) -> Result<QueueConfig> {
         delivery_delay: input.delivery_delay.unwrap_or(0),
         dead_letter: input.dead_letter.as_ref().map(|(q, n)| DeadLetterPolicy {
             queue: q.clone(),
-            max_deliveries: if *n == 0 { limits::MAX_DELIVERIES.2 } else { *n },
+            max_deliveries: if *n == 0 {
+                limits::MAX_DELIVERIES.2
+            } else {
+                *n
+            },
         }),
         retry_backoff: input.retry_backoff,
         dead_letter_on_expiry: input.dead_letter_on_expiry.unwrap_or(false),
@@ -103,14 +113,14 @@ pub fn updated_config(
     input: &QueueConfigInput,
     removals: QueueRemovals,
 ) -> Result<QueueConfig> {
-    if let Some(kind) = input.kind {
-        if kind != current.kind {
-            return Err(QueueError::invalid(
-                "config.kind",
-                kind,
-                format!("the kind of a queue never changes (it is {})", current.kind),
-            ));
-        }
+    if let Some(kind) = input.kind
+        && kind != current.kind
+    {
+        return Err(QueueError::invalid(
+            "config.kind",
+            kind,
+            format!("the kind of a queue never changes (it is {})", current.kind),
+        ));
     }
     fifo_only(current.kind, input)?;
     let mut cfg = current.clone();
@@ -127,7 +137,11 @@ pub fn updated_config(
     if let Some((q, n)) = &input.dead_letter {
         cfg.dead_letter = Some(DeadLetterPolicy {
             queue: q.clone(),
-            max_deliveries: if *n == 0 { limits::MAX_DELIVERIES.2 } else { *n },
+            max_deliveries: if *n == 0 {
+                limits::MAX_DELIVERIES.2
+            } else {
+                *n
+            },
         });
     }
     if removals.dead_letter {
@@ -166,13 +180,21 @@ fn fifo_only(kind: QueueKind, input: &QueueConfigInput) -> Result<()> {
     if let Some(v) = input.dedup_window {
         return Err(QueueError::invalid("config.dedup_window_ms", v, reason));
     }
-    if let Some(p) = input.on_poison {
-        if p != PoisonPolicy::DeadLetterAndContinue {
-            return Err(QueueError::invalid("config.on_poison", "PARK_GROUP", reason));
-        }
+    if let Some(p) = input.on_poison
+        && p != PoisonPolicy::DeadLetterAndContinue
+    {
+        return Err(QueueError::invalid(
+            "config.on_poison",
+            "PARK_GROUP",
+            reason,
+        ));
     }
     if input.content_based_dedup == Some(true) {
-        return Err(QueueError::invalid("config.content_based_dedup", true, reason));
+        return Err(QueueError::invalid(
+            "config.content_based_dedup",
+            true,
+            reason,
+        ));
     }
     Ok(())
 }
@@ -180,14 +202,24 @@ fn fifo_only(kind: QueueKind, input: &QueueConfigInput) -> Result<()> {
 /// Range checks of a complete configuration (the DLQ's existence and kind
 /// are checked by the broker, which knows the other queues).
 pub fn check_config(cfg: &QueueConfig) -> Result<()> {
-    range("config.message_ttl_ms", cfg.message_ttl, limits::TTL.0, limits::TTL.1)?;
+    range(
+        "config.message_ttl_ms",
+        cfg.message_ttl,
+        limits::TTL.0,
+        limits::TTL.1,
+    )?;
     range(
         "config.ack_timeout_ms",
         cfg.ack_timeout,
         limits::ACK_TIMEOUT.0,
         limits::ACK_TIMEOUT.1,
     )?;
-    range("config.delivery_delay_ms", cfg.delivery_delay, 0, limits::MAX_DELAY)?;
+    range(
+        "config.delivery_delay_ms",
+        cfg.delivery_delay,
+        0,
+        limits::MAX_DELAY,
+    )?;
     if let Some(dl) = &cfg.dead_letter {
         name("config.dead_letter.queue", &dl.queue)?;
         let (lo, hi, _) = limits::MAX_DELIVERIES;
@@ -200,8 +232,18 @@ pub fn check_config(cfg: &QueueConfig) -> Result<()> {
         }
     }
     if let Some(b) = &cfg.retry_backoff {
-        range("config.retry_backoff.initial_ms", b.initial, 1, limits::MAX_DELAY)?;
-        range("config.retry_backoff.max_ms", b.max, b.initial, limits::MAX_DELAY)?;
+        range(
+            "config.retry_backoff.initial_ms",
+            b.initial,
+            1,
+            limits::MAX_DELAY,
+        )?;
+        range(
+            "config.retry_backoff.max_ms",
+            b.max,
+            b.initial,
+            limits::MAX_DELAY,
+        )?;
         if !(b.multiplier.is_finite() && (1.0..=100.0).contains(&b.multiplier)) {
             return Err(QueueError::invalid(
                 "config.retry_backoff.multiplier",
@@ -251,7 +293,11 @@ pub fn lease_length(field: &str, v: u64, max_lease_total: u64) -> Result<()> {
 /// Checks the size of a batch of settle items or messages.
 pub fn batch(field: &str, len: usize) -> Result<()> {
     if len == 0 {
-        return Err(QueueError::invalid(field, "[]", "must hold at least one item"));
+        return Err(QueueError::invalid(
+            field,
+            "[]",
+            "must hold at least one item",
+        ));
     }
     if len > limits::MAX_BATCH {
         return Err(QueueError::invalid(
@@ -301,7 +347,11 @@ pub fn message(i: usize, m: &NewMessage, max_body: usize) -> Result<()> {
             ));
         }
         if id.chars().any(char::is_control) {
-            return Err(QueueError::invalid(f("message_id"), id.escape_debug(), "contains control characters"));
+            return Err(QueueError::invalid(
+                f("message_id"),
+                id.escape_debug(),
+                "contains control characters",
+            ));
         }
     }
     if m.body.len() > max_body {
@@ -320,7 +370,11 @@ pub fn message(i: usize, m: &NewMessage, max_body: usize) -> Result<()> {
     let mut total = 0usize;
     for (k, v) in &m.properties {
         if k.is_empty() {
-            return Err(QueueError::invalid(f("properties"), "\"\"", "property names must not be empty"));
+            return Err(QueueError::invalid(
+                f("properties"),
+                "\"\"",
+                "property names must not be empty",
+            ));
         }
         total += k.len() + v.len();
     }
@@ -328,21 +382,27 @@ pub fn message(i: usize, m: &NewMessage, max_body: usize) -> Result<()> {
         return Err(QueueError::invalid(
             f("properties"),
             format!("{total} bytes"),
-            format!("must be at most {} bytes together", limits::MAX_PROPERTIES_BYTES),
+            format!(
+                "must be at most {} bytes together",
+                limits::MAX_PROPERTIES_BYTES
+            ),
         ));
     }
     if let Some(d) = m.delay {
         range(&f("delay_ms"), d, 0, limits::MAX_DELAY)?;
     }
     for (field, v) in [("group_id", &m.group_id), ("dedup_id", &m.dedup_id)] {
-        if let Some(v) = v {
-            if v.is_empty() || v.len() > limits::MAX_GROUP_ID || v.chars().any(char::is_control) {
-                return Err(QueueError::invalid(
-                    f(field),
-                    v.escape_debug(),
-                    format!("must be 1 to {} bytes without control characters", limits::MAX_GROUP_ID),
-                ));
-            }
+        if let Some(v) = v
+            && (v.is_empty() || v.len() > limits::MAX_GROUP_ID || v.chars().any(char::is_control))
+        {
+            return Err(QueueError::invalid(
+                f(field),
+                v.escape_debug(),
+                format!(
+                    "must be 1 to {} bytes without control characters",
+                    limits::MAX_GROUP_ID
+                ),
+            ));
         }
     }
     Ok(())
@@ -364,10 +424,18 @@ pub fn message_for_queue(i: usize, m: &NewMessage, cfg: &QueueConfig) -> Result<
         }
     } else {
         if let Some(g) = &m.group_id {
-            return Err(QueueError::invalid(f("group_id"), g, "applies to FIFO queues only"));
+            return Err(QueueError::invalid(
+                f("group_id"),
+                g,
+                "applies to FIFO queues only",
+            ));
         }
         if let Some(d) = &m.dedup_id {
-            return Err(QueueError::invalid(f("dedup_id"), d, "applies to FIFO queues only"));
+            return Err(QueueError::invalid(
+                f("dedup_id"),
+                d,
+                "applies to FIFO queues only",
+            ));
         }
     }
     Ok(())
@@ -407,7 +475,10 @@ mod tests {
             ..QueueConfigInput::default()
         };
         let err = new_config(&bad).expect_err("too short").to_string();
-        assert!(err.contains("config.ack_timeout_ms") && err.contains("999"), "{err}");
+        assert!(
+            err.contains("config.ack_timeout_ms") && err.contains("999"),
+            "{err}"
+        );
         let bad = QueueConfigInput {
             dead_letter_on_expiry: Some(true),
             ..QueueConfigInput::default()

@@ -26,7 +26,8 @@ pub fn sync_dir(dir: &Path) -> Result<()> {
 /// checkpoints to make the embedded database durable with a real fsync
 /// (sled's own flush ends in `sync_file_range`, which is not enough).
 pub fn sync_tree(root: &Path) -> Result<()> {
-    let entries = std::fs::read_dir(root).map_err(|e| StorageError::io("read directory", root, e))?;
+    let entries =
+        std::fs::read_dir(root).map_err(|e| StorageError::io("read directory", root, e))?;
     for entry in entries {
         let entry = entry.map_err(|e| StorageError::io("read directory", root, e))?;
         let path = entry.path();
@@ -37,7 +38,9 @@ pub fn sync_tree(root: &Path) -> Result<()> {
             sync_tree(&path)?;
         } else if ty.is_file() {
             match File::open(&path) {
-                Ok(f) => f.sync_all().map_err(|e| StorageError::io("fsync", &path, e))?,
+                Ok(f) => f
+                    .sync_all()
+                    .map_err(|e| StorageError::io("fsync", &path, e))?,
                 // A file removed meanwhile (sled deletes old snapshots) has
                 // nothing left to make durable.
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -156,8 +159,11 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         check_or_init_format(dir.path()).expect("init");
         check_or_init_format(dir.path()).expect("check");
-        std::fs::write(dir.path().join(FORMAT_FILE), "letterbox data directory\nformat 99\n")
-            .expect("write");
+        std::fs::write(
+            dir.path().join(FORMAT_FILE),
+            "letterbox data directory\nformat 99\n",
+        )
+        .expect("write");
         let err = check_or_init_format(dir.path()).expect_err("newer format");
         assert!(err.to_string().contains("format 99"), "{err}");
     }

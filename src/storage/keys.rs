@@ -213,9 +213,15 @@ mod tests {
     #[test]
     fn variable_keys_round_trip() {
         let q = Key::Queue("orders.dlq").encode();
-        assert_eq!(OwnedKey::decode(&q), Some(OwnedKey::Queue("orders.dlq".into())));
+        assert_eq!(
+            OwnedKey::decode(&q),
+            Some(OwnedKey::Queue("orders.dlq".into()))
+        );
         let d = Key::Dedup(7, b"abc").encode();
-        assert_eq!(OwnedKey::decode(&d), Some(OwnedKey::Dedup(7, b"abc".to_vec())));
+        assert_eq!(
+            OwnedKey::decode(&d),
+            Some(OwnedKey::Dedup(7, b"abc".to_vec()))
+        );
         let g = Key::Group(7, "g-1").encode();
         assert_eq!(OwnedKey::decode(&g), Some(OwnedKey::Group(7, "g-1".into())));
     }

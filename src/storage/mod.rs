@@ -21,7 +21,8 @@
 //!   ahead of the durable log.
 //! * A checkpoint flushes sled, fsyncs every file of the database and its
 //!   directories (sled's own flush only calls `sync_file_range`), and then
-//!   deletes log segments whose records are all applied.
+//!   retires log segments whose records are all applied (kept for reuse,
+//!   see `wal::Pool`).
 //! * Opening replays log records newer than the applied lsn into sled (a
 //!   record is a set of absolute puts and deletes, so replay is
 //!   idempotent), checkpoints, and starts a fresh log segment.
@@ -48,9 +49,7 @@ use tokio::sync::{oneshot, watch};
 
 pub use error::{Result, StorageError};
 pub use keys::{Key, OwnedKey, Space, SysKey};
-use records::{
-    CountersRecord, DedupRecord, GroupRecord, MetaRecord, PayloadRecord, QueueRecord,
-};
+use records::{CountersRecord, DedupRecord, GroupRecord, MetaRecord, PayloadRecord, QueueRecord};
 pub use wal::Mutation;
 
 /// Tunables of the store.
@@ -271,6 +270,7 @@ struct Inner {
     applied: AtomicU64,
     sync_micros: AtomicU64,
     segments: Arc<Mutex<Vec<(u64, u64)>>>,
+    pool: Arc<wal::Pool>,
 }
 
 /// The durable store of one data directory.
@@ -282,7 +282,9 @@ pub struct Store {
 
 impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Store").field("dir", &self.inner.dir).finish()
+        f.debug_struct("Store")
+            .field("dir", &self.inner.dir)
+            .finish()
     }
 }
 
@@ -333,7 +335,10 @@ impl Store {
                 in_batch += 1;
             }
             if in_batch > 10_000 {
-                batch.insert(Key::Sys(SysKey::AppliedLsn).encode().as_ref(), &lsn.to_be_bytes());
+                batch.insert(
+                    Key::Sys(SysKey::AppliedLsn).encode().as_ref(),
+                    &lsn.to_be_bytes(),
+                );
                 db.apply_batch(std::mem::take(&mut batch)).map_err(dbe)?;
                 in_batch = 0;
             }
@@ -347,11 +352,12 @@ impl Store {
         // Make the database durable before the log that fed it goes.
         db.flush().map_err(dbe)?;
         fsutil::sync_tree(&db_dir)?;
+        let pool = Arc::new(wal::Pool::open(&wal_dir, opts.segment_size)?);
         for number in wal::list_segments(&wal_dir)? {
-            let path = wal::segment_path(&wal_dir, number);
-            std::fs::remove_file(&path).map_err(|e| StorageError::io("remove", &path, e))?;
+            pool.retire(&wal::segment_path(&wal_dir, number))?;
         }
-        let writer = wal::Writer::start(&wal_dir, end.last_segment, opts.segment_size)?;
+        fsutil::sync_dir(&wal_dir)?;
+        let writer = wal::Writer::start(Arc::clone(&pool), end.last_segment)?;
 
         let (failure, _) = watch::channel(None);
         let inner = Arc::new(Inner {
@@ -380,6 +386,7 @@ impl Store {
             applied: AtomicU64::new(end.last_lsn),
             sync_micros: AtomicU64::new(0),
             segments: Arc::clone(&writer.written),
+            pool,
         });
         inner.refresh_space();
         let mut threads = Vec::new();
@@ -483,9 +490,9 @@ impl Store {
     pub fn get_sys(&self, key: SysKey) -> Result<Option<u64>> {
         match self.get(&Key::Sys(key))? {
             None => Ok(None),
-            Some(b) => Ok(Some(u64::from_be_bytes(b.as_ref().try_into().map_err(|_| {
-                StorageError::corrupt(format!("system key {key:?}"), "not 8 bytes")
-            })?))),
+            Some(b) => Ok(Some(u64::from_be_bytes(b.as_ref().try_into().map_err(
+                |_| StorageError::corrupt(format!("system key {key:?}"), "not 8 bytes"),
+            )?))),
         }
     }
 
@@ -586,15 +593,22 @@ fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> Result<std::thread::J
 }
 
 fn read_sys(db: &sled::Db, key: SysKey, path: &Path) -> Result<Option<u64>> {
-    let v = db.get(Key::Sys(key).encode()).map_err(|e| StorageError::Db {
-        path: path.to_path_buf(),
-        source: e,
-    })?;
+    let v = db
+        .get(Key::Sys(key).encode())
+        .map_err(|e| StorageError::Db {
+            path: path.to_path_buf(),
+            source: e,
+        })?;
     match v {
         None => Ok(None),
-        Some(iv) => Ok(Some(u64::from_be_bytes(iv.as_ref().try_into().map_err(|_| {
-            StorageError::corrupt(format!("{} system key {key:?}", path.display()), "not 8 bytes")
-        })?))),
+        Some(iv) => Ok(Some(u64::from_be_bytes(iv.as_ref().try_into().map_err(
+            |_| {
+                StorageError::corrupt(
+                    format!("{} system key {key:?}", path.display()),
+                    "not 8 bytes",
+                )
+            },
+        )?))),
     }
 }
 
@@ -652,7 +666,8 @@ impl Inner {
     }
 
     fn refresh_space(&self) {
-        let ok = fsutil::free_bytes(&self.dir).map_or(true, |free| free >= self.opts.min_free_bytes);
+        let ok =
+            fsutil::free_bytes(&self.dir).map_or(true, |free| free >= self.opts.min_free_bytes);
         if self.space_ok.swap(ok, Ordering::Relaxed) != ok {
             if ok {
                 tracing::info!(dir = %self.dir.display(), "free disk space is back above the minimum; publishes resume");
@@ -717,8 +732,12 @@ fn log_writer(inner: &Inner, mut writer: wal::Writer) {
             Ordering::Relaxed,
         );
         inner.log_syncs.fetch_add(1, Ordering::Relaxed);
-        inner.records.fetch_add(batch.len() as u64, Ordering::Relaxed);
-        inner.log_bytes.fetch_add(frames.len() as u64, Ordering::Relaxed);
+        inner
+            .records
+            .fetch_add(batch.len() as u64, Ordering::Relaxed);
+        inner
+            .log_bytes
+            .fetch_add(frames.len() as u64, Ordering::Relaxed);
         *lock(&inner.durable) = last;
         inner.durable_cv.notify_all();
         for p in batch {
@@ -813,7 +832,10 @@ fn apply_once(inner: &Inner) -> Result<()> {
             None => batch.remove(k.as_ref()),
         }
     }
-    batch.insert(Key::Sys(SysKey::AppliedLsn).encode().as_ref(), &upto.to_be_bytes());
+    batch.insert(
+        Key::Sys(SysKey::AppliedLsn).encode().as_ref(),
+        &upto.to_be_bytes(),
+    );
     inner.db.apply_batch(batch).map_err(|e| inner.db_error(e))?;
     lock(&inner.state).frozen = None;
     inner.applied.store(upto, Ordering::Relaxed);
@@ -832,8 +854,7 @@ fn checkpoint(inner: &Inner) -> Result<()> {
     // Segment i holds lsns below the first lsn of segment i+1.
     while segments.len() >= 2 && segments[1].1 <= applied + 1 {
         let (number, _) = segments.remove(0);
-        let path = wal::segment_path(&wal_dir, number);
-        std::fs::remove_file(&path).map_err(|e| StorageError::io("remove", &path, e))?;
+        inner.pool.retire(&wal::segment_path(&wal_dir, number))?;
         removed = true;
     }
     drop(segments);

@@ -188,8 +188,9 @@ pub fn encode<T: Serialize>(value: &T) -> Bytes {
 /// Decodes a record written by [`encode`]; `what` names it in errors.
 pub fn decode<T: DeserializeOwned>(what: &dyn std::fmt::Display, bytes: &[u8]) -> Result<T> {
     match bytes.split_first() {
-        Some((&RECORD_VERSION, rest)) => bincode::deserialize(rest)
-            .map_err(|e| StorageError::corrupt(what.to_string(), format!("undecodable record: {e}"))),
+        Some((&RECORD_VERSION, rest)) => bincode::deserialize(rest).map_err(|e| {
+            StorageError::corrupt(what.to_string(), format!("undecodable record: {e}"))
+        }),
         Some((v, _)) => Err(StorageError::corrupt(
             what.to_string(),
             format!("unknown record version {v}"),
@@ -217,7 +218,10 @@ impl PayloadRecord {
         } else {
             Err(StorageError::corrupt(
                 what.to_string(),
-                format!("body checksum {crc:08x} differs from stored {:08x}", self.body_crc),
+                format!(
+                    "body checksum {crc:08x} differs from stored {:08x}",
+                    self.body_crc
+                ),
             ))
         }
     }
@@ -229,7 +233,11 @@ mod tests {
 
     #[test]
     fn records_round_trip_and_reject_damage() {
-        let p = PayloadRecord::new(5, vec![("k".into(), "v".into())], Bytes::from_static(b"hello"));
+        let p = PayloadRecord::new(
+            5,
+            vec![("k".into(), "v".into())],
+            Bytes::from_static(b"hello"),
+        );
         let bytes = encode(&p);
         let back: PayloadRecord = decode(&"p", &bytes).expect("decodes");
         assert_eq!(back, p);

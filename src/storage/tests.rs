@@ -13,7 +13,11 @@ fn small_opts() -> StoreOptions {
 }
 
 fn payload(i: u64) -> Bytes {
-    encode_payload(&PayloadRecord::new(i, vec![], Bytes::from(format!("body-{i}"))))
+    encode_payload(&PayloadRecord::new(
+        i,
+        vec![],
+        Bytes::from(format!("body-{i}")),
+    ))
 }
 
 fn body(store: &Store, pid: u64) -> Option<String> {
@@ -31,7 +35,11 @@ async fn submitted_changes_are_visible_at_once_and_after_reopen() {
     t.put_payload(1, payload(1));
     t.put_payload(2, payload(2));
     let c = store.submit(t);
-    assert_eq!(body(&store, 1).as_deref(), Some("body-1"), "memtable serves reads");
+    assert_eq!(
+        body(&store, 1).as_deref(),
+        Some("body-1"),
+        "memtable serves reads"
+    );
     c.wait().await.expect("durable");
     let mut t = Txn::new();
     t.delete(Key::Payload(1));
@@ -61,13 +69,23 @@ async fn a_crash_is_recovered_from_the_log() {
         if i % 2 == 1 {
             t.delete(Key::Payload(i - 1));
         }
-        t.put_counters(1, &CountersRecord { published: i + 1, ..CountersRecord::default() });
+        t.put_counters(
+            1,
+            &CountersRecord {
+                published: i + 1,
+                ..CountersRecord::default()
+            },
+        );
         commits.push(store.submit(t));
     }
     for c in commits {
         c.wait().await.expect("durable");
     }
-    assert_eq!(store.stats().applied_lsn, 0, "nothing applied before the crash");
+    assert_eq!(
+        store.stats().applied_lsn,
+        0,
+        "nothing applied before the crash"
+    );
     store.crash();
 
     let (store, report) = Store::open(dir.path(), opts).expect("reopen");
@@ -111,7 +129,10 @@ async fn checkpoints_reclaim_log_segments() {
     let (store, _) = Store::open(dir.path(), small_opts()).expect("open");
     for i in 0..400u64 {
         let mut t = Txn::new();
-        t.put_payload(i, encode_payload(&PayloadRecord::new(0, vec![], Bytes::from(vec![7u8; 900]))));
+        t.put_payload(
+            i,
+            encode_payload(&PayloadRecord::new(0, vec![], Bytes::from(vec![7u8; 900]))),
+        );
         store.submit(t).wait().await.expect("durable");
     }
     // 400 records of ~1 KiB fill several 64 KiB segments; checkpoints must
@@ -142,9 +163,14 @@ async fn a_second_open_of_the_same_directory_is_refused() {
 async fn submissions_after_close_fail() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (store, _) = Store::open(dir.path(), small_opts()).expect("open");
-    store.inner.fail(&StorageError::Stopped { reason: "test".into() });
+    store.inner.fail(&StorageError::Stopped {
+        reason: "test".into(),
+    });
     let mut t = Txn::new();
     t.put_payload(1, payload(1));
     assert!(store.submit(t).wait().await.is_err());
-    assert_eq!(store.failure().borrow().as_deref(), Some("storage stopped: test"));
+    assert_eq!(
+        store.failure().borrow().as_deref(),
+        Some("storage stopped: test")
+    );
 }

@@ -89,7 +89,10 @@ pub fn decode_txn(payload: &Bytes) -> std::result::Result<Vec<Mutation>, String>
     let mut buf = payload.clone();
     let need = |buf: &Bytes, n: usize| {
         if buf.remaining() < n {
-            Err(format!("transaction truncated: {} bytes left, {n} needed", buf.remaining()))
+            Err(format!(
+                "transaction truncated: {} bytes left, {n} needed",
+                buf.remaining()
+            ))
         } else {
             Ok(())
         }
@@ -182,7 +185,10 @@ pub fn list_segments(dir: &Path) -> Result<Vec<u64>> {
         let entry = entry.map_err(|e| StorageError::io("read directory", dir, e))?;
         let name = entry.file_name();
         let Some(name) = name.to_str() else { continue };
-        if let Some(num) = name.strip_suffix(".wal").and_then(|n| n.parse::<u64>().ok()) {
+        if let Some(num) = name
+            .strip_suffix(".wal")
+            .and_then(|n| n.parse::<u64>().ok())
+        {
             out.push(num);
         }
     }
@@ -222,19 +228,20 @@ pub fn replay(
     let mut ended_at: Option<(PathBuf, u64)> = None;
     for &number in &segments {
         let path = segment_path(dir, number);
-        let data = Bytes::from(std::fs::read(&path).map_err(|e| StorageError::io("read", &path, e))?);
+        let data =
+            Bytes::from(std::fs::read(&path).map_err(|e| StorageError::io("read", &path, e))?);
         if let Some((end_path, broken_lsn)) = &ended_at {
             // The log ended in an earlier segment: this one must be unused.
-            if let Some(f) = parse_frame(&data, 0) {
-                if f.batch_first > *broken_lsn {
-                    return Err(StorageError::corrupt(
-                        end_path.display().to_string(),
-                        format!(
-                            "log damaged before lsn {broken_lsn}: {} holds later records",
-                            path.display()
-                        ),
-                    ));
-                }
+            if let Some(f) = parse_frame(&data, 0)
+                && f.batch_first > *broken_lsn
+            {
+                return Err(StorageError::corrupt(
+                    end_path.display().to_string(),
+                    format!(
+                        "log damaged before lsn {broken_lsn}: {} holds later records",
+                        path.display()
+                    ),
+                ));
             }
             continue;
         }
@@ -255,10 +262,21 @@ pub fn replay(
                 continue;
             }
             let want = expected.unwrap_or(after + 1);
+            if f.lsn < want && expected.is_some() {
+                // A record from the segment's earlier life (reused
+                // segment): the end of this segment's data.
+                if pos == 0 {
+                    ended_at = Some((path.clone(), want));
+                }
+                break;
+            }
             if f.lsn != want {
                 return Err(StorageError::corrupt(
                     path.display().to_string(),
-                    format!("log has a gap: lsn {want} expected, lsn {} found at offset {pos}", f.lsn),
+                    format!(
+                        "log has a gap: lsn {want} expected, lsn {} found at offset {pos}",
+                        f.lsn
+                    ),
                 ));
             }
             expected = Some(f.lsn + 1);
@@ -280,18 +298,19 @@ fn check_torn_tail(data: &Bytes, pos: usize, broken_lsn: u64, path: &Path) -> Re
     let Some(len) = frame_len_hint(data, pos) else {
         return Ok(());
     };
-    if let Some(next) = parse_frame(data, pos + len) {
-        if next.batch_first > broken_lsn && broken_lsn != 0 {
-            return Err(StorageError::corrupt(
-                path.display().to_string(),
-                format!("record lsn {broken_lsn} is damaged but later records follow it"),
-            ));
-        }
+    if let Some(next) = parse_frame(data, pos + len)
+        && next.batch_first > broken_lsn
+        && broken_lsn != 0
+    {
+        return Err(StorageError::corrupt(
+            path.display().to_string(),
+            format!("record lsn {broken_lsn} is damaged but later records follow it"),
+        ));
     }
     Ok(())
 }
 
-/// A preallocated segment, ready to be written.
+/// A segment ready to be written.
 pub struct Segment {
     /// Its number.
     pub number: u64,
@@ -301,6 +320,129 @@ pub struct Segment {
     pub path: PathBuf,
     /// Its size.
     pub size: u64,
+}
+
+/// Most retired segments kept for reuse.
+const MAX_SPARES: usize = 2;
+
+/// Segments retired after a checkpoint and kept for reuse, so that the
+/// log is written into blocks that are already allocated (an overwrite,
+/// which `fdatasync` makes durable without a metadata commit) and new
+/// segments rarely need zero-filling. A reused segment still holds old
+/// records; their lsns are below every new one, so replay reads them as
+/// the end of the segment's data.
+pub struct Pool {
+    dir: PathBuf,
+    size: u64,
+    spares: Mutex<Vec<PathBuf>>,
+    next_spare: std::sync::atomic::AtomicU64,
+}
+
+impl Pool {
+    /// A pool for `dir`, picking up spares left by an earlier run.
+    pub fn open(dir: &Path, size: u64) -> Result<Pool> {
+        let mut spares = Vec::new();
+        let mut next = 0u64;
+        let entries =
+            std::fs::read_dir(dir).map_err(|e| StorageError::io("read directory", dir, e))?;
+        for entry in entries {
+            let entry = entry.map_err(|e| StorageError::io("read directory", dir, e))?;
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else { continue };
+            if let Some(n) = name
+                .strip_prefix("spare-")
+                .and_then(|r| r.strip_suffix(".seg"))
+                .and_then(|n| n.parse::<u64>().ok())
+            {
+                next = next.max(n + 1);
+                spares.push(entry.path());
+            } else if name.ends_with(".tmp") {
+                // A zero-fill cut short by a crash.
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+        Ok(Pool {
+            dir: dir.to_path_buf(),
+            size,
+            spares: Mutex::new(spares),
+            next_spare: std::sync::atomic::AtomicU64::new(next),
+        })
+    }
+
+    /// Retires a segment whose records are all applied: kept as a spare,
+    /// or deleted when there are enough. The caller fsyncs the directory.
+    pub fn retire(&self, path: &Path) -> Result<()> {
+        let mut spares = self.spares.lock().unwrap_or_else(|e| e.into_inner());
+        if spares.len() >= MAX_SPARES {
+            return std::fs::remove_file(path).map_err(|e| StorageError::io("remove", path, e));
+        }
+        let n = self
+            .next_spare
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let spare = self.dir.join(format!("spare-{n:020}.seg"));
+        std::fs::rename(path, &spare).map_err(|e| StorageError::io("rename", path, e))?;
+        spares.push(spare);
+        Ok(())
+    }
+
+    /// Segment `number`, from a spare if there is one (renamed, directory
+    /// fsynced), else zero-filled.
+    pub fn segment(&self, number: u64) -> Result<Segment> {
+        let spare = self.spares.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let Some(spare) = spare else {
+            return preallocate(&self.dir, number, self.size);
+        };
+        let path = segment_path(&self.dir, number);
+        std::fs::rename(&spare, &path).map_err(|e| StorageError::io("rename", &spare, e))?;
+        fsutil::sync_dir(&self.dir)?;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(|e| StorageError::io("open", &path, e))?;
+        let size = file
+            .metadata()
+            .map_err(|e| StorageError::io("stat", &path, e))?
+            .len();
+        Ok(Segment {
+            number,
+            file,
+            path,
+            size,
+        })
+    }
+
+    /// Segment `number` made at once: a spare if there is one, else a
+    /// sparse file (allocated as it is written). Used for the first
+    /// segment, so that start-up does not wait for a zero-fill.
+    pub fn segment_now(&self, number: u64) -> Result<Segment> {
+        if !self
+            .spares
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_empty()
+        {
+            return self.segment(number);
+        }
+        let path = segment_path(&self.dir, number);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .map_err(|e| StorageError::io("create", &path, e))?;
+        file.set_len(self.size)
+            .and_then(|()| file.sync_all())
+            .map_err(|e| StorageError::io("create", &path, e))?;
+        fsutil::sync_dir(&self.dir)?;
+        Ok(Segment {
+            number,
+            file,
+            path,
+            size: self.size,
+        })
+    }
 }
 
 /// Creates segment `number` of `size` bytes filled with zeros and makes it
@@ -346,7 +488,7 @@ struct Spare {
     stop: bool,
 }
 
-/// Keeps one zero-filled segment ready ahead of the writer.
+/// Keeps the next segment ready ahead of the writer.
 pub struct Preallocator {
     shared: Arc<(Mutex<Spare>, Condvar)>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -354,7 +496,7 @@ pub struct Preallocator {
 
 impl Preallocator {
     /// Starts the thread; the first segment it prepares is `first_number`.
-    pub fn start(dir: PathBuf, first_number: u64, size: u64) -> Preallocator {
+    pub fn start(pool: Arc<Pool>, first_number: u64) -> Preallocator {
         let shared = Arc::new((
             Mutex::new(Spare {
                 ready: None,
@@ -366,7 +508,7 @@ impl Preallocator {
         let s = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name("letterbox-wal-prealloc".into())
-            .spawn(move || preallocate_loop(&dir, size, &s))
+            .spawn(move || preallocate_loop(&pool, &s))
             .ok();
         Preallocator { shared, thread }
     }
@@ -401,7 +543,7 @@ impl Drop for Preallocator {
     }
 }
 
-fn preallocate_loop(dir: &Path, size: u64, shared: &(Mutex<Spare>, Condvar)) {
+fn preallocate_loop(pool: &Pool, shared: &(Mutex<Spare>, Condvar)) {
     let (lock, cv) = shared;
     loop {
         let number = {
@@ -414,19 +556,21 @@ fn preallocate_loop(dir: &Path, size: u64, shared: &(Mutex<Spare>, Condvar)) {
             }
             spare.next_number
         };
-        let result = preallocate(dir, number, size);
+        let result = pool.segment(number);
         let mut spare = lock.lock().unwrap_or_else(|e| e.into_inner());
-        if result.is_ok() {
-            spare.next_number += 1;
-        } else if spare.stop {
+        if spare.stop {
             return;
+        }
+        match &result {
+            Ok(_) => spare.next_number += 1,
+            Err(e) => tracing::warn!(error = %e, "cannot prepare the next log segment"),
         }
         let failed = result.is_err();
         spare.ready = Some(result);
         cv.notify_all();
         if failed {
-            // Hand the error over, then pause before trying again so that
-            // a full disk is not hammered.
+            // Hand the error over (the writer fails if it needs a segment
+            // now), then try again after a pause.
             drop(spare);
             std::thread::sleep(Duration::from_millis(200));
             let mut spare = lock.lock().unwrap_or_else(|e| e.into_inner());
@@ -448,10 +592,10 @@ pub struct Writer {
 }
 
 impl Writer {
-    /// Starts writing into a fresh segment numbered after `last_number`.
-    pub fn start(dir: &Path, last_number: u64, segment_size: u64) -> Result<Writer> {
-        let prealloc = Preallocator::start(dir.to_path_buf(), last_number + 1, segment_size);
-        let current = prealloc.take()?;
+    /// Starts writing into a new segment numbered after `last_number`.
+    pub fn start(pool: Arc<Pool>, last_number: u64) -> Result<Writer> {
+        let current = pool.segment_now(last_number + 1)?;
+        let prealloc = Preallocator::start(pool, last_number + 2);
         Ok(Writer {
             current,
             offset: 0,
@@ -462,7 +606,9 @@ impl Writer {
 
     /// Writes framed records and makes them durable. `frames` holds whole
     /// frames back to back; `bounds` gives (end offset in `frames`, lsn) of
-    /// each. Returns once everything is fdatasync'd.
+    /// each. Returns once everything is fdatasync'd. A record never spans
+    /// segments, and a segment's records are durable before the next
+    /// segment is written.
     pub fn write(&mut self, frames: &[u8], bounds: &[(usize, u64)]) -> Result<()> {
         let mut start = 0usize;
         let mut i = 0usize;
@@ -499,7 +645,10 @@ impl Writer {
 
     fn note_first_lsn(&mut self, lsn: u64) {
         let mut written = self.written.lock().unwrap_or_else(|e| e.into_inner());
-        if written.last().is_none_or(|&(n, _)| n != self.current.number) {
+        if written
+            .last()
+            .is_none_or(|&(n, _)| n != self.current.number)
+        {
             written.push((self.current.number, lsn));
         }
     }
@@ -548,7 +697,10 @@ mod tests {
         let mut out = Vec::new();
         encode_txn(&muts, &mut out);
         assert_eq!(out.len(), encoded_len(&muts));
-        assert_eq!(decode_txn(&Bytes::from(out.clone())).expect("decodes"), muts);
+        assert_eq!(
+            decode_txn(&Bytes::from(out.clone())).expect("decodes"),
+            muts
+        );
         assert!(decode_txn(&Bytes::from(out[..out.len() - 1].to_vec())).is_err());
         let mut extra = out.clone();
         extra.push(7);
@@ -582,7 +734,10 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         write_records(dir.path(), 1, 1..=3);
         write_records(dir.path(), 2, 4..=6);
-        assert_eq!(collect(dir.path(), 0).expect("replay"), vec![1, 2, 3, 4, 5, 6]);
+        assert_eq!(
+            collect(dir.path(), 0).expect("replay"),
+            vec![1, 2, 3, 4, 5, 6]
+        );
         assert_eq!(collect(dir.path(), 4).expect("replay"), vec![5, 6]);
     }
 
@@ -624,7 +779,8 @@ mod tests {
     #[test]
     fn writer_rolls_over_segments_and_replay_follows() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut w = Writer::start(dir.path(), 0, 256).expect("writer");
+        let pool = Arc::new(Pool::open(dir.path(), 256).expect("pool"));
+        let mut w = Writer::start(pool, 0).expect("writer");
         let mut lsn = 1;
         for _ in 0..20 {
             let mut frames = Vec::new();
@@ -645,5 +801,30 @@ mod tests {
         drop(w);
         let seen = collect(dir.path(), 0).expect("replay");
         assert_eq!(seen, (1..=lsn).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn reused_segments_do_not_replay_their_old_records() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let pool = Arc::new(Pool::open(dir.path(), 4096).expect("pool"));
+        let mut w = Writer::start(Arc::clone(&pool), 0).expect("writer");
+        let mut frames = Vec::new();
+        let mut bounds = Vec::new();
+        for lsn in 1..=10 {
+            frame(lsn, 1, &[put(&format!("k{lsn}"), "old")], &mut frames);
+            bounds.push((frames.len(), lsn));
+        }
+        w.write(&frames, &bounds).expect("write");
+        drop(w);
+        // Everything applied: the segments are retired, then reused.
+        for n in list_segments(dir.path()).expect("list") {
+            pool.retire(&segment_path(dir.path(), n)).expect("retire");
+        }
+        let mut w = Writer::start(Arc::clone(&pool), 2).expect("writer");
+        let mut frames = Vec::new();
+        frame(11, 11, &[put("k11", "new")], &mut frames);
+        w.write(&frames, &[(frames.len(), 11)]).expect("write");
+        drop(w);
+        assert_eq!(collect(dir.path(), 10).expect("replay"), vec![11]);
     }
 }

@@ -1,0 +1,178 @@
+//! Server configuration from flags and `LETTERBOX_*` environment variables
+//! (a flag wins over its variable, which wins over the default), validated
+//! before anything starts.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+use crate::server::ServerConfig;
+
+/// A size in bytes, written as a number with an optional binary suffix:
+/// `1048576`, `512KiB`, `64MiB`, `1GiB` (also `k`, `m`, `g`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ByteSize(pub u64);
+
+impl FromStr for ByteSize {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let t = s.trim();
+        let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+        let (num, unit) = t.split_at(split);
+        let n: u64 = num
+            .parse()
+            .map_err(|_| format!("{s:?} is not a size (examples: 4096, 512KiB, 64MiB)"))?;
+        let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+            "" | "b" => 1,
+            "k" | "kb" | "kib" => 1 << 10,
+            "m" | "mb" | "mib" => 1 << 20,
+            "g" | "gb" | "gib" => 1 << 30,
+            other => {
+                return Err(format!(
+                    "{s:?} has an unknown unit {other:?} (use KiB, MiB or GiB)"
+                ));
+            }
+        };
+        n.checked_mul(mult)
+            .map(ByteSize)
+            .ok_or_else(|| format!("{s:?} is too large"))
+    }
+}
+
+/// A duration written as a number with a unit: `500ms`, `30s`, `5m`, `1h`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Millis(pub Duration);
+
+impl FromStr for Millis {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let t = s.trim();
+        let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+        let (num, unit) = t.split_at(split);
+        let n: u64 = num
+            .parse()
+            .map_err(|_| format!("{s:?} is not a duration (examples: 500ms, 30s, 5m)"))?;
+        let ms = match unit.trim() {
+            "ms" => n,
+            "s" | "" => n.saturating_mul(1000),
+            "m" => n.saturating_mul(60_000),
+            "h" => n.saturating_mul(3_600_000),
+            other => {
+                return Err(format!(
+                    "{s:?} has an unknown unit {other:?} (use ms, s, m or h)"
+                ));
+            }
+        };
+        Ok(Millis(Duration::from_millis(ms)))
+    }
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Flags of `letterbox serve`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServeArgs {
+    /// Data directory (created if missing, mode 0700).
+    #[arg(long, env = "LETTERBOX_DATA_DIR", default_value = "letterbox-data")]
+    pub data_dir: PathBuf,
+    /// Address for gRPC; port 0 picks a free port (the bound address is
+    /// printed on the first line of standard output).
+    #[arg(long, env = "LETTERBOX_LISTEN", default_value = "127.0.0.1:50051")]
+    pub listen: SocketAddr,
+    /// Largest message body.
+    #[arg(long, env = "LETTERBOX_MAX_MESSAGE_SIZE", default_value = "10MiB")]
+    pub max_message_size: ByteSize,
+    /// Most body bytes one Receive answer carries (at least one message).
+    #[arg(long, env = "LETTERBOX_MAX_RESPONSE_SIZE", default_value = "4MiB")]
+    pub max_response_size: ByteSize,
+    /// Log filter (tracing env-filter syntax), e.g. `info` or
+    /// `letterbox=debug`.
+    #[arg(long, env = "LETTERBOX_LOG", default_value = "info")]
+    pub log: String,
+    /// Log format.
+    #[arg(long, env = "LETTERBOX_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+    /// Size of a write-ahead log segment.
+    #[arg(long, env = "LETTERBOX_WAL_SEGMENT_SIZE", default_value = "64MiB")]
+    pub wal_segment_size: ByteSize,
+    /// Below this much free disk space, publishes are refused with
+    /// RESOURCE_EXHAUSTED (acks and receives go on).
+    #[arg(long, env = "LETTERBOX_MIN_FREE_DISK", default_value = "64MiB")]
+    pub min_free_disk: ByteSize,
+    /// Longest time between checkpoints.
+    #[arg(long, env = "LETTERBOX_CHECKPOINT_INTERVAL", default_value = "30s")]
+    pub checkpoint_interval: Millis,
+    /// Checkpoint after this many bytes of log.
+    #[arg(long, env = "LETTERBOX_CHECKPOINT_BYTES", default_value = "128MiB")]
+    pub checkpoint_bytes: ByteSize,
+    /// How long a graceful shutdown waits for calls in flight.
+    #[arg(long, env = "LETTERBOX_SHUTDOWN_GRACE", default_value = "10s")]
+    pub shutdown_grace: Millis,
+    /// Page cache of the embedded database.
+    #[arg(long, env = "LETTERBOX_CACHE_SIZE", default_value = "256MiB")]
+    pub cache_size: ByteSize,
+}
+
+impl ServeArgs {
+    /// Validates the flags and builds the server configuration; errors
+    /// name the flag.
+    pub fn server_config(&self) -> Result<ServerConfig, String> {
+        let mut c = ServerConfig::new(self.data_dir.clone(), self.listen);
+        let max_msg = self.max_message_size.0;
+        if max_msg == 0 || max_msg > 256 << 20 {
+            return Err(format!(
+                "--max-message-size / LETTERBOX_MAX_MESSAGE_SIZE: {max_msg} bytes is out of range (1 byte to 256MiB)"
+            ));
+        }
+        if self.wal_segment_size.0 < 64 << 10 {
+            return Err(format!(
+                "--wal-segment-size / LETTERBOX_WAL_SEGMENT_SIZE: {} bytes is below the minimum of 64KiB",
+                self.wal_segment_size.0
+            ));
+        }
+        if self.checkpoint_interval.0 < Duration::from_millis(10) {
+            return Err(
+                "--checkpoint-interval / LETTERBOX_CHECKPOINT_INTERVAL: must be at least 10ms"
+                    .into(),
+            );
+        }
+        let max_msg = usize::try_from(max_msg).map_err(|e| e.to_string())?;
+        c.broker.max_message_size = max_msg;
+        c.broker.max_response_bytes = self.max_response_size.0;
+        c.max_request_bytes = max_msg + (4 << 20);
+        c.store.segment_size = self.wal_segment_size.0;
+        c.store.min_free_bytes = self.min_free_disk.0;
+        c.store.checkpoint_interval = self.checkpoint_interval.0;
+        c.store.checkpoint_bytes = self.checkpoint_bytes.0;
+        c.store.cache_bytes = self.cache_size.0;
+        c.shutdown_grace = self.shutdown_grace.0;
+        Ok(c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_and_durations_parse() {
+        assert_eq!("4096".parse::<ByteSize>(), Ok(ByteSize(4096)));
+        assert_eq!("64MiB".parse::<ByteSize>(), Ok(ByteSize(64 << 20)));
+        assert_eq!("2g".parse::<ByteSize>(), Ok(ByteSize(2 << 30)));
+        assert!("12 parsecs".parse::<ByteSize>().is_err());
+        assert_eq!(
+            "500ms".parse::<Millis>(),
+            Ok(Millis(Duration::from_millis(500)))
+        );
+        assert_eq!("2m".parse::<Millis>(), Ok(Millis(Duration::from_secs(120))));
+        assert!("1 fortnight".parse::<Millis>().is_err());
+    }
+}

@@ -1,0 +1,271 @@
+//! Conversions between the protobuf types and the engine's model. Request
+//! conversions name the field of every bad value.
+
+use std::collections::HashMap;
+
+use crate::pb;
+use crate::queue::QueueError;
+use crate::queue::model::{
+    Attempt, AttemptOutcome, BrowsedMessage, DeadLetter, DeadLetterReason, Delivery, GroupInfo,
+    GroupState, MessageState, NewMessage, PoisonPolicy, QueueConfig, QueueConfigInput, QueueInfo,
+    QueueKind, QueueStats, RetryBackoff, Settled,
+};
+
+type Result<T> = std::result::Result<T, QueueError>;
+
+fn kind_from(field: &str, v: i32) -> Result<Option<QueueKind>> {
+    match pb::QueueKind::try_from(v) {
+        Ok(pb::QueueKind::Unspecified) => Ok(None),
+        Ok(pb::QueueKind::Standard) => Ok(Some(QueueKind::Standard)),
+        Ok(pb::QueueKind::Fifo) => Ok(Some(QueueKind::Fifo)),
+        Err(_) => Err(QueueError::invalid(field, v, "is not a QueueKind")),
+    }
+}
+
+fn poison_from(field: &str, v: i32) -> Result<Option<PoisonPolicy>> {
+    match pb::PoisonPolicy::try_from(v) {
+        Ok(pb::PoisonPolicy::Unspecified) => Ok(None),
+        Ok(pb::PoisonPolicy::DeadLetterAndContinue) => {
+            Ok(Some(PoisonPolicy::DeadLetterAndContinue))
+        }
+        Ok(pb::PoisonPolicy::ParkGroup) => Ok(Some(PoisonPolicy::ParkGroup)),
+        Err(_) => Err(QueueError::invalid(field, v, "is not a PoisonPolicy")),
+    }
+}
+
+/// A requested configuration (create or update).
+pub(crate) fn config_input(c: Option<pb::QueueConfig>) -> Result<QueueConfigInput> {
+    let Some(c) = c else {
+        return Ok(QueueConfigInput::default());
+    };
+    Ok(QueueConfigInput {
+        kind: kind_from("config.kind", c.kind)?,
+        message_ttl: c.message_ttl_ms,
+        ack_timeout: c.ack_timeout_ms,
+        delivery_delay: c.delivery_delay_ms,
+        dead_letter: c.dead_letter.map(|d| (d.queue, d.max_deliveries)),
+        retry_backoff: c.retry_backoff.map(|b| RetryBackoff {
+            initial: b.initial_ms,
+            max: b.max_ms,
+            multiplier: b.multiplier,
+        }),
+        dead_letter_on_expiry: c.dead_letter_on_expiry,
+        max_length: c.max_length,
+        max_lease_total: c.max_lease_total_ms,
+        dedup_window: c.dedup_window_ms,
+        on_poison: poison_from("config.on_poison", c.on_poison)?,
+        content_based_dedup: c.content_based_dedup,
+    })
+}
+
+/// A configuration in force, every field set.
+pub(crate) fn config_pb(c: &QueueConfig) -> pb::QueueConfig {
+    pb::QueueConfig {
+        kind: match c.kind {
+            QueueKind::Standard => pb::QueueKind::Standard,
+            QueueKind::Fifo => pb::QueueKind::Fifo,
+        } as i32,
+        message_ttl_ms: Some(c.message_ttl),
+        ack_timeout_ms: Some(c.ack_timeout),
+        delivery_delay_ms: Some(c.delivery_delay),
+        dead_letter: c.dead_letter.as_ref().map(|d| pb::DeadLetterPolicy {
+            queue: d.queue.clone(),
+            max_deliveries: d.max_deliveries,
+        }),
+        retry_backoff: c.retry_backoff.map(|b| pb::RetryBackoff {
+            initial_ms: b.initial,
+            max_ms: b.max,
+            multiplier: b.multiplier,
+        }),
+        dead_letter_on_expiry: Some(c.dead_letter_on_expiry),
+        max_length: c.max_length,
+        max_lease_total_ms: Some(c.max_lease_total),
+        dedup_window_ms: Some(c.dedup_window),
+        on_poison: match c.on_poison {
+            PoisonPolicy::DeadLetterAndContinue => pb::PoisonPolicy::DeadLetterAndContinue,
+            PoisonPolicy::ParkGroup => pb::PoisonPolicy::ParkGroup,
+        } as i32,
+        content_based_dedup: Some(c.content_based_dedup),
+    }
+}
+
+/// A queue description.
+pub(crate) fn queue_pb(q: QueueInfo) -> pb::Queue {
+    pb::Queue {
+        config: Some(config_pb(&q.config)),
+        name: q.name,
+        dead_letter_sources: q.dead_letter_sources,
+        created_at_unix_ms: q.created_at,
+    }
+}
+
+fn non_empty(s: String) -> Option<String> {
+    (!s.is_empty()).then_some(s)
+}
+
+/// A message to publish.
+pub(crate) fn new_message(m: pb::PublishMessage) -> NewMessage {
+    NewMessage {
+        message_id: non_empty(m.message_id),
+        body: m.body,
+        properties: m.properties.into_iter().collect(),
+        ttl: m.ttl_ms,
+        delay: m.delay_ms,
+        group_id: non_empty(m.group_id),
+        dedup_id: non_empty(m.dedup_id),
+    }
+}
+
+fn reason_pb(r: DeadLetterReason) -> pb::DeadLetterReason {
+    match r {
+        DeadLetterReason::MaxDeliveries => pb::DeadLetterReason::MaxDeliveries,
+        DeadLetterReason::Rejected => pb::DeadLetterReason::Rejected,
+        DeadLetterReason::Expired => pb::DeadLetterReason::Expired,
+        DeadLetterReason::Skipped => pb::DeadLetterReason::Skipped,
+    }
+}
+
+fn dead_letters_pb(v: Vec<DeadLetter>) -> Vec<pb::DeadLetterRecord> {
+    v.into_iter()
+        .map(|d| pb::DeadLetterRecord {
+            source_queue: d.source_queue,
+            reason: reason_pb(d.reason) as i32,
+            delivery_count: d.delivery_count,
+            last_nack_reason: d.last_nack_reason,
+            at_unix_ms: d.at,
+            note: d.note,
+        })
+        .collect()
+}
+
+fn attempts_pb(v: Vec<Attempt>) -> Vec<pb::Attempt> {
+    v.into_iter()
+        .map(|a| pb::Attempt {
+            at_unix_ms: a.at,
+            outcome: match a.outcome {
+                AttemptOutcome::Nacked => pb::AttemptOutcome::Nacked,
+                AttemptOutcome::LeaseExpired => pb::AttemptOutcome::LeaseExpired,
+                AttemptOutcome::Rejected => pb::AttemptOutcome::Rejected,
+                AttemptOutcome::StreamClosed => pb::AttemptOutcome::StreamClosed,
+            } as i32,
+            reason: a.reason,
+        })
+        .collect()
+}
+
+fn properties(v: Vec<(String, String)>) -> HashMap<String, String> {
+    v.into_iter().collect()
+}
+
+/// A delivery.
+pub(crate) fn delivery_pb(d: Delivery) -> pb::Delivery {
+    pb::Delivery {
+        message_id: d.message_id,
+        body: d.body,
+        properties: properties(d.properties),
+        ack_token: d.ack_token.unwrap_or_default(),
+        delivery_count: d.delivery_count,
+        published_at_unix_ms: d.published_at,
+        first_delivered_at_unix_ms: d.first_delivered_at,
+        lease_deadline_unix_ms: d.lease_deadline,
+        group_id: d.group_id.unwrap_or_default(),
+        dead_letters: dead_letters_pb(d.dead_letters),
+        attempts: attempts_pb(d.attempts),
+        queue: d.queue,
+    }
+}
+
+/// The outcome of settling one token.
+pub(crate) fn settle_pb(token: String, s: Settled) -> pb::SettleResult {
+    match s {
+        Settled::Ok { deadline } => pb::SettleResult {
+            ack_token: token,
+            status: pb::SettleStatus::Ok as i32,
+            code: tonic::Code::Ok as i32,
+            error: String::new(),
+            lease_deadline_unix_ms: deadline,
+        },
+        Settled::LeaseExpired(why) => pb::SettleResult {
+            ack_token: token,
+            status: pb::SettleStatus::LeaseExpired as i32,
+            code: tonic::Code::FailedPrecondition as i32,
+            error: why,
+            lease_deadline_unix_ms: 0,
+        },
+    }
+}
+
+/// Queue figures.
+pub(crate) fn stats_pb(s: QueueStats) -> pb::QueueStats {
+    pb::QueueStats {
+        ready: s.ready,
+        in_flight: s.in_flight,
+        delayed: s.delayed,
+        total: s.total,
+        oldest_message_age_ms: s.oldest_age,
+        published: s.published,
+        acked: s.acked,
+        nacked: s.nacked,
+        expired: s.expired,
+        dead_lettered: s.dead_lettered,
+        dead_letters_received: s.dead_letters_received,
+        parked: s.parked,
+        purged: s.purged,
+    }
+}
+
+/// A browsed message.
+pub(crate) fn browsed_pb(m: BrowsedMessage) -> pb::BrowsedMessage {
+    pb::BrowsedMessage {
+        message_id: m.message_id,
+        body: m.body,
+        properties: properties(m.properties),
+        state: match m.state {
+            MessageState::Ready => pb::MessageState::Ready,
+            MessageState::Delayed => pb::MessageState::Delayed,
+            MessageState::Leased => pb::MessageState::Leased,
+            MessageState::Blocked => pb::MessageState::Blocked,
+            MessageState::Parked => pb::MessageState::Parked,
+        } as i32,
+        delivery_count: m.delivery_count,
+        published_at_unix_ms: m.published_at,
+        enqueued_at_unix_ms: m.enqueued_at,
+        expires_at_unix_ms: m.expires_at,
+        visible_at_unix_ms: m.visible_at,
+        lease_deadline_unix_ms: m.lease_deadline,
+        group_id: m.group_id.unwrap_or_default(),
+        dead_letters: dead_letters_pb(m.dead_letters),
+        attempts: attempts_pb(m.attempts),
+    }
+}
+
+/// A group state filter from a request.
+pub(crate) fn group_state_from(field: &str, v: i32) -> Result<Option<GroupState>> {
+    match pb::GroupState::try_from(v) {
+        Ok(pb::GroupState::Unspecified) => Ok(None),
+        Ok(pb::GroupState::Ready) => Ok(Some(GroupState::Ready)),
+        Ok(pb::GroupState::Leased) => Ok(Some(GroupState::Leased)),
+        Ok(pb::GroupState::Delayed) => Ok(Some(GroupState::Delayed)),
+        Ok(pb::GroupState::Parked) => Ok(Some(GroupState::Parked)),
+        Err(_) => Err(QueueError::invalid(field, v, "is not a GroupState")),
+    }
+}
+
+/// A FIFO group.
+pub(crate) fn group_pb(g: GroupInfo) -> pb::GroupInfo {
+    pb::GroupInfo {
+        group_id: g.group_id,
+        backlog: g.backlog,
+        in_flight: g.in_flight,
+        oldest_message_age_ms: g.oldest_age,
+        state: match g.state {
+            GroupState::Ready => pb::GroupState::Ready,
+            GroupState::Leased => pb::GroupState::Leased,
+            GroupState::Delayed => pb::GroupState::Delayed,
+            GroupState::Parked => pb::GroupState::Parked,
+        } as i32,
+        reason: g.reason,
+        head_message_id: g.head_message_id,
+        head_delivery_count: g.head_delivery_count,
+    }
+}

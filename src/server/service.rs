@@ -1,0 +1,292 @@
+//! The gRPC services: thin handlers that convert a request, call the
+//! engine, and convert the answer. No rule lives here.
+
+use std::sync::Arc;
+
+use tonic::{Request, Response, Status};
+
+use super::convert;
+use super::status::to_status;
+use crate::pb;
+use crate::pb::admin_service_server::AdminService;
+use crate::pb::messaging_service_server::MessagingService;
+use crate::queue::Broker;
+use crate::queue::model::{Nack, QueueRemovals, ReceiveOptions};
+
+/// Both services over one engine.
+#[derive(Debug, Clone)]
+pub struct Service {
+    broker: Arc<Broker>,
+}
+
+impl Service {
+    /// Serves `broker`.
+    pub fn new(broker: Arc<Broker>) -> Service {
+        Service { broker }
+    }
+}
+
+type Rpc<T> = Result<Response<T>, Status>;
+
+fn page_token(t: &str) -> Option<&str> {
+    (!t.is_empty()).then_some(t)
+}
+
+#[tonic::async_trait]
+impl AdminService for Service {
+    async fn create_queue(
+        &self,
+        req: Request<pb::CreateQueueRequest>,
+    ) -> Rpc<pb::CreateQueueResponse> {
+        let r = req.into_inner();
+        tracing::debug!(queue = %r.name, "create queue");
+        let input = convert::config_input(r.config).map_err(to_status)?;
+        let (q, created) = self
+            .broker
+            .create_queue(&r.name, &input)
+            .await
+            .map_err(to_status)?;
+        Ok(Response::new(pb::CreateQueueResponse {
+            queue: Some(convert::queue_pb(q)),
+            created,
+        }))
+    }
+
+    async fn get_queue(&self, req: Request<pb::GetQueueRequest>) -> Rpc<pb::GetQueueResponse> {
+        let q = self
+            .broker
+            .get_queue(&req.into_inner().name)
+            .map_err(to_status)?;
+        Ok(Response::new(pb::GetQueueResponse {
+            queue: Some(convert::queue_pb(q)),
+        }))
+    }
+
+    async fn list_queues(
+        &self,
+        req: Request<pb::ListQueuesRequest>,
+    ) -> Rpc<pb::ListQueuesResponse> {
+        let r = req.into_inner();
+        let (queues, next) = self
+            .broker
+            .list_queues(&r.prefix, r.page_size, page_token(&r.page_token))
+            .map_err(to_status)?;
+        Ok(Response::new(pb::ListQueuesResponse {
+            queues: queues.into_iter().map(convert::queue_pb).collect(),
+            next_page_token: next.unwrap_or_default(),
+        }))
+    }
+
+    async fn update_queue(
+        &self,
+        req: Request<pb::UpdateQueueRequest>,
+    ) -> Rpc<pb::UpdateQueueResponse> {
+        let r = req.into_inner();
+        tracing::debug!(queue = %r.name, "update queue");
+        let input = convert::config_input(r.config).map_err(to_status)?;
+        let removals = QueueRemovals {
+            dead_letter: r.remove_dead_letter,
+            retry_backoff: r.remove_retry_backoff,
+            max_length: r.remove_max_length,
+        };
+        let q = self
+            .broker
+            .update_queue(&r.name, &input, removals)
+            .await
+            .map_err(to_status)?;
+        Ok(Response::new(pb::UpdateQueueResponse {
+            queue: Some(convert::queue_pb(q)),
+        }))
+    }
+
+    async fn delete_queue(
+        &self,
+        req: Request<pb::DeleteQueueRequest>,
+    ) -> Rpc<pb::DeleteQueueResponse> {
+        let r = req.into_inner();
+        tracing::debug!(queue = %r.name, force = r.force, "delete queue");
+        let n = self
+            .broker
+            .delete_queue(&r.name, r.force)
+            .await
+            .map_err(to_status)?;
+        Ok(Response::new(pb::DeleteQueueResponse {
+            messages_deleted: n,
+        }))
+    }
+
+    async fn purge_queue(
+        &self,
+        req: Request<pb::PurgeQueueRequest>,
+    ) -> Rpc<pb::PurgeQueueResponse> {
+        let r = req.into_inner();
+        tracing::debug!(queue = %r.name, "purge queue");
+        let n = self.broker.purge_queue(&r.name).await.map_err(to_status)?;
+        Ok(Response::new(pb::PurgeQueueResponse {
+            messages_deleted: n,
+        }))
+    }
+
+    async fn get_queue_stats(
+        &self,
+        req: Request<pb::GetQueueStatsRequest>,
+    ) -> Rpc<pb::GetQueueStatsResponse> {
+        let name = req.into_inner().name;
+        let s = self.broker.stats(&name).map_err(to_status)?;
+        Ok(Response::new(pb::GetQueueStatsResponse {
+            name,
+            stats: Some(convert::stats_pb(s)),
+        }))
+    }
+
+    async fn browse(&self, req: Request<pb::BrowseRequest>) -> Rpc<pb::BrowseResponse> {
+        let r = req.into_inner();
+        let page = self
+            .broker
+            .browse(&r.queue, r.max_messages, &r.page_token)
+            .map_err(to_status)?;
+        Ok(Response::new(pb::BrowseResponse {
+            messages: page.messages.into_iter().map(convert::browsed_pb).collect(),
+            next_page_token: page.next.unwrap_or_default(),
+        }))
+    }
+
+    async fn list_groups(
+        &self,
+        req: Request<pb::ListGroupsRequest>,
+    ) -> Rpc<pb::ListGroupsResponse> {
+        let r = req.into_inner();
+        let only = convert::group_state_from("state", r.state).map_err(to_status)?;
+        let (groups, next) = self
+            .broker
+            .list_groups(&r.queue, r.page_size, page_token(&r.page_token), only)
+            .map_err(to_status)?;
+        Ok(Response::new(pb::ListGroupsResponse {
+            groups: groups.into_iter().map(convert::group_pb).collect(),
+            next_page_token: next.unwrap_or_default(),
+        }))
+    }
+
+    async fn skip_head(&self, req: Request<pb::SkipHeadRequest>) -> Rpc<pb::SkipHeadResponse> {
+        let r = req.into_inner();
+        tracing::info!(queue = %r.queue, group = %r.group_id, "skip group head");
+        let id = self
+            .broker
+            .skip_head(&r.queue, &r.group_id, &r.note)
+            .await
+            .map_err(to_status)?;
+        Ok(Response::new(pb::SkipHeadResponse { message_id: id }))
+    }
+
+    async fn release_group(
+        &self,
+        req: Request<pb::ReleaseGroupRequest>,
+    ) -> Rpc<pb::ReleaseGroupResponse> {
+        let r = req.into_inner();
+        tracing::info!(queue = %r.queue, group = %r.group_id, "release group");
+        let id = self
+            .broker
+            .release_group(&r.queue, &r.group_id)
+            .await
+            .map_err(to_status)?;
+        Ok(Response::new(pb::ReleaseGroupResponse {
+            head_message_id: id,
+        }))
+    }
+}
+
+#[tonic::async_trait]
+impl MessagingService for Service {
+    async fn publish(&self, req: Request<pb::PublishRequest>) -> Rpc<pb::PublishResponse> {
+        let r = req.into_inner();
+        tracing::debug!(queue = %r.queue, messages = r.messages.len(), "publish");
+        let msgs = r.messages.into_iter().map(convert::new_message).collect();
+        let results = self
+            .broker
+            .publish(&r.queue, msgs)
+            .await
+            .map_err(to_status)?;
+        Ok(Response::new(pb::PublishResponse {
+            results: results
+                .into_iter()
+                .map(|p| pb::PublishResult {
+                    message_id: p.message_id,
+                    duplicate: p.duplicate,
+                })
+                .collect(),
+        }))
+    }
+
+    async fn receive(&self, req: Request<pb::ReceiveRequest>) -> Rpc<pb::ReceiveResponse> {
+        let r = req.into_inner();
+        let opts = ReceiveOptions {
+            max_messages: r.max_messages,
+            wait: r.wait_ms,
+            ack_timeout: r.ack_timeout_ms,
+            auto_ack: r.auto_ack,
+        };
+        let got = self
+            .broker
+            .receive(&r.queue, opts)
+            .await
+            .map_err(to_status)?;
+        tracing::debug!(queue = %r.queue, delivered = got.len(), "receive");
+        Ok(Response::new(pb::ReceiveResponse {
+            deliveries: got.into_iter().map(convert::delivery_pb).collect(),
+        }))
+    }
+
+    async fn ack(&self, req: Request<pb::AckRequest>) -> Rpc<pb::AckResponse> {
+        let tokens = req.into_inner().ack_tokens;
+        let results = self.broker.ack(&tokens).await.map_err(to_status)?;
+        Ok(Response::new(pb::AckResponse {
+            results: tokens
+                .into_iter()
+                .zip(results)
+                .map(|(t, s)| convert::settle_pb(t, s))
+                .collect(),
+        }))
+    }
+
+    async fn nack(&self, req: Request<pb::NackRequest>) -> Rpc<pb::NackResponse> {
+        let items: Vec<Nack> = req
+            .into_inner()
+            .items
+            .into_iter()
+            .map(|i| Nack {
+                token: i.ack_token,
+                delay: i.delay_ms,
+                reason: i.reason,
+                dead_letter: i.dead_letter,
+            })
+            .collect();
+        let results = self.broker.nack(&items).await.map_err(to_status)?;
+        Ok(Response::new(pb::NackResponse {
+            results: items
+                .into_iter()
+                .zip(results)
+                .map(|(i, s)| convert::settle_pb(i.token, s))
+                .collect(),
+        }))
+    }
+
+    async fn extend_lease(
+        &self,
+        req: Request<pb::ExtendLeaseRequest>,
+    ) -> Rpc<pb::ExtendLeaseResponse> {
+        let items: Vec<(String, u64)> = req
+            .into_inner()
+            .items
+            .into_iter()
+            .map(|i| (i.ack_token, i.timeout_ms))
+            .collect();
+        let results = self.broker.extend(&items).await.map_err(to_status)?;
+        Ok(Response::new(pb::ExtendLeaseResponse {
+            results: items
+                .into_iter()
+                .zip(results)
+                .map(|((t, _), s)| convert::settle_pb(t, s))
+                .collect(),
+        }))
+    }
+}

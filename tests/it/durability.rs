@@ -1,0 +1,349 @@
+//! Restarts, kill -9 under load, refusal to start on a bad or busy data
+//! directory, disk full (SPEC §6).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use letterbox::pb;
+use tonic::Code;
+
+use crate::harness::*;
+
+#[tokio::test]
+async fn a_graceful_restart_keeps_everything() {
+    let mut s = TestServer::start().await;
+    let mut c = s.clients().await;
+    c.create("dlq", config()).await;
+    c.create(
+        "q",
+        pb::QueueConfig {
+            ack_timeout_ms: Some(60_000),
+            ..with_dlq("dlq", 2)
+        },
+    )
+    .await;
+    c.publish("q", &["a", "b", "c", "d"]).await;
+    let got = c.receive("q", 3).await;
+    c.ack(&[&got[0].ack_token]).await;
+    c.nack(&got[1].ack_token, "once").await;
+    let b = c.receive("q", 1).await.remove(0);
+    c.nack(&b.ack_token, "twice").await; // to the DLQ
+    let snapshot = |mut st: pb::QueueStats| {
+        st.oldest_message_age_ms = 0; // time passes
+        st
+    };
+    let before = (
+        snapshot(c.stats("q").await),
+        snapshot(c.stats("dlq").await),
+        c.browse("q").await,
+        c.browse("dlq").await,
+    );
+    assert!(s.stop().await.success(), "graceful shutdown exits 0");
+    s.restart().await;
+    let mut c = s.clients().await;
+    let after = (
+        snapshot(c.stats("q").await),
+        snapshot(c.stats("dlq").await),
+        c.browse("q").await,
+        c.browse("dlq").await,
+    );
+    assert_eq!(
+        before, after,
+        "counts, leases with their deadlines, DLQ contents and stats"
+    );
+    // The live lease of "c" still works with its old token.
+    assert!(ok(&c.ack(&[&got[2].ack_token]).await[0]));
+    assert_eq!(
+        c.receive("q", 10)
+            .await
+            .iter()
+            .map(body)
+            .collect::<Vec<_>>(),
+        ["d"]
+    );
+}
+
+/// What clients saw, recorded as it happened.
+#[derive(Default)]
+struct History {
+    published: HashSet<String>,
+    acked: HashSet<String>,
+    /// Acks whose call failed (the server died): they may have taken effect.
+    maybe_acked: HashSet<String>,
+    counts: HashMap<String, u32>,
+    violations: Vec<String>,
+}
+
+impl History {
+    fn delivered(&mut self, id: &str, count: u32) {
+        if self.acked.contains(id) {
+            self.violations.push(format!(
+                "{id} delivered (count {count}) after its ack succeeded"
+            ));
+        }
+        let prev = self.counts.insert(id.to_string(), count).unwrap_or(0);
+        if count <= prev {
+            self.violations
+                .push(format!("{id} delivery count went from {prev} to {count}"));
+        }
+    }
+}
+
+async fn producer(mut c: Clients, p: usize, h: Arc<Mutex<History>>) {
+    for seq in 0.. {
+        let ids: Vec<String> = (0..5).map(|i| format!("p{p}-{seq}-{i}")).collect();
+        let req = pb::PublishRequest {
+            queue: "q".into(),
+            messages: ids
+                .iter()
+                .map(|id| pb::PublishMessage {
+                    message_id: id.clone(),
+                    ..msg(id)
+                })
+                .collect(),
+        };
+        match c.msg.publish(req).await {
+            Ok(_) => h.lock().unwrap().published.extend(ids),
+            Err(_) => return,
+        }
+    }
+}
+
+async fn consumer(mut c: Clients, h: Arc<Mutex<History>>) {
+    loop {
+        let req = pb::ReceiveRequest {
+            queue: "q".into(),
+            max_messages: 10,
+            wait_ms: 200,
+            ..Default::default()
+        };
+        let Ok(r) = c.msg.receive(req).await else {
+            return;
+        };
+        for d in r.into_inner().deliveries {
+            h.lock().unwrap().delivered(&d.message_id, d.delivery_count);
+            // Fate by id and attempt: most are acked, some nacked once.
+            let nack = d.delivery_count == 1 && d.message_id.ends_with('3');
+            if nack {
+                if c.msg
+                    .nack(pb::NackRequest {
+                        items: vec![pb::NackItem {
+                            ack_token: d.ack_token,
+                            ..Default::default()
+                        }],
+                    })
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            } else {
+                match c
+                    .msg
+                    .ack(pb::AckRequest {
+                        ack_tokens: vec![d.ack_token],
+                    })
+                    .await
+                {
+                    Ok(r) if ok(&r.get_ref().results[0]) => {
+                        h.lock().unwrap().acked.insert(d.message_id);
+                    }
+                    Ok(_) => {}
+                    Err(_) => {
+                        h.lock().unwrap().maybe_acked.insert(d.message_id);
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kill_9_under_load_loses_nothing_acknowledged() {
+    let mut s = TestServer::start().await;
+    let mut c = s.clients().await;
+    c.create(
+        "q",
+        pb::QueueConfig {
+            ack_timeout_ms: Some(1000),
+            ..config()
+        },
+    )
+    .await;
+    let h = Arc::new(Mutex::new(History::default()));
+    for cycle in 0..4u64 {
+        let c = s.clients().await;
+        let mut tasks = Vec::new();
+        for p in 0..3 {
+            tasks.push(tokio::spawn(producer(
+                c.clone(),
+                p + 3 * usize::try_from(cycle).unwrap(),
+                h.clone(),
+            )));
+        }
+        for _ in 0..2 {
+            tasks.push(tokio::spawn(consumer(c.clone(), h.clone())));
+        }
+        tokio::time::sleep(Duration::from_millis(300 + 137 * cycle)).await;
+        s.kill();
+        for t in tasks {
+            let _ = tokio::time::timeout(Duration::from_secs(10), t).await;
+        }
+        s.restart().await;
+    }
+    // Drain: everything still queued is delivered once more and acked.
+    let mut c = s.clients().await;
+    let mut empty = 0;
+    while empty < 3 {
+        let got = c
+            .receive_with(pb::ReceiveRequest {
+                queue: "q".into(),
+                max_messages: 100,
+                wait_ms: 700,
+                ..Default::default()
+            })
+            .await;
+        if got.is_empty() {
+            empty += 1;
+            continue;
+        }
+        empty = 0;
+        {
+            let mut hist = h.lock().unwrap();
+            for d in &got {
+                hist.delivered(&d.message_id, d.delivery_count);
+            }
+        }
+        let tokens: Vec<&str> = got.iter().map(|d| d.ack_token.as_str()).collect();
+        let results = c.ack(&tokens).await;
+        let mut hist = h.lock().unwrap();
+        for (d, r) in got.iter().zip(results) {
+            assert!(ok(&r), "drain ack of {} failed: {}", d.message_id, r.error);
+            hist.acked.insert(d.message_id.clone());
+        }
+    }
+    let stats = c.stats("q").await;
+    let left = c.browse("q").await;
+    assert_eq!(stats.total, 0);
+    let hist = h.lock().unwrap();
+    assert!(
+        hist.violations.is_empty(),
+        "violations: {:#?}",
+        hist.violations
+    );
+    let lost: Vec<&String> = hist
+        .published
+        .iter()
+        .filter(|id| !hist.acked.contains(*id) && !hist.maybe_acked.contains(*id))
+        .collect();
+    assert!(
+        lost.is_empty(),
+        "acknowledged publishes lost: {lost:?}\nstats {stats:?}\nleft {left:?}\nlog {}",
+        s.log()
+    );
+    assert!(
+        hist.published.len() > 100,
+        "the load was real: {} publishes",
+        hist.published.len()
+    );
+}
+
+#[tokio::test]
+async fn a_second_server_on_the_same_directory_is_refused() {
+    let s = TestServer::start().await;
+    let log = s.data_dir().with_file_name("second.log");
+    let err = spawn(&s.data_dir(), &log, &[]).expect_err("refused");
+    assert!(err.contains("in use by another letterbox process"), "{err}");
+    assert!(err.contains("LOCK"), "{err}");
+}
+
+#[tokio::test]
+async fn an_unknown_format_is_refused_and_nothing_is_touched() {
+    let mut s = TestServer::start().await;
+    s.clients().await.create("q", config()).await;
+    s.stop().await;
+    let format = s.data_dir().join("FORMAT");
+    std::fs::write(&format, "letterbox data directory\nformat 99\n").unwrap();
+    let listing = |d: &std::path::Path| {
+        let mut v: Vec<_> = walk(d)
+            .into_iter()
+            .map(|p| (p.clone(), std::fs::metadata(&p).unwrap().len()))
+            .collect();
+        v.sort();
+        v
+    };
+    let before = listing(&s.data_dir());
+    let err =
+        spawn(&s.data_dir(), &s.data_dir().with_file_name("x.log"), &[]).expect_err("refused");
+    assert!(err.contains("format 99") && err.contains("FORMAT"), "{err}");
+    assert_eq!(listing(&s.data_dir()), before, "nothing was modified");
+}
+
+fn walk(d: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(d).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn damage_to_acknowledged_log_records_is_refused_at_start() {
+    let mut s = TestServer::start_with(&["--checkpoint-interval", "1h"]).await;
+    let mut c = s.clients().await;
+    c.create("q", config()).await;
+    for i in 0..20 {
+        c.publish("q", &[&format!("message {i}")]).await;
+    }
+    s.kill();
+    // Flip a byte inside the first record of the log: later records (later
+    // writes) follow it, so this is damage, not a torn tail.
+    let wal = s.data_dir().join("wal");
+    let mut segs: Vec<_> = std::fs::read_dir(&wal)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "wal"))
+        .collect();
+    segs.sort();
+    let mut data = std::fs::read(&segs[0]).unwrap();
+    data[30] ^= 0x40;
+    std::fs::write(&segs[0], &data).unwrap();
+    let err =
+        spawn(&s.data_dir(), &s.data_dir().with_file_name("y.log"), &[]).expect_err("refused");
+    assert!(err.contains("damaged") && err.contains(".wal"), "{err}");
+}
+
+#[tokio::test]
+async fn with_the_disk_full_publishes_fail_and_acks_work() {
+    let mut s = TestServer::start().await;
+    let mut c = s.clients().await;
+    c.create("q", config()).await;
+    c.publish("q", &["before"]).await;
+    let d = c.receive("q", 1).await.remove(0);
+    s.stop().await;
+    // Restart believing the disk is full (free space below the minimum).
+    let log = s.data_dir().with_file_name("full.log");
+    let (mut child, addr) =
+        spawn(&s.data_dir(), &log, &["--min-free-disk=1000000GiB".into()]).expect("start");
+    let mut c = connect(addr).await;
+    let r = c
+        .msg
+        .publish(pb::PublishRequest {
+            queue: "q".into(),
+            messages: vec![msg("after")],
+        })
+        .await;
+    assert_status(r, Code::ResourceExhausted, "disk full");
+    assert!(ok(&c.ack(&[&d.ack_token]).await[0]), "acks keep working");
+    let st = c.stats("q").await;
+    assert_eq!((st.total, st.acked, st.published), (0, 1, 1));
+    child.kill().unwrap();
+    child.wait().unwrap();
+}

@@ -1,0 +1,376 @@
+//! Test servers: the real `letterbox` binary on a temporary data
+//! directory and a port chosen by the OS, or an in-process server with a
+//! manual clock. Each test owns its server; none is leaked.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use letterbox::clock::ManualClock;
+use letterbox::pb;
+use letterbox::pb::admin_service_client::AdminServiceClient;
+use letterbox::pb::messaging_service_client::MessagingServiceClient;
+use letterbox::server::{Server, ServerConfig};
+use tonic::transport::Channel;
+
+/// Flags every test server gets: small log segments so that start-up and
+/// disk use stay small.
+const TEST_FLAGS: &[(&str, &str)] = &[("--wal-segment-size", "1MiB"), ("--min-free-disk", "0")];
+
+/// gRPC clients of one server.
+#[derive(Clone)]
+pub struct Clients {
+    pub admin: AdminServiceClient<Channel>,
+    pub msg: MessagingServiceClient<Channel>,
+}
+
+pub async fn connect(addr: SocketAddr) -> Clients {
+    let channel = Channel::from_shared(format!("http://{addr}"))
+        .expect("uri")
+        .connect_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .expect("connect");
+    Clients {
+        admin: AdminServiceClient::new(channel.clone()).max_decoding_message_size(64 << 20),
+        msg: MessagingServiceClient::new(channel).max_decoding_message_size(64 << 20),
+    }
+}
+
+/// The real binary, run as a child process.
+pub struct TestServer {
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+    pub addr: SocketAddr,
+    args: Vec<String>,
+}
+
+impl TestServer {
+    pub async fn start() -> TestServer {
+        TestServer::start_with(&[]).await
+    }
+
+    pub async fn start_with(args: &[&str]) -> TestServer {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        let (child, addr) = spawn(
+            &dir.path().join("data"),
+            &dir.path().join("server.log"),
+            &args,
+        )
+        .expect("server starts");
+        TestServer {
+            dir,
+            child: Some(child),
+            addr,
+            args,
+        }
+    }
+
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
+    }
+
+    pub async fn clients(&self) -> Clients {
+        connect(self.addr).await
+    }
+
+    /// SIGKILL: no destructor, no flush, no checkpoint.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM and wait: a graceful shutdown. Waits without blocking the
+    /// runtime, so that this test's clients can answer the server's
+    /// shutdown handshake.
+    pub async fn stop(&mut self) -> ExitStatus {
+        let mut c = self.child.take().expect("running");
+        let pid = rustix::process::Pid::from_raw(i32::try_from(c.id()).expect("pid")).expect("pid");
+        rustix::process::kill_process(pid, rustix::process::Signal::TERM).expect("signal");
+        loop {
+            if let Some(status) = c.try_wait().expect("wait") {
+                return status;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Starts again on the same data directory (after `kill` or `stop`).
+    pub async fn restart(&mut self) {
+        assert!(self.child.is_none(), "stop or kill first");
+        let (child, addr) = spawn(
+            &self.data_dir(),
+            &self.dir.path().join("server.log"),
+            &self.args,
+        )
+        .expect("server restarts");
+        self.child = Some(child);
+        self.addr = addr;
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Starts the binary; returns it and the address from its first line of
+/// output, or what it printed if it exited instead.
+pub fn spawn(data: &Path, log: &Path, args: &[String]) -> Result<(Child, SocketAddr), String> {
+    let log_file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .expect("log file");
+    let defaults = TEST_FLAGS
+        .iter()
+        .filter(|(flag, _)| !args.iter().any(|a| a.starts_with(flag)))
+        .flat_map(|(flag, value)| [*flag, *value]);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_letterbox"))
+        .arg("serve")
+        .arg("--data-dir")
+        .arg(data)
+        .args(["--listen", "127.0.0.1:0"])
+        .args(defaults)
+        .args(args)
+        .env("LETTERBOX_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(log_file)
+        .spawn()
+        .expect("spawn letterbox");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line).expect("read");
+    match line.trim().strip_prefix("letterbox listening on ") {
+        Some(addr) => Ok((child, addr.parse().expect("address"))),
+        None => {
+            let status = child.wait().expect("wait");
+            Err(format!(
+                "server exited with {status}: {}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            ))
+        }
+    }
+}
+
+/// A server in this process, with a manual clock.
+pub struct InProc {
+    pub clock: Arc<ManualClock>,
+    pub addr: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+    _dir: tempfile::TempDir,
+}
+
+pub const T0: u64 = 1_700_000_000_000;
+
+impl InProc {
+    pub async fn start() -> InProc {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let clock = Arc::new(ManualClock::new(T0));
+        let mut config = ServerConfig::new(
+            dir.path().join("data"),
+            "127.0.0.1:0".parse().expect("addr"),
+        );
+        config.store.segment_size = 1 << 20;
+        config.store.min_free_bytes = 0;
+        config.broker.sweep_interval = Duration::from_millis(10);
+        let server = Server::start(config, clock.clone()).await.expect("start");
+        let addr = server.local_addr();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            server
+                .serve(async {
+                    let _ = rx.await;
+                })
+                .await
+                .expect("serve");
+        });
+        InProc {
+            clock,
+            addr,
+            stop: Some(tx),
+            task: Some(task),
+            _dir: dir,
+        }
+    }
+
+    pub async fn clients(&self) -> Clients {
+        connect(self.addr).await
+    }
+
+    /// Moves the clock and waits for the sweeper to act on it.
+    pub async fn advance(&self, ms: u64) {
+        self.clock.advance(ms);
+        tokio::time::sleep(Duration::from_millis(60)).await;
+    }
+
+    pub async fn stop(mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.task.take() {
+            t.await.expect("server task");
+        }
+    }
+}
+
+// ---- request helpers ----------------------------------------------------
+
+pub fn msg(body: &str) -> pb::PublishMessage {
+    pb::PublishMessage {
+        body: body.as_bytes().to_vec().into(),
+        ..Default::default()
+    }
+}
+
+pub fn config() -> pb::QueueConfig {
+    pb::QueueConfig::default()
+}
+
+pub fn with_dlq(dlq: &str, max: u32) -> pb::QueueConfig {
+    pb::QueueConfig {
+        dead_letter: Some(pb::DeadLetterPolicy {
+            queue: dlq.into(),
+            max_deliveries: max,
+        }),
+        ..Default::default()
+    }
+}
+
+impl Clients {
+    pub async fn create(&mut self, name: &str, config: pb::QueueConfig) -> pb::Queue {
+        self.admin
+            .create_queue(pb::CreateQueueRequest {
+                name: name.into(),
+                config: Some(config),
+            })
+            .await
+            .expect("create queue")
+            .into_inner()
+            .queue
+            .expect("queue")
+    }
+
+    pub async fn publish(&mut self, queue: &str, bodies: &[&str]) -> Vec<String> {
+        self.msg
+            .publish(pb::PublishRequest {
+                queue: queue.into(),
+                messages: bodies.iter().map(|b| msg(b)).collect(),
+            })
+            .await
+            .expect("publish")
+            .into_inner()
+            .results
+            .into_iter()
+            .map(|r| r.message_id)
+            .collect()
+    }
+
+    pub async fn receive(&mut self, queue: &str, max: u32) -> Vec<pb::Delivery> {
+        self.receive_with(pb::ReceiveRequest {
+            queue: queue.into(),
+            max_messages: max,
+            ..Default::default()
+        })
+        .await
+    }
+
+    pub async fn receive_with(&mut self, req: pb::ReceiveRequest) -> Vec<pb::Delivery> {
+        self.msg
+            .receive(req)
+            .await
+            .expect("receive")
+            .into_inner()
+            .deliveries
+    }
+
+    pub async fn ack(&mut self, tokens: &[&str]) -> Vec<pb::SettleResult> {
+        self.msg
+            .ack(pb::AckRequest {
+                ack_tokens: tokens.iter().map(|t| t.to_string()).collect(),
+            })
+            .await
+            .expect("ack")
+            .into_inner()
+            .results
+    }
+
+    pub async fn nack(&mut self, token: &str, reason: &str) -> pb::SettleResult {
+        self.msg
+            .nack(pb::NackRequest {
+                items: vec![pb::NackItem {
+                    ack_token: token.into(),
+                    reason: reason.into(),
+                    ..Default::default()
+                }],
+            })
+            .await
+            .expect("nack")
+            .into_inner()
+            .results
+            .remove(0)
+    }
+
+    pub async fn stats(&mut self, queue: &str) -> pb::QueueStats {
+        self.admin
+            .get_queue_stats(pb::GetQueueStatsRequest { name: queue.into() })
+            .await
+            .expect("stats")
+            .into_inner()
+            .stats
+            .expect("stats")
+    }
+
+    pub async fn browse(&mut self, queue: &str) -> Vec<pb::BrowsedMessage> {
+        self.admin
+            .browse(pb::BrowseRequest {
+                queue: queue.into(),
+                max_messages: 1000,
+                page_token: String::new(),
+            })
+            .await
+            .expect("browse")
+            .into_inner()
+            .messages
+    }
+}
+
+pub fn body(d: &pb::Delivery) -> String {
+    String::from_utf8(d.body.to_vec()).expect("utf8")
+}
+
+pub fn ok(r: &pb::SettleResult) -> bool {
+    r.status == pb::SettleStatus::Ok as i32
+}
+
+/// Asserts a call failed with `code` and a message containing `needle`.
+#[track_caller]
+pub fn assert_status<T: std::fmt::Debug>(
+    r: Result<T, tonic::Status>,
+    code: tonic::Code,
+    needle: &str,
+) {
+    match r {
+        Ok(v) => panic!("expected {code:?} containing {needle:?}, got Ok({v:?})"),
+        Err(s) => {
+            assert_eq!(s.code(), code, "status {s:?}");
+            assert!(
+                s.message().contains(needle),
+                "message {:?} does not contain {needle:?}",
+                s.message()
+            );
+        }
+    }
+}

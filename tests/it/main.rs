@@ -1,0 +1,8 @@
+//! Integration tests: real servers over gRPC on loopback. One binary.
+#![allow(clippy::unwrap_used, missing_docs, unreachable_pub)]
+
+mod admin;
+mod clock;
+mod durability;
+mod harness;
+mod messaging;
