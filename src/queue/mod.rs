@@ -257,4 +257,6 @@ pub(crate) async fn durable(commit: Option<crate::storage::Commit>) -> Result<()
 }
 
 #[cfg(test)]
+mod model_tests;
+#[cfg(test)]
 mod tests;
