@@ -257,6 +257,8 @@ pub(crate) async fn durable(commit: Option<crate::storage::Commit>) -> Result<()
 }
 
 #[cfg(test)]
+mod fifo_tests;
+#[cfg(test)]
 mod model_tests;
 #[cfg(test)]
 mod tests;

@@ -48,7 +48,11 @@ fn op() -> impl Strategy<Value = Op> {
 #[derive(Debug, Clone, PartialEq)]
 enum MState {
     Ready,
-    Leased { epoch: u32, deadline: u64, started: u64 },
+    Leased {
+        epoch: u32,
+        deadline: u64,
+        started: u64,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -105,7 +109,9 @@ impl Model {
             if out.len() == usize::from(max) {
                 break;
             }
-            let Some(m) = self.msgs[i].as_mut() else { continue };
+            let Some(m) = self.msgs[i].as_mut() else {
+                continue;
+            };
             if m.state != MState::Ready {
                 continue;
             }
@@ -157,7 +163,9 @@ impl Model {
             .enumerate()
             .filter_map(|(i, m)| match m {
                 Some(m) => match m.state {
-                    MState::Leased { deadline, .. } if deadline <= now => Some((deadline, m.in_dlq, m.order, i)),
+                    MState::Leased { deadline, .. } if deadline <= now => {
+                        Some((deadline, m.in_dlq, m.order, i))
+                    }
                     _ => None,
                 },
                 None => None,
@@ -257,13 +265,20 @@ async fn run(ops: Vec<Op>) -> std::result::Result<(), TestCaseError> {
                 let got = real.b().receive(q, opts).await.expect("receive");
                 let got_view: Vec<(String, u32)> = got
                     .iter()
-                    .map(|d| (String::from_utf8_lossy(&d.body).into_owned(), d.delivery_count))
+                    .map(|d| {
+                        (
+                            String::from_utf8_lossy(&d.body).into_owned(),
+                            d.delivery_count,
+                        )
+                    })
                     .collect();
                 let expect_view: Vec<(String, u32)> =
                     expect.iter().map(|(_, b, c)| (b.clone(), *c)).collect();
                 prop_assert_eq!(&got_view, &expect_view, "receive from {}", q);
                 for (d, (i, _, _)) in got.iter().zip(&expect) {
-                    let (order, epoch) = model.msgs[*i].as_ref().map_or((0, 0), |m| (m.order, m.leases));
+                    let (order, epoch) = model.msgs[*i]
+                        .as_ref()
+                        .map_or((0, 0), |m| (m.order, m.leases));
                     tokens.push((d.ack_token.clone().expect("token"), (*i, order, epoch)));
                 }
             }
@@ -299,7 +314,10 @@ async fn run(ops: Vec<Op>) -> std::result::Result<(), TestCaseError> {
                 if valid {
                     let now = model.now;
                     if let Some(m) = model.msgs[mt.0].as_mut() {
-                        if let MState::Leased { deadline, started, .. } = &mut m.state {
+                        if let MState::Leased {
+                            deadline, started, ..
+                        } = &mut m.state
+                        {
                             *deadline = (now + timeout).min(*started + MAX_LEASE_TOTAL);
                             expect_deadline = *deadline;
                         }
@@ -311,7 +329,9 @@ async fn run(ops: Vec<Op>) -> std::result::Result<(), TestCaseError> {
                         prop_assert!(valid, "extend succeeded on a stale token");
                         prop_assert_eq!(*deadline, expect_deadline);
                     }
-                    Settled::LeaseExpired(_) => prop_assert!(!valid, "extend failed on a live token"),
+                    Settled::LeaseExpired(_) => {
+                        prop_assert!(!valid, "extend failed on a live token")
+                    }
                 }
             }
             Op::Advance(ms) => {
@@ -329,8 +349,18 @@ async fn run(ops: Vec<Op>) -> std::result::Result<(), TestCaseError> {
                 real.broker = Some(open(real.dir.path(), &real.clock));
             }
         }
-        prop_assert_eq!(stats_of(real.b(), "q"), model.stats(false), "stats of q after {:?}", op);
-        prop_assert_eq!(stats_of(real.b(), "dlq"), model.stats(true), "stats of dlq after {:?}", op);
+        prop_assert_eq!(
+            stats_of(real.b(), "q"),
+            model.stats(false),
+            "stats of q after {:?}",
+            op
+        );
+        prop_assert_eq!(
+            stats_of(real.b(), "dlq"),
+            model.stats(true),
+            "stats of dlq after {:?}",
+            op
+        );
     }
     Ok(())
 }

@@ -4,5 +4,6 @@
 mod admin;
 mod clock;
 mod durability;
+mod fifo;
 mod harness;
 mod messaging;
