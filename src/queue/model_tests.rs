@@ -313,14 +313,13 @@ async fn run(ops: Vec<Op>) -> std::result::Result<(), TestCaseError> {
                 let mut expect_deadline = 0;
                 if valid {
                     let now = model.now;
-                    if let Some(m) = model.msgs[mt.0].as_mut() {
-                        if let MState::Leased {
+                    if let Some(m) = model.msgs[mt.0].as_mut()
+                        && let MState::Leased {
                             deadline, started, ..
                         } = &mut m.state
-                        {
-                            *deadline = (now + timeout).min(*started + MAX_LEASE_TOTAL);
-                            expect_deadline = *deadline;
-                        }
+                    {
+                        *deadline = (now + timeout).min(*started + MAX_LEASE_TOTAL);
+                        expect_deadline = *deadline;
                     }
                 }
                 let r = real.b().extend(&[(t, timeout)]).await.expect("extend");
