@@ -10,10 +10,17 @@
 //! - `server`: the gRPC services (tonic), conversions and the status
 //!   mapping; `serve` runs them.
 //! - [`pb`]: the generated protobuf types of `letterbox.v1`.
+//! - [`cli`]: the command-line client, over [`client`] only.
 //! - [`clock`]: wall-clock time, injectable for tests.
+//! - [`client`]: the Rust client library (over [`pb`] only): calls,
+//!   batching publisher, subscriptions, the subscriber with its strategies,
+//!   ack modes and circuit breaker.
+pub mod cli;
+pub mod client;
 pub mod clock;
 pub mod config;
 pub mod pb;
 pub mod queue;
 pub mod server;
 pub mod storage;
+pub mod units;

@@ -1,14 +1,17 @@
-//! The `letterbox` binary: `letterbox serve` runs the server.
+//! The `letterbox` binary: `letterbox serve` runs the server; the other
+//! subcommands are the command-line client (see `cli/`).
 //!
-//! Exit codes: 0 after a graceful shutdown; 2 for bad flags; 1 when the
-//! server cannot start (data directory locked, damaged or of an unknown
-//! format, address in use); 3 when the storage failed while running
-//! (fail-stop: restart to recover from disk).
+//! Exit codes of `serve`: 0 after a graceful shutdown; 2 for bad flags; 1
+//! when the server cannot start (data directory locked, damaged or of an
+//! unknown format, address in use); 3 when the storage failed while
+//! running (fail-stop: restart to recover from disk). Client commands: 0
+//! success, 1 refused by the server, 2 bad usage, 3 server unreachable.
 
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
+use letterbox::cli;
 use letterbox::clock::SystemClock;
 use letterbox::config::{LogFormat, ServeArgs};
 use letterbox::server::{Server, ServerError};
@@ -18,6 +21,8 @@ use tracing_subscriber::EnvFilter;
 #[derive(Debug, Parser)]
 #[command(name = "letterbox", version, about)]
 struct Cli {
+    #[command(flatten)]
+    common: cli::Common,
     #[command(subcommand)]
     command: Command,
 }
@@ -26,6 +31,8 @@ struct Cli {
 enum Command {
     /// Run the server.
     Serve(ServeArgs),
+    #[command(flatten)]
+    Client(cli::Command),
 }
 
 fn init_logs(filter: &str, format: LogFormat) -> Result<(), String> {
@@ -118,6 +125,19 @@ fn main() -> ExitCode {
                 }
             };
             runtime.block_on(serve(args))
+        }
+        Command::Client(cmd) => {
+            let runtime = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(r) => r,
+                Err(e) => {
+                    eprintln!("letterbox: cannot start the async runtime: {e}");
+                    return ExitCode::from(1);
+                }
+            };
+            runtime.block_on(cli::run(cli.common, cmd))
         }
     }
 }

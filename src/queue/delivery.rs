@@ -379,6 +379,57 @@ impl Broker {
     }
 }
 
+impl Broker {
+    /// A receiver that changes whenever messages may have become
+    /// deliverable in the queue (publish, nack, expiry, a delay ending) or
+    /// the engine starts shutting down. Subscribe before trying to receive,
+    /// so that no wake-up is missed.
+    pub fn watch(&self, queue: &str) -> Result<tokio::sync::watch::Receiver<u64>> {
+        let mut st = self.lock();
+        let qid = st.qid(queue)?;
+        Ok(st.queue(qid)?.wake.subscribe())
+    }
+
+    /// Returns deliveries whose holder went away (a subscription that
+    /// closed): each counts as a failed attempt (outcome STREAM_CLOSED) and
+    /// is visible again at once, or moves to the dead letter queue if it
+    /// exhausted its deliveries. Tokens whose lease is no longer current
+    /// are skipped. Returns how many were returned.
+    pub async fn return_leases(&self, tokens: &[String]) -> Result<usize> {
+        let parsed: Vec<AckToken> = tokens
+            .iter()
+            .filter_map(|t| AckToken::parse("ack_token", t).ok())
+            .collect();
+        if parsed.is_empty() {
+            return Ok(0);
+        }
+        let now = self.now();
+        let (n, commit) = {
+            let mut st = self.lock();
+            let mut change = Change::default();
+            let mut n = 0;
+            for t in &parsed {
+                if current_lease(&st, t, now).is_ok() {
+                    self.end_lease(
+                        &mut st,
+                        t.qid,
+                        t.pos,
+                        now,
+                        AttemptOutcome::StreamClosed,
+                        "",
+                        Some(0),
+                        &mut change,
+                    )?;
+                    n += 1;
+                }
+            }
+            (n, self.submit(&st, change))
+        };
+        durable(commit).await?;
+        Ok(n)
+    }
+}
+
 /// Parses every token of a request before anything is done.
 fn parse_tokens<'a>(field: &str, tokens: impl Iterator<Item = &'a str>) -> Result<Vec<AckToken>> {
     tokens

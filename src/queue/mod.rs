@@ -163,6 +163,7 @@ pub struct Broker {
     opts: BrokerOptions,
     state: Mutex<State>,
     closing: AtomicBool,
+    shutdown: tokio_util::sync::CancellationToken,
 }
 
 impl std::fmt::Debug for Broker {
@@ -184,6 +185,7 @@ impl Broker {
             opts,
             state: Mutex::new(state),
             closing: AtomicBool::new(false),
+            shutdown: tokio_util::sync::CancellationToken::new(),
         })
     }
 
@@ -191,10 +193,16 @@ impl Broker {
     /// what they have, possibly nothing); everything else goes on.
     pub fn begin_shutdown(&self) {
         self.closing.store(true, Ordering::SeqCst);
+        self.shutdown.cancel();
         let st = self.lock();
         for q in st.queues.values() {
             q.wake();
         }
+    }
+
+    /// Resolves once [`Broker::begin_shutdown`] was called.
+    pub async fn shutting_down(&self) {
+        self.shutdown.cancelled().await;
     }
 
     /// True once [`Broker::begin_shutdown`] was called.

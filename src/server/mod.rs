@@ -9,6 +9,7 @@
 mod convert;
 mod service;
 mod status;
+mod subscribe;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -179,7 +180,8 @@ impl Server {
             let _ = drain_tx.send(());
             tokio::time::sleep(grace).await;
         };
-        let service = Service::new(Arc::clone(&broker));
+        let sessions = tokio_util::task::TaskTracker::new();
+        let service = Service::new(Arc::clone(&broker), sessions.clone());
         let limit = config.max_request_bytes;
         let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
         let serving = tonic::transport::Server::builder()
@@ -204,6 +206,12 @@ impl Server {
                 Ok(())
             }
         };
+        // Subscription sessions return their unsettled deliveries before
+        // the store closes.
+        sessions.close();
+        if tokio::time::timeout(grace, sessions.wait()).await.is_err() {
+            tracing::warn!("subscriptions still closing after the grace period");
+        }
         let _ = stop_sweeper.send(());
         let _ = sweeper.await;
         let failed = broker.store().failure().borrow().clone();

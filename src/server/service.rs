@@ -3,10 +3,13 @@
 
 use std::sync::Arc;
 
-use tonic::{Request, Response, Status};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::task::TaskTracker;
+use tonic::{Request, Response, Status, Streaming};
 
-use super::convert;
 use super::status::to_status;
+use super::{convert, subscribe};
 use crate::pb;
 use crate::pb::admin_service_server::AdminService;
 use crate::pb::messaging_service_server::MessagingService;
@@ -17,12 +20,14 @@ use crate::queue::model::{Nack, QueueRemovals, ReceiveOptions};
 #[derive(Debug, Clone)]
 pub struct Service {
     broker: Arc<Broker>,
+    /// Subscription sessions, awaited at shutdown.
+    sessions: TaskTracker,
 }
 
 impl Service {
-    /// Serves `broker`.
-    pub fn new(broker: Arc<Broker>) -> Service {
-        Service { broker }
+    /// Serves `broker`; subscription sessions are spawned on `sessions`.
+    pub fn new(broker: Arc<Broker>, sessions: TaskTracker) -> Service {
+        Service { broker, sessions }
     }
 }
 
@@ -197,6 +202,33 @@ impl AdminService for Service {
 
 #[tonic::async_trait]
 impl MessagingService for Service {
+    type SubscribeStream = ReceiverStream<Result<pb::SubscribeResponse, Status>>;
+
+    async fn subscribe(
+        &self,
+        req: Request<Streaming<pb::SubscribeRequest>>,
+    ) -> Rpc<Self::SubscribeStream> {
+        let mut inbound = req.into_inner();
+        let first = inbound
+            .message()
+            .await?
+            .ok_or_else(|| Status::invalid_argument("the stream ended before its open message"))?;
+        let Some(pb::subscribe_request::Kind::Open(open)) = first.kind else {
+            return Err(Status::invalid_argument(
+                "the first message of a Subscribe stream must be `open`",
+            ));
+        };
+        subscribe::check_open(&self.broker, &open).map_err(to_status)?;
+        let (tx, rx) = mpsc::channel(4);
+        self.sessions.spawn(subscribe::session(
+            Arc::clone(&self.broker),
+            open,
+            inbound,
+            tx,
+        ));
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
     async fn publish(&self, req: Request<pb::PublishRequest>) -> Rpc<pb::PublishResponse> {
         let r = req.into_inner();
         tracing::debug!(queue = %r.queue, messages = r.messages.len(), "publish");

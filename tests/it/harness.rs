@@ -137,11 +137,16 @@ pub fn spawn(data: &Path, log: &Path, args: &[String]) -> Result<(Child, SocketA
         .iter()
         .filter(|(flag, _)| !args.iter().any(|a| a.starts_with(flag)))
         .flat_map(|(flag, value)| [*flag, *value]);
+    let listen: &[&str] = if args.iter().any(|a| a.starts_with("--listen")) {
+        &[]
+    } else {
+        &["--listen", "127.0.0.1:0"]
+    };
     let mut child = Command::new(env!("CARGO_BIN_EXE_letterbox"))
         .arg("serve")
         .arg("--data-dir")
         .arg(data)
-        .args(["--listen", "127.0.0.1:0"])
+        .args(listen)
         .args(defaults)
         .args(args)
         .env("LETTERBOX_LOG", "info")

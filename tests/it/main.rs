@@ -2,6 +2,8 @@
 #![allow(clippy::unwrap_used, missing_docs, unreachable_pub)]
 
 mod admin;
+mod cli;
+mod client;
 mod clock;
 mod durability;
 mod fifo;

@@ -1,0 +1,323 @@
+//! `letterbox publish`, `consume` and `browse`.
+
+use std::io::BufRead;
+use std::path::PathBuf;
+
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::json;
+
+use super::output::{self, Out};
+use super::usage;
+use crate::client::{Client, Result, pb};
+use crate::units::Millis;
+
+fn key_value(s: &str) -> std::result::Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .ok_or_else(|| format!("{s:?} is not KEY=VALUE"))
+}
+
+/// Flags of `publish`.
+#[derive(Debug, Args)]
+pub struct PublishArgs {
+    /// Queue to publish into.
+    queue: String,
+    /// Message bodies, one message each.
+    bodies: Vec<String>,
+    /// Publish each line of this file as a message.
+    #[arg(long, conflicts_with = "stdin")]
+    file: Option<PathBuf>,
+    /// Publish each line of standard input as a message.
+    #[arg(long)]
+    stdin: bool,
+    /// A property KEY=VALUE for every message (repeatable).
+    #[arg(short = 'p', long = "property", value_parser = key_value)]
+    properties: Vec<(String, String)>,
+    /// Client-chosen message id (one message only).
+    #[arg(long)]
+    id: Option<String>,
+    /// FIFO message group.
+    #[arg(long)]
+    group: Option<String>,
+    /// FIFO dedup id (one message only).
+    #[arg(long)]
+    dedup_id: Option<String>,
+    /// Time to live of each message.
+    #[arg(long)]
+    ttl: Option<Millis>,
+    /// Delay before each message is visible.
+    #[arg(long)]
+    delay: Option<Millis>,
+    /// Messages per publish call (1 to 1000).
+    #[arg(long, default_value_t = 100)]
+    batch: usize,
+}
+
+pub(super) async fn publish(client: &Client, out: &Out, a: PublishArgs) -> Result<()> {
+    let mut bodies = a.bodies.clone();
+    let mut total: Option<u64> = Some(bodies.len() as u64);
+    let reader: Option<Box<dyn BufRead>> = if let Some(path) = &a.file {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| usage(format!("--file {}: {e}", path.display())))?;
+        bodies.extend(text.lines().map(str::to_string));
+        total = Some(bodies.len() as u64);
+        None
+    } else if a.stdin {
+        total = None;
+        Some(Box::new(std::io::BufReader::new(std::io::stdin())))
+    } else {
+        None
+    };
+    if bodies.is_empty() && reader.is_none() {
+        return Err(usage("nothing to publish: give bodies, --file or --stdin"));
+    }
+    if (a.id.is_some() || a.dedup_id.is_some()) && (bodies.len() != 1 || reader.is_some()) {
+        return Err(usage("--id and --dedup-id apply to a single message"));
+    }
+    let batch = a.batch.clamp(1, 1000);
+    let bar = (!out.json).then(|| match total {
+        Some(n) if n > 1000 => ProgressBar::new(n).with_style(
+            ProgressStyle::with_template("{bar:40} {pos}/{len} messages ({per_sec})")
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        ),
+        Some(_) => ProgressBar::hidden(),
+        None => ProgressBar::new_spinner().with_message("publishing from standard input"),
+    });
+    let make = |body: String| pb::PublishMessage {
+        message_id: a.id.clone().unwrap_or_default(),
+        body: body.into_bytes().into(),
+        properties: a.properties.iter().cloned().collect(),
+        ttl_ms: a.ttl.map(Millis::as_ms),
+        delay_ms: a.delay.map(Millis::as_ms),
+        group_id: a.group.clone().unwrap_or_default(),
+        dedup_id: a.dedup_id.clone().unwrap_or_default(),
+    };
+    let mut results: Vec<pb::PublishResult> = Vec::new();
+    let mut pending: Vec<pb::PublishMessage> = bodies.into_iter().map(make).collect();
+    let mut lines = reader.map(|r| r.lines());
+    loop {
+        if let Some(lines) = lines.as_mut() {
+            while pending.len() < batch {
+                match lines.next() {
+                    Some(Ok(l)) => pending.push(make(l)),
+                    Some(Err(e)) => return Err(usage(format!("standard input: {e}"))),
+                    None => break,
+                }
+            }
+        }
+        if pending.is_empty() {
+            break;
+        }
+        let chunk: Vec<_> = pending.drain(..pending.len().min(batch)).collect();
+        let n = chunk.len() as u64;
+        results.extend(client.publish(&a.queue, chunk).await?);
+        if let Some(b) = &bar {
+            b.inc(n);
+        }
+    }
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    if out.json {
+        out.doc(&json!({
+            "queue": a.queue,
+            "published": results.iter().filter(|r| !r.duplicate).count(),
+            "duplicates": results.iter().filter(|r| r.duplicate).count(),
+            "results": results.iter().map(|r| json!({"message_id": r.message_id, "duplicate": r.duplicate})).collect::<Vec<_>>(),
+        }));
+    } else if results.len() <= 20 {
+        let rows: Vec<Vec<String>> = results
+            .iter()
+            .map(|r| {
+                vec![
+                    r.message_id.clone(),
+                    if r.duplicate {
+                        "duplicate (not stored again)"
+                    } else {
+                        "stored"
+                    }
+                    .into(),
+                ]
+            })
+            .collect();
+        out.table(&["MESSAGE ID", "RESULT"], &rows);
+    } else {
+        let dups = results.iter().filter(|r| r.duplicate).count();
+        println!(
+            "published {} message(s) to {} ({dups} duplicate(s))",
+            results.len() - dups,
+            a.queue
+        );
+    }
+    Ok(())
+}
+
+/// Flags of `consume`.
+#[derive(Debug, Args)]
+pub struct ConsumeArgs {
+    /// Queue to consume from.
+    queue: String,
+    /// Stop after this many messages.
+    #[arg(long)]
+    count: Option<u64>,
+    /// Keep waiting for messages instead of stopping when the queue is
+    /// empty.
+    #[arg(long)]
+    follow: bool,
+    /// Nack instead of ack (a failed attempt).
+    #[arg(long, conflicts_with = "reject")]
+    nack: bool,
+    /// Reject to the dead letter queue instead of ack.
+    #[arg(long)]
+    reject: bool,
+    /// Reason given with --nack or --reject.
+    #[arg(long, default_value = "")]
+    reason: String,
+    /// How long one receive waits for a message.
+    #[arg(long, default_value = "1s")]
+    wait: Millis,
+    /// Lease length instead of the queue's ack timeout.
+    #[arg(long)]
+    ack_timeout: Option<Millis>,
+    /// Most messages per receive.
+    #[arg(long, default_value_t = 10)]
+    max: u32,
+}
+
+pub(super) async fn consume(client: &Client, out: &Out, a: ConsumeArgs) -> Result<()> {
+    let mut done = 0u64;
+    loop {
+        let left = a.count.map_or(u64::MAX, |c| c.saturating_sub(done));
+        if left == 0 {
+            break;
+        }
+        let req = pb::ReceiveRequest {
+            queue: a.queue.clone(),
+            max_messages: u32::try_from(left.min(u64::from(a.max.clamp(1, 1000)))).unwrap_or(10),
+            wait_ms: a.wait.as_ms().min(20_000),
+            ack_timeout_ms: a.ack_timeout.map(Millis::as_ms),
+            auto_ack: false,
+        };
+        let got = client.receive_with(req).await?;
+        if got.is_empty() {
+            if a.follow {
+                continue;
+            }
+            break;
+        }
+        for d in &got {
+            if out.json {
+                out.line(&output::delivery_json(d));
+            } else {
+                println!(
+                    "{}  delivery {}  {}",
+                    d.message_id,
+                    d.delivery_count,
+                    output::body_cell(&d.body)
+                );
+            }
+        }
+        let tokens: Vec<String> = got.iter().map(|d| d.ack_token.clone()).collect();
+        let results = if a.nack || a.reject {
+            let items = tokens
+                .into_iter()
+                .map(|t| pb::NackItem {
+                    ack_token: t,
+                    reason: a.reason.clone(),
+                    dead_letter: a.reject,
+                    delay_ms: None,
+                })
+                .collect();
+            client.nack(items).await?
+        } else {
+            client.ack(tokens).await?
+        };
+        for r in results
+            .iter()
+            .filter(|r| r.status != pb::SettleStatus::Ok as i32)
+        {
+            eprintln!("letterbox: {}", r.error);
+        }
+        done += got.len() as u64;
+    }
+    if !out.json {
+        let verb = if a.reject {
+            "rejected"
+        } else if a.nack {
+            "nacked"
+        } else {
+            "acked"
+        };
+        eprintln!("{verb} {done} message(s)");
+    }
+    Ok(())
+}
+
+/// Flags of `browse`.
+#[derive(Debug, Args)]
+pub struct BrowseArgs {
+    /// Queue to read.
+    queue: String,
+    /// Most messages to show.
+    #[arg(long, default_value_t = 100)]
+    max: usize,
+}
+
+pub(super) async fn browse(client: &Client, out: &Out, a: BrowseArgs) -> Result<()> {
+    let mut msgs = Vec::new();
+    let mut token = String::new();
+    while msgs.len() < a.max {
+        let want = u32::try_from((a.max - msgs.len()).min(1000)).unwrap_or(1000);
+        let page = client.browse(&a.queue, want, &token).await?;
+        msgs.extend(page.messages);
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        token = page.next_page_token;
+        tokio::task::yield_now().await;
+    }
+    if out.json {
+        out.doc(&json!(
+            msgs.iter().map(output::browsed_json).collect::<Vec<_>>()
+        ));
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = msgs
+        .iter()
+        .map(|m| {
+            let dl = m.dead_letters.last().map_or("-".into(), |d| {
+                format!(
+                    "{} from {} after {}",
+                    output::reason_name(d.reason),
+                    d.source_queue,
+                    d.delivery_count
+                )
+            });
+            vec![
+                m.message_id.clone(),
+                output::state_name(m.state),
+                m.delivery_count.to_string(),
+                if m.group_id.is_empty() {
+                    "-".into()
+                } else {
+                    m.group_id.clone()
+                },
+                dl,
+                output::body_cell(&m.body),
+            ]
+        })
+        .collect();
+    out.table(
+        &[
+            "MESSAGE ID",
+            "STATE",
+            "DELIVERIES",
+            "GROUP",
+            "DEAD-LETTERED",
+            "BODY",
+        ],
+        &rows,
+    );
+    Ok(())
+}

@@ -1,0 +1,335 @@
+//! `letterbox queue create|get|list|update|delete|purge|stats`.
+
+use clap::{Args, Subcommand, ValueEnum};
+use indicatif::ProgressBar;
+use serde_json::json;
+
+use super::output::{self, Out, dur};
+use super::usage;
+use crate::client::{Client, Result, pb};
+use crate::units::Millis;
+
+/// Queue commands.
+#[derive(Debug, Subcommand)]
+pub enum QueueCmd {
+    /// Create a queue (a no-op if an identical one exists).
+    Create {
+        /// Queue name.
+        name: String,
+        #[command(flatten)]
+        config: ConfigArgs,
+    },
+    /// Show a queue's configuration and dead-letter sources.
+    Get {
+        /// Queue name.
+        name: String,
+    },
+    /// List queues.
+    List {
+        /// Only names starting with this.
+        #[arg(long, default_value = "")]
+        prefix: String,
+    },
+    /// Change a queue's configuration (flags not given keep their value).
+    Update {
+        /// Queue name.
+        name: String,
+        #[command(flatten)]
+        config: ConfigArgs,
+        /// Remove the dead letter queue.
+        #[arg(long)]
+        remove_dlq: bool,
+        /// Remove the retry backoff.
+        #[arg(long)]
+        remove_backoff: bool,
+        /// Remove the length limit.
+        #[arg(long)]
+        remove_max_length: bool,
+    },
+    /// Delete a queue and its messages.
+    Delete {
+        /// Queue name.
+        name: String,
+        /// Delete even if it is another queue's dead letter queue.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Delete every message of a queue.
+    Purge {
+        /// Queue name.
+        name: String,
+    },
+    /// Exact figures of a queue.
+    Stats {
+        /// Queue name.
+        name: String,
+    },
+}
+
+/// FIFO poison policy on the command line.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub(crate) enum OnPoison {
+    /// Dead-letter the head and go on.
+    DeadLetter,
+    /// Hold the group until an operator acts.
+    Park,
+}
+
+/// Queue configuration flags.
+#[derive(Debug, Clone, Args)]
+pub struct ConfigArgs {
+    /// A FIFO queue (strict order per message group).
+    #[arg(long)]
+    fifo: bool,
+    /// Message time to live (1m to 14d).
+    #[arg(long)]
+    ttl: Option<Millis>,
+    /// Lease length of a delivery (1s to 12h).
+    #[arg(long)]
+    ack_timeout: Option<Millis>,
+    /// Delay before new messages are visible (up to 15m).
+    #[arg(long)]
+    delay: Option<Millis>,
+    /// Dead letter queue.
+    #[arg(long)]
+    dlq: Option<String>,
+    /// Deliveries before a message moves to the DLQ (1 to 1000).
+    #[arg(long, requires = "dlq")]
+    max_deliveries: Option<u32>,
+    /// Move expired messages to the DLQ.
+    #[arg(long)]
+    dead_letter_on_expiry: Option<bool>,
+    /// Retry backoff: INITIAL,MAX,MULTIPLIER (e.g. 1s,1m,2).
+    #[arg(long)]
+    backoff: Option<String>,
+    /// Most messages in the queue.
+    #[arg(long)]
+    max_length: Option<u64>,
+    /// Ceiling on one lease, extensions included.
+    #[arg(long)]
+    max_lease_total: Option<Millis>,
+    /// FIFO: dedup window (0 to 24h).
+    #[arg(long)]
+    dedup_window: Option<Millis>,
+    /// FIFO: what to do when a group's head exhausts its deliveries.
+    #[arg(long, value_enum)]
+    on_poison: Option<OnPoison>,
+    /// FIFO: deduplicate by the body's hash when no dedup id is given.
+    #[arg(long)]
+    content_based_dedup: Option<bool>,
+}
+
+impl ConfigArgs {
+    fn to_pb(&self) -> Result<pb::QueueConfig> {
+        let backoff = match &self.backoff {
+            None => None,
+            Some(s) => {
+                let parts: Vec<&str> = s.split(',').collect();
+                let [initial, max, mult] = parts.as_slice() else {
+                    return Err(usage(format!(
+                        "--backoff {s:?}: expected INITIAL,MAX,MULTIPLIER"
+                    )));
+                };
+                let ms = |v: &str| {
+                    v.parse::<Millis>()
+                        .map(Millis::as_ms)
+                        .map_err(|e| usage(format!("--backoff: {e}")))
+                };
+                Some(pb::RetryBackoff {
+                    initial_ms: ms(initial)?,
+                    max_ms: ms(max)?,
+                    multiplier: mult.parse().map_err(|_| {
+                        usage(format!("--backoff: multiplier {mult:?} is not a number"))
+                    })?,
+                })
+            }
+        };
+        Ok(pb::QueueConfig {
+            kind: if self.fifo {
+                pb::QueueKind::Fifo as i32
+            } else {
+                0
+            },
+            message_ttl_ms: self.ttl.map(Millis::as_ms),
+            ack_timeout_ms: self.ack_timeout.map(Millis::as_ms),
+            delivery_delay_ms: self.delay.map(Millis::as_ms),
+            dead_letter: self.dlq.as_ref().map(|q| pb::DeadLetterPolicy {
+                queue: q.clone(),
+                max_deliveries: self.max_deliveries.unwrap_or(0),
+            }),
+            retry_backoff: backoff,
+            dead_letter_on_expiry: self.dead_letter_on_expiry,
+            max_length: self.max_length,
+            max_lease_total_ms: self.max_lease_total.map(Millis::as_ms),
+            dedup_window_ms: self.dedup_window.map(Millis::as_ms),
+            on_poison: match self.on_poison {
+                None => 0,
+                Some(OnPoison::DeadLetter) => pb::PoisonPolicy::DeadLetterAndContinue as i32,
+                Some(OnPoison::Park) => pb::PoisonPolicy::ParkGroup as i32,
+            },
+            content_based_dedup: self.content_based_dedup,
+        })
+    }
+}
+
+fn show_queue(out: &Out, q: &pb::Queue) {
+    if out.json {
+        return out.doc(&output::queue_json(q));
+    }
+    let c = q.config.clone().unwrap_or_default();
+    let mut pairs = vec![
+        ("name", q.name.clone()),
+        ("kind", output::kind_name(c.kind).to_string()),
+        ("message ttl", dur(c.message_ttl_ms.unwrap_or(0))),
+        ("ack timeout", dur(c.ack_timeout_ms.unwrap_or(0))),
+        ("delivery delay", dur(c.delivery_delay_ms.unwrap_or(0))),
+        (
+            "dead letter queue",
+            c.dead_letter.as_ref().map_or("-".into(), |d| {
+                format!("{} after {} deliveries", d.queue, d.max_deliveries)
+            }),
+        ),
+        (
+            "retry backoff",
+            c.retry_backoff.as_ref().map_or("-".into(), |b| {
+                format!(
+                    "{} doubling x{} up to {}",
+                    dur(b.initial_ms),
+                    b.multiplier,
+                    dur(b.max_ms)
+                )
+            }),
+        ),
+        (
+            "dead letter on expiry",
+            c.dead_letter_on_expiry.unwrap_or(false).to_string(),
+        ),
+        (
+            "max length",
+            c.max_length.map_or("-".into(), |n| n.to_string()),
+        ),
+        ("max lease total", dur(c.max_lease_total_ms.unwrap_or(0))),
+    ];
+    if c.kind == pb::QueueKind::Fifo as i32 {
+        pairs.push(("dedup window", dur(c.dedup_window_ms.unwrap_or(0))));
+        pairs.push((
+            "on poison",
+            if c.on_poison == pb::PoisonPolicy::ParkGroup as i32 {
+                "park group"
+            } else {
+                "dead letter and continue"
+            }
+            .into(),
+        ));
+    }
+    pairs.push((
+        "dead letter sources",
+        if q.dead_letter_sources.is_empty() {
+            "-".into()
+        } else {
+            q.dead_letter_sources.join(", ")
+        },
+    ));
+    pairs.push(("created", output::time(q.created_at_unix_ms)));
+    out.pairs(&pairs);
+}
+
+pub(super) async fn run(client: &Client, out: &Out, cmd: QueueCmd) -> Result<()> {
+    match cmd {
+        QueueCmd::Create { name, config } => {
+            let q = client.create_queue(&name, config.to_pb()?).await?;
+            show_queue(out, &q);
+        }
+        QueueCmd::Get { name } => show_queue(out, &client.get_queue(&name).await?),
+        QueueCmd::List { prefix } => {
+            let queues = client.list_queues(&prefix).await?;
+            if out.json {
+                out.doc(&json!(
+                    queues.iter().map(output::queue_json).collect::<Vec<_>>()
+                ));
+            } else {
+                let rows: Vec<Vec<String>> = queues
+                    .iter()
+                    .map(|q| {
+                        let c = q.config.clone().unwrap_or_default();
+                        vec![
+                            q.name.clone(),
+                            output::kind_name(c.kind).to_string(),
+                            c.dead_letter.map_or("-".into(), |d| d.queue),
+                            dur(c.ack_timeout_ms.unwrap_or(0)),
+                            dur(c.message_ttl_ms.unwrap_or(0)),
+                        ]
+                    })
+                    .collect();
+                out.table(&["NAME", "KIND", "DLQ", "ACK TIMEOUT", "TTL"], &rows);
+            }
+        }
+        QueueCmd::Update {
+            name,
+            config,
+            remove_dlq,
+            remove_backoff,
+            remove_max_length,
+        } => {
+            let q = client
+                .update_queue(pb::UpdateQueueRequest {
+                    name,
+                    config: Some(config.to_pb()?),
+                    remove_dead_letter: remove_dlq,
+                    remove_retry_backoff: remove_backoff,
+                    remove_max_length,
+                })
+                .await?;
+            show_queue(out, &q);
+        }
+        QueueCmd::Delete { name, force } => {
+            let n = client.delete_queue(&name, force).await?;
+            if out.json {
+                out.doc(&json!({"deleted": name, "messages_deleted": n}));
+            } else {
+                println!("deleted queue {name} and {n} message(s)");
+            }
+        }
+        QueueCmd::Purge { name } => {
+            let spinner = (!out.json).then(|| {
+                let s = ProgressBar::new_spinner().with_message(format!("purging {name}"));
+                s.enable_steady_tick(std::time::Duration::from_millis(100));
+                s
+            });
+            let n = client.purge_queue(&name).await;
+            if let Some(s) = spinner {
+                s.finish_and_clear();
+            }
+            let n = n?;
+            if out.json {
+                out.doc(&json!({"queue": name, "messages_deleted": n}));
+            } else {
+                println!("purged {n} message(s) from {name}");
+            }
+        }
+        QueueCmd::Stats { name } => {
+            let s = client.stats(&name).await?;
+            if out.json {
+                out.doc(&output::stats_json(&name, &s));
+                return Ok(());
+            }
+            out.pairs(&[
+                ("queue", name),
+                ("ready", s.ready.to_string()),
+                ("in flight", s.in_flight.to_string()),
+                ("delayed", s.delayed.to_string()),
+                ("parked", s.parked.to_string()),
+                ("total", s.total.to_string()),
+                ("oldest message age", dur(s.oldest_message_age_ms)),
+                ("published", s.published.to_string()),
+                ("acked", s.acked.to_string()),
+                ("nacked", s.nacked.to_string()),
+                ("expired", s.expired.to_string()),
+                ("dead-lettered", s.dead_lettered.to_string()),
+                ("dead letters received", s.dead_letters_received.to_string()),
+                ("purged", s.purged.to_string()),
+            ]);
+        }
+    }
+    Ok(())
+}

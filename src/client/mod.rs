@@ -1,0 +1,489 @@
+//! The Rust client of Letterbox: [`Client`] for every call, [`Publisher`]
+//! for batched publishing, [`Subscription`] for the push stream, and
+//! [`Subscriber`] with the prefetch and polling strategies, ack modes and
+//! a circuit breaker.
+//!
+//! This module depends on the generated protobuf types (`crate::pb`) and
+//! nothing else of the server.
+//!
+//! ```no_run
+//! use letterbox::client::{Client, pb};
+//!
+//! # async fn demo() -> Result<(), letterbox::client::ClientError> {
+//! let client = Client::connect("http://127.0.0.1:50051").await?;
+//! client.create_queue("jobs", pb::QueueConfig::default()).await?;
+//! client.publish("jobs", vec![Client::message("hello")]).await?;
+//! for d in client.receive("jobs", 10, std::time::Duration::from_secs(1)).await? {
+//!     println!("{}", String::from_utf8_lossy(&d.body));
+//!     client.ack(vec![d.ack_token]).await?;
+//! }
+//! # Ok(())
+//! # }
+//! ```
+
+mod ack_mode;
+mod circuit;
+mod error;
+mod publisher;
+mod stream;
+mod subscriber;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tonic::Code;
+use tonic::transport::{Channel, Endpoint};
+
+pub use crate::pb;
+use crate::pb::admin_service_client::AdminServiceClient;
+use crate::pb::messaging_service_client::MessagingServiceClient;
+
+pub use ack_mode::{AckMode, HandlerError, Message};
+pub use circuit::{CircuitBreaker, CircuitConfig, CircuitState};
+pub use error::{ClientError, ErrorKind, Result, code_name};
+pub use publisher::{Publisher, PublisherConfig};
+pub use stream::{Settler, Subscription};
+pub use subscriber::{Schedule, Strategy, Subscriber, SubscriberConfig, SubscriberHandle};
+
+/// How the client retries calls that fail with UNAVAILABLE.
+#[derive(Debug, Clone, Copy)]
+pub struct RetryPolicy {
+    /// Attempts in all, the first included (1 = no retry).
+    pub max_attempts: u32,
+    /// Wait before the first retry; doubled each time.
+    pub initial_backoff: Duration,
+    /// Longest wait between attempts.
+    pub max_backoff: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            max_attempts: 5,
+            initial_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(2),
+        }
+    }
+}
+
+/// Client settings.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// Server address, e.g. `http://127.0.0.1:50051`.
+    pub endpoint: String,
+    /// Limit for establishing the connection.
+    pub connect_timeout: Duration,
+    /// Limit for one unary call (a long poll gets its wait on top).
+    pub request_timeout: Duration,
+    /// Retries on UNAVAILABLE.
+    pub retry: RetryPolicy,
+}
+
+impl ClientConfig {
+    /// Defaults for an endpoint: 5 s to connect, 30 s per call, 5 attempts.
+    pub fn new(endpoint: impl Into<String>) -> ClientConfig {
+        ClientConfig {
+            endpoint: endpoint.into(),
+            connect_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(30),
+            retry: RetryPolicy::default(),
+        }
+    }
+}
+
+/// A connection to a Letterbox server. Cheap to clone; clones share the
+/// connection (HTTP/2 multiplexes calls).
+///
+/// Retries: calls that fail with UNAVAILABLE or are cut by the connection
+/// (server restarting) are retried with exponential backoff — except a publish with
+/// messages that have no client-chosen id, which could be stored twice;
+/// give messages ids (see [`Client::message_with_id`]) to make publishes
+/// safe to retry.
+#[derive(Clone, Debug)]
+pub struct Client {
+    admin: AdminServiceClient<Channel>,
+    msg: MessagingServiceClient<Channel>,
+    config: Arc<ClientConfig>,
+}
+
+impl Client {
+    /// Connects with default settings.
+    pub async fn connect(endpoint: impl Into<String>) -> Result<Client> {
+        Client::with_config(ClientConfig::new(endpoint)).await
+    }
+
+    /// Connects with the given settings.
+    pub async fn with_config(config: ClientConfig) -> Result<Client> {
+        let endpoint = Endpoint::from_shared(config.endpoint.clone())
+            .map_err(|e| {
+                ClientError::new(
+                    ErrorKind::InvalidArgument,
+                    format!("endpoint {:?}: {e}", config.endpoint),
+                )
+            })?
+            .connect_timeout(config.connect_timeout)
+            .tcp_nodelay(true);
+        let mut attempt = 1;
+        let channel = loop {
+            match endpoint.connect().await {
+                Ok(c) => break c,
+                Err(e) if attempt < config.retry.max_attempts => {
+                    tracing::debug!(error = %e, attempt, "connect failed; retrying");
+                    tokio::time::sleep(backoff(&config.retry, attempt)).await;
+                    attempt += 1;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        };
+        let limit = 256 << 20;
+        Ok(Client {
+            admin: AdminServiceClient::new(channel.clone()).max_decoding_message_size(limit),
+            msg: MessagingServiceClient::new(channel).max_decoding_message_size(limit),
+            config: Arc::new(config),
+        })
+    }
+
+    /// The settings in use.
+    pub fn config(&self) -> &ClientConfig {
+        &self.config
+    }
+
+    /// A message with a body and nothing else.
+    pub fn message(body: impl Into<Vec<u8>>) -> pb::PublishMessage {
+        pb::PublishMessage {
+            body: body.into().into(),
+            ..Default::default()
+        }
+    }
+
+    /// A message with a client-chosen id (publishing it again is an
+    /// idempotent repeat).
+    pub fn message_with_id(id: impl Into<String>, body: impl Into<Vec<u8>>) -> pb::PublishMessage {
+        pb::PublishMessage {
+            message_id: id.into(),
+            ..Client::message(body)
+        }
+    }
+
+    /// Runs a call with the request timeout and retries on UNAVAILABLE.
+    async fn call<T, F, Fut>(&self, retry: bool, extra: Duration, f: F) -> Result<T>
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = std::result::Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let mut attempt = 1;
+        loop {
+            let limit = self.config.request_timeout + extra;
+            let outcome = match tokio::time::timeout(limit, f()).await {
+                Ok(r) => r,
+                Err(_) => Err(tonic::Status::deadline_exceeded(format!(
+                    "no answer within {} ms",
+                    limit.as_millis()
+                ))),
+            };
+            match outcome {
+                Ok(r) => return Ok(r.into_inner()),
+                Err(s) if retry && retryable(&s) && attempt < self.config.retry.max_attempts => {
+                    tracing::debug!(status = %s.message(), attempt, "server unavailable; retrying");
+                    tokio::time::sleep(backoff(&self.config.retry, attempt)).await;
+                    attempt += 1;
+                }
+                Err(s) => return Err(s.into()),
+            }
+        }
+    }
+
+    // ---- admin ----------------------------------------------------------
+
+    /// Creates a queue (a no-op if an identical one exists).
+    pub async fn create_queue(&self, name: &str, config: pb::QueueConfig) -> Result<pb::Queue> {
+        let r = self
+            .call(true, Duration::ZERO, || {
+                let mut c = self.admin.clone();
+                let req = pb::CreateQueueRequest {
+                    name: name.into(),
+                    config: Some(config.clone()),
+                };
+                async move { c.create_queue(req).await }
+            })
+            .await?;
+        r.queue.ok_or_else(|| missing("queue"))
+    }
+
+    /// Describes a queue.
+    pub async fn get_queue(&self, name: &str) -> Result<pb::Queue> {
+        let r = self
+            .call(true, Duration::ZERO, || {
+                let mut c = self.admin.clone();
+                let req = pb::GetQueueRequest { name: name.into() };
+                async move { c.get_queue(req).await }
+            })
+            .await?;
+        r.queue.ok_or_else(|| missing("queue"))
+    }
+
+    /// Lists every queue whose name starts with `prefix` (all pages).
+    pub async fn list_queues(&self, prefix: &str) -> Result<Vec<pb::Queue>> {
+        let mut out = Vec::new();
+        let mut token = String::new();
+        loop {
+            let page = self
+                .call(true, Duration::ZERO, || {
+                    let mut c = self.admin.clone();
+                    let req = pb::ListQueuesRequest {
+                        page_size: 1000,
+                        page_token: token.clone(),
+                        prefix: prefix.into(),
+                    };
+                    async move { c.list_queues(req).await }
+                })
+                .await?;
+            out.extend(page.queues);
+            if page.next_page_token.is_empty() {
+                return Ok(out);
+            }
+            token = page.next_page_token;
+        }
+    }
+
+    /// Changes a queue's configuration.
+    pub async fn update_queue(&self, req: pb::UpdateQueueRequest) -> Result<pb::Queue> {
+        let r = self
+            .call(true, Duration::ZERO, || {
+                let mut c = self.admin.clone();
+                let req = req.clone();
+                async move { c.update_queue(req).await }
+            })
+            .await?;
+        r.queue.ok_or_else(|| missing("queue"))
+    }
+
+    /// Deletes a queue; returns how many messages went with it.
+    pub async fn delete_queue(&self, name: &str, force: bool) -> Result<u64> {
+        let r = self
+            .call(true, Duration::ZERO, || {
+                let mut c = self.admin.clone();
+                let req = pb::DeleteQueueRequest {
+                    name: name.into(),
+                    force,
+                };
+                async move { c.delete_queue(req).await }
+            })
+            .await?;
+        Ok(r.messages_deleted)
+    }
+
+    /// Deletes every message of a queue; returns how many.
+    pub async fn purge_queue(&self, name: &str) -> Result<u64> {
+        let r = self
+            .call(true, Duration::ZERO, || {
+                let mut c = self.admin.clone();
+                let req = pb::PurgeQueueRequest { name: name.into() };
+                async move { c.purge_queue(req).await }
+            })
+            .await?;
+        Ok(r.messages_deleted)
+    }
+
+    /// Exact figures of a queue.
+    pub async fn stats(&self, name: &str) -> Result<pb::QueueStats> {
+        let r = self
+            .call(true, Duration::ZERO, || {
+                let mut c = self.admin.clone();
+                let req = pb::GetQueueStatsRequest { name: name.into() };
+                async move { c.get_queue_stats(req).await }
+            })
+            .await?;
+        r.stats.ok_or_else(|| missing("stats"))
+    }
+
+    /// Reads a page of messages without leasing them.
+    pub async fn browse(
+        &self,
+        queue: &str,
+        max: u32,
+        page_token: &str,
+    ) -> Result<pb::BrowseResponse> {
+        self.call(true, Duration::ZERO, || {
+            let mut c = self.admin.clone();
+            let req = pb::BrowseRequest {
+                queue: queue.into(),
+                max_messages: max,
+                page_token: page_token.into(),
+            };
+            async move { c.browse(req).await }
+        })
+        .await
+    }
+
+    /// Lists a FIFO queue's groups (one page).
+    pub async fn list_groups(&self, req: pb::ListGroupsRequest) -> Result<pb::ListGroupsResponse> {
+        self.call(true, Duration::ZERO, || {
+            let mut c = self.admin.clone();
+            let req = req.clone();
+            async move { c.list_groups(req).await }
+        })
+        .await
+    }
+
+    /// Moves a FIFO group's head to the dead letter queue.
+    pub async fn skip_head(&self, queue: &str, group: &str, note: &str) -> Result<String> {
+        let r = self
+            .call(false, Duration::ZERO, || {
+                let mut c = self.admin.clone();
+                let req = pb::SkipHeadRequest {
+                    queue: queue.into(),
+                    group_id: group.into(),
+                    note: note.into(),
+                };
+                async move { c.skip_head(req).await }
+            })
+            .await?;
+        Ok(r.message_id)
+    }
+
+    /// Releases a parked FIFO group.
+    pub async fn release_group(&self, queue: &str, group: &str) -> Result<String> {
+        let r = self
+            .call(false, Duration::ZERO, || {
+                let mut c = self.admin.clone();
+                let req = pb::ReleaseGroupRequest {
+                    queue: queue.into(),
+                    group_id: group.into(),
+                };
+                async move { c.release_group(req).await }
+            })
+            .await?;
+        Ok(r.head_message_id)
+    }
+
+    // ---- messaging --------------------------------------------------------
+
+    /// Publishes a batch of messages (all or nothing). Retried on
+    /// UNAVAILABLE only when every message has a client-chosen id.
+    pub async fn publish(
+        &self,
+        queue: &str,
+        messages: Vec<pb::PublishMessage>,
+    ) -> Result<Vec<pb::PublishResult>> {
+        let retry = messages.iter().all(|m| !m.message_id.is_empty());
+        let r = self
+            .call(retry, Duration::ZERO, || {
+                let mut c = self.msg.clone();
+                let req = pb::PublishRequest {
+                    queue: queue.into(),
+                    messages: messages.clone(),
+                };
+                async move { c.publish(req).await }
+            })
+            .await?;
+        Ok(r.results)
+    }
+
+    /// A batching publisher for one queue.
+    pub fn publisher(&self, queue: &str, config: PublisherConfig) -> Publisher {
+        Publisher::start(self.clone(), queue.to_string(), config)
+    }
+
+    /// Leases up to `max` messages, waiting up to `wait` for the first.
+    pub async fn receive(
+        &self,
+        queue: &str,
+        max: u32,
+        wait: Duration,
+    ) -> Result<Vec<pb::Delivery>> {
+        self.receive_with(pb::ReceiveRequest {
+            queue: queue.into(),
+            max_messages: max,
+            wait_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+            ..Default::default()
+        })
+        .await
+    }
+
+    /// Receives with every option of the request.
+    pub async fn receive_with(&self, req: pb::ReceiveRequest) -> Result<Vec<pb::Delivery>> {
+        let extra = Duration::from_millis(req.wait_ms);
+        let r = self
+            .call(true, extra, || {
+                let mut c = self.msg.clone();
+                let req = req.clone();
+                async move { c.receive(req).await }
+            })
+            .await?;
+        Ok(r.deliveries)
+    }
+
+    /// Acknowledges deliveries; one result per token.
+    pub async fn ack(&self, tokens: Vec<String>) -> Result<Vec<pb::SettleResult>> {
+        let r = self
+            .call(true, Duration::ZERO, || {
+                let mut c = self.msg.clone();
+                let req = pb::AckRequest {
+                    ack_tokens: tokens.clone(),
+                };
+                async move { c.ack(req).await }
+            })
+            .await?;
+        Ok(r.results)
+    }
+
+    /// Rejects deliveries; one result per item.
+    pub async fn nack(&self, items: Vec<pb::NackItem>) -> Result<Vec<pb::SettleResult>> {
+        let r = self
+            .call(true, Duration::ZERO, || {
+                let mut c = self.msg.clone();
+                let req = pb::NackRequest {
+                    items: items.clone(),
+                };
+                async move { c.nack(req).await }
+            })
+            .await?;
+        Ok(r.results)
+    }
+
+    /// Extends leases; one result (with the new deadline) per item.
+    pub async fn extend(&self, items: Vec<pb::ExtendItem>) -> Result<Vec<pb::SettleResult>> {
+        let r = self
+            .call(true, Duration::ZERO, || {
+                let mut c = self.msg.clone();
+                let req = pb::ExtendLeaseRequest {
+                    items: items.clone(),
+                };
+                async move { c.extend_lease(req).await }
+            })
+            .await?;
+        Ok(r.results)
+    }
+
+    /// Opens a push subscription holding at most `credit` unsettled
+    /// deliveries.
+    pub async fn subscribe(
+        &self,
+        queue: &str,
+        credit: u32,
+        ack_timeout: Option<Duration>,
+    ) -> Result<Subscription> {
+        Subscription::open(self.msg.clone(), queue, credit, ack_timeout).await
+    }
+}
+
+/// UNAVAILABLE, or a call cut by the connection (the server went away):
+/// worth another attempt when the call is safe to repeat.
+fn retryable(s: &tonic::Status) -> bool {
+    s.code() == Code::Unavailable
+        || std::error::Error::source(s).is_some_and(|e| e.is::<tonic::transport::Error>())
+}
+
+fn missing(what: &str) -> ClientError {
+    ClientError::new(
+        ErrorKind::Rpc(Code::Internal),
+        format!("the server's answer has no {what}"),
+    )
+}
+
+fn backoff(p: &RetryPolicy, attempt: u32) -> Duration {
+    let factor = 2u32.saturating_pow(attempt.saturating_sub(1).min(16));
+    p.initial_backoff.saturating_mul(factor).min(p.max_backoff)
+}

@@ -1,0 +1,667 @@
+//! The subscriber: runs a handler for each message of a queue, with the
+//! prefetch strategy (a push subscription and a local buffer whose leases
+//! are extended before they run out) or the polling strategy (a receive on
+//! a fixed interval or a cron schedule, with optional backpressure), an ack
+//! mode, a concurrency limit and an optional circuit breaker.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use letterbox::client::{AckMode, Client, HandlerError, Subscriber, SubscriberConfig};
+//!
+//! # async fn demo() -> Result<(), letterbox::client::ClientError> {
+//! let client = Client::connect("http://127.0.0.1:50051").await?;
+//! let config = SubscriberConfig {
+//!     ack_mode: AckMode::Auto,
+//!     max_concurrency: 4,
+//!     ..SubscriberConfig::prefetch("invoices", 20)
+//! };
+//! let handle = Subscriber::start(client, config, |msg| async move {
+//!     if msg.body().is_empty() {
+//!         return Err(HandlerError::new("INVOICE:INVALID", "empty order"));
+//!     }
+//!     Ok(())
+//! })
+//! .await?;
+//! tokio::time::sleep(Duration::from_secs(60)).await;
+//! handle.stop().await?;
+//! # Ok(())
+//! # }
+//! ```
+
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, watch};
+use tokio::time::Instant;
+
+use super::ack_mode::{Held, Via, now_ms};
+use super::circuit::{CircuitBreaker, CircuitState, Permit};
+use super::{AckMode, Client, ClientError, ErrorKind, HandlerError, Message, Result, Settler, pb};
+
+/// When a polling subscriber fetches.
+#[derive(Debug, Clone)]
+pub enum Schedule {
+    /// Every interval.
+    Every(Duration),
+    /// On a cron schedule (seconds field first, as in the Mule scheduler:
+    /// `0 * 14 * * ?` is every minute from 14:00 to 14:59), in UTC.
+    Cron(Box<cron::Schedule>),
+}
+
+impl Schedule {
+    /// Parses a cron expression.
+    pub fn cron(expr: &str) -> Result<Schedule> {
+        cron::Schedule::from_str(expr)
+            .map(|s| Schedule::Cron(Box::new(s)))
+            .map_err(|e| {
+                ClientError::new(
+                    ErrorKind::InvalidArgument,
+                    format!("cron expression {expr:?}: {e}"),
+                )
+            })
+    }
+
+    /// Time to wait until the next fetch.
+    fn next_wait(&self) -> Option<Duration> {
+        match self {
+            Schedule::Every(d) => Some(*d),
+            Schedule::Cron(s) => {
+                let next = s.upcoming(chrono::Utc).next()?;
+                let ms = (next - chrono::Utc::now()).num_milliseconds().max(0);
+                Some(Duration::from_millis(u64::try_from(ms).unwrap_or(0)))
+            }
+        }
+    }
+}
+
+/// How a subscriber gets messages.
+#[derive(Debug, Clone)]
+pub enum Strategy {
+    /// A push subscription holding up to `max_local` messages (buffered
+    /// and being handled). A held message whose lease reaches 80 % of its
+    /// length gets it extended, so a slow handler never loses its message.
+    Prefetch {
+        /// Most messages held locally.
+        max_local: u32,
+    },
+    /// A receive on a schedule, up to `fetch_size` messages each time.
+    /// With `backpressure`, only as many as `max_concurrency` leaves room
+    /// for are fetched, so at most `max_concurrency` messages are ever
+    /// leased by this subscriber.
+    Polling {
+        /// When to fetch.
+        schedule: Schedule,
+        /// Most messages per fetch (1 to 1000).
+        fetch_size: u32,
+        /// Fetch only what the free handler slots can take.
+        backpressure: bool,
+    },
+}
+
+/// Subscriber settings.
+#[derive(Debug, Clone)]
+pub struct SubscriberConfig {
+    /// The queue.
+    pub queue: String,
+    /// Prefetch or polling.
+    pub strategy: Strategy,
+    /// When messages are acknowledged.
+    pub ack_mode: AckMode,
+    /// Most handlers running at once.
+    pub max_concurrency: usize,
+    /// Lease length instead of the queue's ack timeout.
+    pub ack_timeout: Option<Duration>,
+    /// Circuit breaker, private or shared (see [`CircuitBreaker::shared`]).
+    pub circuit: Option<Arc<CircuitBreaker>>,
+}
+
+impl SubscriberConfig {
+    /// The prefetch strategy with defaults: AUTO acks, one handler at a
+    /// time, the queue's ack timeout, no circuit breaker.
+    pub fn prefetch(queue: impl Into<String>, max_local: u32) -> SubscriberConfig {
+        SubscriberConfig {
+            queue: queue.into(),
+            strategy: Strategy::Prefetch { max_local },
+            ack_mode: AckMode::Auto,
+            max_concurrency: 1,
+            ack_timeout: None,
+            circuit: None,
+        }
+    }
+
+    /// The polling strategy with defaults (fetch up to 10 every interval,
+    /// no backpressure).
+    pub fn polling(queue: impl Into<String>, every: Duration) -> SubscriberConfig {
+        SubscriberConfig {
+            strategy: Strategy::Polling {
+                schedule: Schedule::Every(every),
+                fetch_size: 10,
+                backpressure: false,
+            },
+            ..SubscriberConfig::prefetch(queue, 10)
+        }
+    }
+}
+
+/// Figures of a running subscriber.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SubscriberStats {
+    /// Handler runs started.
+    pub handled: u64,
+    /// Handler runs that returned `Ok`.
+    pub succeeded: u64,
+    /// Handler runs that returned `Err`.
+    pub failed: u64,
+    /// Lease extensions made.
+    pub extended: u64,
+    /// Messages given back unhandled (circuit open, stop).
+    pub returned: u64,
+    /// Most handlers seen running at once.
+    pub max_in_flight: usize,
+}
+
+type HandlerFuture =
+    std::pin::Pin<Box<dyn Future<Output = std::result::Result<(), HandlerError>> + Send>>;
+type Handler = Arc<dyn Fn(Message) -> HandlerFuture + Send + Sync>;
+
+#[derive(Default)]
+struct Counters {
+    handled: AtomicU64,
+    succeeded: AtomicU64,
+    failed: AtomicU64,
+    extended: AtomicU64,
+    returned: AtomicU64,
+    in_flight: AtomicUsize,
+    max_in_flight: AtomicUsize,
+}
+
+struct Shared {
+    client: Client,
+    config: SubscriberConfig,
+    handler: Handler,
+    slots: Arc<Semaphore>,
+    /// Messages held (buffered or being handled), for lease extension.
+    held: Mutex<HashMap<String, Arc<Held>>>,
+    counters: Counters,
+    timeout: Duration,
+    /// Signalled when a handler run finishes.
+    finished: Notify,
+}
+
+/// Starts subscribers; see the module documentation.
+#[derive(Debug)]
+pub struct Subscriber;
+
+/// A running subscriber.
+#[derive(Debug)]
+pub struct SubscriberHandle {
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<Result<()>>,
+    shared: Arc<SharedView>,
+}
+
+/// What the handle can see of the subscriber.
+struct SharedView(Arc<Shared>);
+
+impl std::fmt::Debug for SharedView {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Subscriber")
+            .field("queue", &self.0.config.queue)
+            .finish()
+    }
+}
+
+impl SubscriberHandle {
+    /// Current figures.
+    pub fn stats(&self) -> SubscriberStats {
+        let c = &self.shared.0.counters;
+        SubscriberStats {
+            handled: c.handled.load(Ordering::SeqCst),
+            succeeded: c.succeeded.load(Ordering::SeqCst),
+            failed: c.failed.load(Ordering::SeqCst),
+            extended: c.extended.load(Ordering::SeqCst),
+            returned: c.returned.load(Ordering::SeqCst),
+            max_in_flight: c.max_in_flight.load(Ordering::SeqCst),
+        }
+    }
+
+    /// Stops gracefully: no more fetching, handlers in flight finish,
+    /// buffered messages are returned to the queue.
+    pub async fn stop(self) -> Result<()> {
+        let _ = self.stop.send(true);
+        self.task
+            .await
+            .map_err(|e| ClientError::new(ErrorKind::Closed, format!("subscriber task: {e}")))?
+    }
+}
+
+impl Subscriber {
+    /// Starts a subscriber running `handler` for each message.
+    pub async fn start<F, Fut>(
+        client: Client,
+        config: SubscriberConfig,
+        handler: F,
+    ) -> Result<SubscriberHandle>
+    where
+        F: Fn(Message) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = std::result::Result<(), HandlerError>> + Send + 'static,
+    {
+        let timeout = match config.ack_timeout {
+            Some(t) => t,
+            None => {
+                let q = client.get_queue(&config.queue).await?;
+                let ms = q.config.and_then(|c| c.ack_timeout_ms).unwrap_or(120_000);
+                Duration::from_millis(ms)
+            }
+        };
+        let handler: Handler = Arc::new(move |m| Box::pin(handler(m)));
+        let shared = Arc::new(Shared {
+            slots: Arc::new(Semaphore::new(config.max_concurrency.max(1))),
+            client,
+            config,
+            handler,
+            held: Mutex::default(),
+            counters: Counters::default(),
+            timeout,
+            finished: Notify::new(),
+        });
+        let (stop, stop_rx) = watch::channel(false);
+        let s = Arc::clone(&shared);
+        let task = tokio::spawn(async move {
+            match s.config.strategy.clone() {
+                Strategy::Prefetch { max_local } => prefetch(s, max_local.max(1), stop_rx).await,
+                Strategy::Polling {
+                    schedule,
+                    fetch_size,
+                    backpressure,
+                } => {
+                    polling(
+                        s,
+                        schedule,
+                        fetch_size.clamp(1, 1000),
+                        backpressure,
+                        stop_rx,
+                    )
+                    .await
+                }
+            }
+        });
+        Ok(SubscriberHandle {
+            stop,
+            task,
+            shared: Arc::new(SharedView(shared)),
+        })
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Shared {
+    /// Wraps a delivery; in IMMEDIATE mode acknowledges it first.
+    async fn message(&self, d: pb::Delivery, via: Via) -> Option<Message> {
+        let held = Held::new(&d, via, self.timeout);
+        if self.config.ack_mode == AckMode::Immediate
+            && !d.ack_token.is_empty()
+            && let Err(e) = held.ack().await
+        {
+            tracing::warn!(error = %e, "immediate ack failed; the message is not handled");
+            return None;
+        }
+        if !held.settled.load(Ordering::SeqCst) {
+            lock(&self.held).insert(held.token.clone(), Arc::clone(&held));
+        }
+        Some(Message::new(d, held))
+    }
+
+    /// Gives an unhandled message back to the queue.
+    async fn give_back(&self, m: &Message) {
+        self.counters.returned.fetch_add(1, Ordering::SeqCst);
+        lock(&self.held).remove(m.ack_token());
+        if !m.is_settled() {
+            let _ = m
+                .held_arc()
+                .nack("returned unhandled by the subscriber", false, Some(0))
+                .await;
+        }
+    }
+
+    /// Extends the leases of held messages that reached 80 % of their
+    /// length.
+    fn extend_due(self: &Arc<Self>) {
+        let now = now_ms();
+        let due: Vec<Arc<Held>> = lock(&self.held)
+            .values()
+            .filter(|h| {
+                let start = h.started.load(Ordering::SeqCst);
+                let end = h.deadline.load(Ordering::SeqCst);
+                !h.settled.load(Ordering::SeqCst)
+                    && now >= start + (end.saturating_sub(start)) * 4 / 5
+            })
+            .cloned()
+            .collect();
+        for h in due {
+            let s = Arc::clone(self);
+            tokio::spawn(async move {
+                match h.extend(s.timeout).await {
+                    Ok(()) => {
+                        s.counters.extended.fetch_add(1, Ordering::SeqCst);
+                    }
+                    Err(e) => tracing::debug!(error = %e, "lease extension failed"),
+                }
+            });
+        }
+    }
+
+    /// Runs the handler for a message on a permit; settles per the ack
+    /// mode and reports to the circuit breaker.
+    fn dispatch(self: &Arc<Self>, m: Message, permit: OwnedSemaphorePermit) {
+        let s = Arc::clone(self);
+        tokio::spawn(async move {
+            let c = &s.counters;
+            c.handled.fetch_add(1, Ordering::SeqCst);
+            let now = c.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+            c.max_in_flight.fetch_max(now, Ordering::SeqCst);
+            let outcome = (s.handler)(m.clone()).await;
+            match &outcome {
+                Ok(()) => {
+                    c.succeeded.fetch_add(1, Ordering::SeqCst);
+                    if let Some(cb) = &s.config.circuit {
+                        cb.on_success();
+                    }
+                }
+                Err(e) => {
+                    c.failed.fetch_add(1, Ordering::SeqCst);
+                    if let Some(cb) = &s.config.circuit {
+                        cb.on_failure(e.kind());
+                    }
+                }
+            }
+            if s.config.ack_mode == AckMode::Auto && !m.is_settled() {
+                let settled = match &outcome {
+                    Ok(()) => m.ack().await,
+                    Err(e) => m.nack(e.message()).await,
+                };
+                if let Err(e) = settled {
+                    tracing::debug!(message_id = %m.id(), error = %e, "settling after the handler failed");
+                }
+            }
+            lock(&s.held).remove(m.ack_token());
+            c.in_flight.fetch_sub(1, Ordering::SeqCst);
+            drop(permit);
+            s.finished.notify_waiters();
+        });
+    }
+
+    /// Waits for every handler in flight.
+    async fn drain(&self) {
+        let n = u32::try_from(self.config.max_concurrency.max(1)).unwrap_or(u32::MAX);
+        if let Ok(all) = self.slots.acquire_many(n).await {
+            drop(all);
+        }
+    }
+}
+
+/// What a prefetch subscriber is doing about its circuit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Messages flow.
+    Flowing,
+    /// Circuit open: nothing is fetched before this instant.
+    Waiting(Instant),
+    /// Holding the circuit's probe; `got` once its message arrived.
+    Probing { got: bool },
+}
+
+/// True when the circuit is not closed (checked again right before a
+/// dispatch: a handler that just finished may have tripped it).
+fn tripped(circuit: Option<&Arc<CircuitBreaker>>) -> bool {
+    circuit.is_some_and(|c| c.state() != CircuitState::Closed)
+}
+
+fn decide(circuit: Option<&Arc<CircuitBreaker>>) -> Mode {
+    let Some(c) = circuit else {
+        return Mode::Flowing;
+    };
+    if c.state() == CircuitState::Closed {
+        return Mode::Flowing;
+    }
+    match c.permit() {
+        Permit::Flow => Mode::Flowing,
+        Permit::Probe => Mode::Probing { got: false },
+        Permit::Wait(t) => Mode::Waiting(t),
+    }
+}
+
+async fn open(
+    s: &Shared,
+    credit: u32,
+    stop: &mut watch::Receiver<bool>,
+) -> Option<super::Subscription> {
+    let mut wait = Duration::from_millis(100);
+    loop {
+        match s
+            .client
+            .subscribe(&s.config.queue, credit, Some(s.timeout))
+            .await
+        {
+            Ok(sub) => return Some(sub),
+            Err(e) => {
+                tracing::warn!(queue = %s.config.queue, error = %e, "cannot subscribe; retrying")
+            }
+        }
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            _ = stop.changed() => return None,
+        }
+        wait = (wait * 2).min(Duration::from_secs(5));
+    }
+}
+
+async fn prefetch(s: Arc<Shared>, max_local: u32, mut stop: watch::Receiver<bool>) -> Result<()> {
+    let Some(mut sub) = open(&s, max_local, &mut stop).await else {
+        return Ok(());
+    };
+    let mut settler: Settler = sub.settler();
+    let mut credit = max_local;
+    let mut buffer: VecDeque<Message> = VecDeque::new();
+    let mut mode = decide(s.config.circuit.as_ref());
+    let check = (s.timeout / 10).clamp(Duration::from_millis(20), Duration::from_secs(1));
+    let mut tick = tokio::time::interval(check);
+    loop {
+        if !matches!(mode, Mode::Probing { .. }) {
+            mode = decide(s.config.circuit.as_ref());
+        }
+        let want = match mode {
+            Mode::Flowing => max_local,
+            Mode::Waiting(_) | Mode::Probing { got: true } => 0,
+            Mode::Probing { got: false } => 1,
+        };
+        if want != credit && settler.set_credit(want).await.is_ok() {
+            credit = want;
+        }
+        if matches!(mode, Mode::Waiting(_)) {
+            while let Some(m) = buffer.pop_front() {
+                s.give_back(&m).await;
+            }
+        }
+        let can_dispatch = !buffer.is_empty() && !matches!(mode, Mode::Waiting(_));
+        let until = match mode {
+            Mode::Waiting(t) => t,
+            _ => Instant::now() + Duration::from_secs(3600),
+        };
+        tokio::select! {
+            d = sub.next() => match d {
+                Some(Ok(d)) => {
+                    let Some(m) = s.message(d, Via::Stream(settler.clone())).await else { continue };
+                    match mode {
+                        Mode::Waiting(_) => s.give_back(&m).await,
+                        Mode::Probing { got: false } => {
+                            mode = Mode::Probing { got: true };
+                            buffer.push_back(m);
+                        }
+                        _ => buffer.push_back(m),
+                    }
+                }
+                Some(Err(e)) => {
+                    tracing::warn!(queue = %s.config.queue, error = %e, "subscription broke; reopening");
+                    buffer.clear();
+                    let Some(again) = open(&s, credit.max(1), &mut stop).await else { break };
+                    sub = again;
+                    settler = sub.settler();
+                }
+                None => {
+                    buffer.clear();
+                    let Some(again) = open(&s, credit.max(1), &mut stop).await else { break };
+                    sub = again;
+                    settler = sub.settler();
+                }
+            },
+            permit = Arc::clone(&s.slots).acquire_owned(), if can_dispatch => {
+                if let (Ok(permit), Some(m)) = (permit, buffer.pop_front()) {
+                    let probe = matches!(mode, Mode::Probing { got: true });
+                    if !probe && tripped(s.config.circuit.as_ref()) {
+                        // The handler that just freed this slot tripped
+                        // the circuit: this message goes back.
+                        drop(permit);
+                        s.give_back(&m).await;
+                        continue;
+                    }
+                    s.dispatch(m, permit);
+                    if probe {
+                        // Wait for the probe's outcome before deciding.
+                        loop {
+                            let finished = s.finished.notified();
+                            if s.counters.in_flight.load(Ordering::SeqCst) == 0 {
+                                break;
+                            }
+                            finished.await;
+                        }
+                        mode = decide(s.config.circuit.as_ref());
+                    }
+                }
+            }
+            _ = tick.tick() => s.extend_due(),
+            () = tokio::time::sleep_until(until), if matches!(mode, Mode::Waiting(_)) => {}
+            _ = stop.changed() => break,
+        }
+    }
+    // Graceful stop: no more deliveries, give back the buffer, let the
+    // handlers in flight finish (settling on the still-open stream).
+    let _ = settler.set_credit(0).await;
+    while let Some(m) = buffer.pop_front() {
+        s.give_back(&m).await;
+    }
+    if let (Mode::Probing { .. }, Some(c)) = (mode, &s.config.circuit) {
+        c.release_probe();
+    }
+    s.drain().await;
+    sub.close().await;
+    Ok(())
+}
+
+async fn polling(
+    s: Arc<Shared>,
+    schedule: Schedule,
+    fetch_size: u32,
+    backpressure: bool,
+    mut stop: watch::Receiver<bool>,
+) -> Result<()> {
+    let mut first = true;
+    loop {
+        if !first {
+            let Some(wait) = schedule.next_wait() else {
+                break;
+            };
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {}
+                _ = stop.changed() => break,
+            }
+        }
+        first = false;
+        let probing = match decide(s.config.circuit.as_ref()) {
+            Mode::Flowing => false,
+            Mode::Probing { .. } => true,
+            Mode::Waiting(_) => continue,
+        };
+        let mut n = if probing { 1 } else { fetch_size };
+        if backpressure {
+            let free = s.slots.available_permits();
+            n = n.min(u32::try_from(free).unwrap_or(u32::MAX));
+        }
+        if n == 0 {
+            if probing && let Some(c) = &s.config.circuit {
+                c.release_probe();
+            }
+            continue;
+        }
+        let req = pb::ReceiveRequest {
+            queue: s.config.queue.clone(),
+            max_messages: n,
+            wait_ms: 0,
+            ack_timeout_ms: Some(u64::try_from(s.timeout.as_millis()).unwrap_or(u64::MAX)),
+            auto_ack: s.config.ack_mode == AckMode::Immediate,
+        };
+        let got = match s.client.receive_with(req).await {
+            Ok(g) => g,
+            Err(e) => {
+                tracing::warn!(queue = %s.config.queue, error = %e, "poll failed");
+                Vec::new()
+            }
+        };
+        if probing && got.is_empty() {
+            if let Some(c) = &s.config.circuit {
+                c.release_probe();
+            }
+            continue;
+        }
+        let via = if s.config.ack_mode == AckMode::Immediate {
+            Via::Done
+        } else {
+            Via::Unary(Box::new(s.client.clone()))
+        };
+        let mut msgs = VecDeque::new();
+        for d in got {
+            if let Some(m) = s.message(d, via.clone()).await {
+                msgs.push_back(m);
+            }
+        }
+        while let Some(m) = msgs.pop_front() {
+            // The circuit tripped meanwhile: what is not dispatched goes back.
+            let permit = tokio::select! {
+                p = Arc::clone(&s.slots).acquire_owned() => p,
+                _ = stop.changed() => {
+                    s.give_back(&m).await;
+                    while let Some(m) = msgs.pop_front() {
+                        s.give_back(&m).await;
+                    }
+                    s.drain().await;
+                    return Ok(());
+                }
+            };
+            let Ok(permit) = permit else { break };
+            if !probing && tripped(s.config.circuit.as_ref()) {
+                drop(permit);
+                s.give_back(&m).await;
+                continue;
+            }
+            s.dispatch(m, permit);
+        }
+        if probing {
+            loop {
+                let finished = s.finished.notified();
+                if s.counters.in_flight.load(Ordering::SeqCst) == 0 {
+                    break;
+                }
+                finished.await;
+            }
+        }
+    }
+    s.drain().await;
+    Ok(())
+}

@@ -1,0 +1,566 @@
+//! The client library and the Subscribe stream against a real server:
+//! strategies, ack modes, lease extension, backpressure, the circuit
+//! breaker, flow control, streams that break (SPEC §3 Subscribe, §9).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use letterbox::client::{
+    AckMode, CircuitBreaker, CircuitConfig, CircuitState, Client, HandlerError, PublisherConfig,
+    Schedule, Strategy, Subscriber, SubscriberConfig, pb,
+};
+
+use crate::harness::*;
+
+async fn client(s: &TestServer) -> Client {
+    Client::connect(format!("http://{}", s.addr)).await.unwrap()
+}
+
+async fn queue(c: &Client, name: &str, config: pb::QueueConfig) {
+    c.create_queue(name, config).await.unwrap();
+}
+
+async fn publish_n(c: &Client, q: &str, prefix: &str, n: usize) {
+    let msgs = (0..n)
+        .map(|i| Client::message(format!("{prefix}-{i}")))
+        .collect();
+    c.publish(q, msgs).await.unwrap();
+}
+
+/// Polls `cond` until it holds (at most `secs` seconds).
+async fn eventually<F, Fut>(secs: u64, what: &str, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let until = Instant::now() + Duration::from_secs(secs);
+    while Instant::now() < until {
+        if cond().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("timed out waiting for: {what}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prefetch_auto_acks_successes_and_nacks_failures_with_the_error_text() {
+    let s = TestServer::start().await;
+    let c = client(&s).await;
+    queue(&c, "dlq", config()).await;
+    queue(&c, "q", with_dlq("dlq", 2)).await;
+    publish_n(&c, "q", "ok", 10).await;
+    publish_n(&c, "q", "bad", 2).await;
+    let config = SubscriberConfig {
+        max_concurrency: 3,
+        ..SubscriberConfig::prefetch("q", 8)
+    };
+    let sub = Subscriber::start(c.clone(), config, |m| async move {
+        let body = String::from_utf8_lossy(m.body()).into_owned();
+        if body.starts_with("bad") {
+            return Err(HandlerError::new(
+                "ORDER:INVALID",
+                format!("cannot handle {body}"),
+            ));
+        }
+        Ok(())
+    })
+    .await
+    .unwrap();
+    eventually(10, "queue drained", || async {
+        c.stats("q").await.unwrap().total == 0
+    })
+    .await;
+    let st = c.stats("q").await.unwrap();
+    assert_eq!((st.acked, st.nacked, st.dead_lettered), (10, 4, 2));
+    let dlq = c.browse("dlq", 10, "").await.unwrap().messages;
+    let mut reasons: Vec<String> = dlq
+        .iter()
+        .map(|m| m.dead_letters[0].last_nack_reason.clone())
+        .collect();
+    reasons.sort();
+    assert_eq!(reasons, ["cannot handle bad-0", "cannot handle bad-1"]);
+    sub.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn manual_mode_leaves_settling_to_the_handler() {
+    let s = TestServer::start().await;
+    let c = client(&s).await;
+    queue(&c, "q", config()).await;
+    publish_n(&c, "q", "m", 6).await;
+    let seen = Arc::new(AtomicU64::new(0));
+    let seen2 = seen.clone();
+    let config = SubscriberConfig {
+        ack_mode: AckMode::Manual,
+        ..SubscriberConfig::polling("q", Duration::from_millis(20))
+    };
+    let sub = Subscriber::start(c.clone(), config, move |m| {
+        let seen = seen2.clone();
+        async move {
+            seen.fetch_add(1, Ordering::SeqCst);
+            let n: u32 = String::from_utf8_lossy(m.body())[2..].parse().unwrap();
+            if n.is_multiple_of(2) {
+                m.ack().await.unwrap();
+                assert!(m.ack().await.is_err(), "a second ack is refused");
+            } else if m.delivery_count() == 1 {
+                m.nack("odd ones twice").await.unwrap();
+            } else {
+                m.ack().await.unwrap();
+            }
+            // Returning Err in MANUAL mode does not settle anything.
+            Err(HandlerError::any("ignored in manual mode"))
+        }
+    })
+    .await
+    .unwrap();
+    eventually(10, "all settled", || async {
+        c.stats("q").await.unwrap().total == 0
+    })
+    .await;
+    sub.stop().await.unwrap();
+    assert_eq!(seen.load(Ordering::SeqCst), 9);
+    let st = c.stats("q").await.unwrap();
+    assert_eq!((st.acked, st.nacked), (6, 3));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn immediate_mode_is_at_most_once() {
+    let s = TestServer::start().await;
+    let c = client(&s).await;
+    queue(&c, "q", config()).await;
+    publish_n(&c, "q", "m", 5).await;
+    for strategy in [
+        SubscriberConfig::prefetch("q", 5),
+        SubscriberConfig::polling("q", Duration::from_millis(20)),
+    ] {
+        let calls = Arc::new(AtomicU64::new(0));
+        let calls2 = calls.clone();
+        let config = SubscriberConfig {
+            ack_mode: AckMode::Immediate,
+            ..strategy
+        };
+        let sub = Subscriber::start(c.clone(), config, move |_m| {
+            let calls = calls2.clone();
+            async move {
+                calls.fetch_add(1, Ordering::SeqCst);
+                Err(HandlerError::any("fails, but the message is gone already"))
+            }
+        })
+        .await
+        .unwrap();
+        eventually(10, "handled", || async {
+            c.stats("q").await.unwrap().total == 0
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        sub.stop().await.unwrap();
+        let st = c.stats("q").await.unwrap();
+        assert_eq!(st.nacked, 0, "nothing is ever nacked");
+        assert!(calls.load(Ordering::SeqCst) <= 5);
+        publish_n(&c, "q", "m", 5).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_handler_keeps_its_message_in_prefetch_mode() {
+    let s = TestServer::start().await;
+    let c = client(&s).await;
+    queue(
+        &c,
+        "q",
+        pb::QueueConfig {
+            ack_timeout_ms: Some(1000),
+            ..config()
+        },
+    )
+    .await;
+    publish_n(&c, "q", "slow", 1).await;
+    let counts = Arc::new(Mutex::new(Vec::new()));
+    let counts2 = counts.clone();
+    let sub = Subscriber::start(c.clone(), SubscriberConfig::prefetch("q", 4), move |m| {
+        let counts = counts2.clone();
+        async move {
+            counts.lock().unwrap().push(m.delivery_count());
+            tokio::time::sleep(Duration::from_millis(2500)).await;
+            Ok(())
+        }
+    })
+    .await
+    .unwrap();
+    eventually(10, "acked", || async {
+        c.stats("q").await.unwrap().acked == 1
+    })
+    .await;
+    let stats = sub.stats();
+    sub.stop().await.unwrap();
+    assert_eq!(*counts.lock().unwrap(), [1], "never redelivered");
+    assert!(stats.extended >= 2, "{stats:?}");
+    assert_eq!(c.stats("q").await.unwrap().nacked, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn polling_with_backpressure_never_holds_more_than_max_concurrency() {
+    let s = TestServer::start().await;
+    let c = client(&s).await;
+    queue(&c, "q", config()).await;
+    publish_n(&c, "q", "m", 20).await;
+    let config = SubscriberConfig {
+        max_concurrency: 2,
+        strategy: Strategy::Polling {
+            schedule: Schedule::Every(Duration::from_millis(10)),
+            fetch_size: 10,
+            backpressure: true,
+        },
+        ..SubscriberConfig::prefetch("q", 1)
+    };
+    let sub = Subscriber::start(c.clone(), config, |_m| async move {
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        Ok(())
+    })
+    .await
+    .unwrap();
+    let mut max_leased = 0;
+    while c.stats("q").await.unwrap().total > 0 {
+        max_leased = max_leased.max(c.stats("q").await.unwrap().in_flight);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let stats = sub.stats();
+    sub.stop().await.unwrap();
+    assert!(max_leased <= 2, "the server saw {max_leased} leased");
+    assert_eq!(stats.max_in_flight, 2, "{stats:?}");
+    assert_eq!(stats.succeeded, 20);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cron_schedule_polls() {
+    let s = TestServer::start().await;
+    let c = client(&s).await;
+    queue(&c, "q", config()).await;
+    publish_n(&c, "q", "m", 3).await;
+    let config = SubscriberConfig {
+        strategy: Strategy::Polling {
+            schedule: Schedule::cron("* * * * * *").unwrap(),
+            fetch_size: 1,
+            backpressure: false,
+        },
+        ..SubscriberConfig::prefetch("q", 1)
+    };
+    let sub = Subscriber::start(c.clone(), config, |_m| async move { Ok(()) })
+        .await
+        .unwrap();
+    eventually(6, "three polls, one message each", || async {
+        c.stats("q").await.unwrap().acked == 3
+    })
+    .await;
+    sub.stop().await.unwrap();
+    assert!(Schedule::cron("not a cron").is_err());
+}
+
+/// Calls to the handler, with the time they started.
+#[derive(Default)]
+struct Calls(Mutex<Vec<Instant>>);
+
+async fn circuit_run(strategy: SubscriberConfig) {
+    let s = TestServer::start().await;
+    let c = client(&s).await;
+    queue(&c, &strategy.queue, config()).await;
+    publish_n(&c, &strategy.queue, "m", 10).await;
+    let up = Arc::new(AtomicBool::new(false));
+    let calls = Arc::new(Calls::default());
+    let breaker = CircuitBreaker::new(
+        "svc",
+        CircuitConfig {
+            error_types: vec!["SVC:DOWN".into()],
+            errors_threshold: 3,
+            trip_timeout: Duration::from_millis(500),
+        },
+    );
+    let config = SubscriberConfig {
+        circuit: Some(breaker.clone()),
+        ..strategy
+    };
+    let q = config.queue.clone();
+    let (up2, calls2) = (up.clone(), calls.clone());
+    let sub = Subscriber::start(c.clone(), config, move |_m| {
+        let (up, calls) = (up2.clone(), calls2.clone());
+        async move {
+            calls.0.lock().unwrap().push(Instant::now());
+            if up.load(Ordering::SeqCst) {
+                Ok(())
+            } else {
+                Err(HandlerError::new("SVC:DOWN", "service unavailable"))
+            }
+        }
+    })
+    .await
+    .unwrap();
+    // Three failures trip it; the half-open probe fails and opens it again.
+    eventually(10, "open twice", || async {
+        breaker
+            .history()
+            .iter()
+            .filter(|s| **s == CircuitState::Open)
+            .count()
+            == 2
+    })
+    .await;
+    let n = calls.0.lock().unwrap().len();
+    assert_eq!(n, 4, "3 failures + 1 failed probe");
+    up.store(true, Ordering::SeqCst);
+    eventually(10, "closed and drained", || async {
+        c.stats(&q).await.unwrap().acked == 10
+    })
+    .await;
+    let stats = sub.stats();
+    sub.stop().await.unwrap();
+    assert_eq!(
+        breaker.history(),
+        [
+            CircuitState::Closed,
+            CircuitState::Open,
+            CircuitState::HalfOpen,
+            CircuitState::Open,
+            CircuitState::HalfOpen,
+            CircuitState::Closed
+        ]
+    );
+    let times = calls.0.lock().unwrap().clone();
+    // While open, nothing was handled: the probe came a trip timeout after
+    // the third failure, and the next probe a trip timeout after that.
+    assert!(
+        times[3] - times[2] >= Duration::from_millis(480),
+        "{:?}",
+        times[3] - times[2]
+    );
+    assert!(
+        times[4] - times[3] >= Duration::from_millis(480),
+        "{:?}",
+        times[4] - times[3]
+    );
+    // Failed handler runs and messages given back unhandled while open
+    // are the failed attempts the server counted.
+    assert_eq!(stats.failed, 4);
+    assert_eq!(
+        c.stats(&q).await.unwrap().nacked,
+        stats.failed + stats.returned,
+        "{stats:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_circuit_breaker_opens_probes_and_closes_when_polling() {
+    circuit_run(SubscriberConfig::polling("q", Duration::from_millis(20))).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_circuit_breaker_opens_probes_and_closes_with_prefetch() {
+    circuit_run(SubscriberConfig::prefetch("q", 5)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_circuit_shared_by_name_stops_every_subscriber_on_it() {
+    let s = TestServer::start().await;
+    let c = client(&s).await;
+    queue(&c, "a", config()).await;
+    queue(&c, "b", config()).await;
+    let cfg = CircuitConfig {
+        error_types: vec![],
+        errors_threshold: 2,
+        trip_timeout: Duration::from_secs(30),
+    };
+    let shared = CircuitBreaker::shared("invoice-service", cfg.clone());
+    let b_calls = Arc::new(AtomicU64::new(0));
+    let b2 = b_calls.clone();
+    let sa = Subscriber::start(
+        c.clone(),
+        SubscriberConfig {
+            circuit: Some(CircuitBreaker::shared("invoice-service", cfg.clone())),
+            ..SubscriberConfig::polling("a", Duration::from_millis(20))
+        },
+        |_m| async move { Err(HandlerError::any("down")) },
+    )
+    .await
+    .unwrap();
+    publish_n(&c, "a", "m", 2).await;
+    eventually(10, "open", || async {
+        shared.state() == CircuitState::Open
+    })
+    .await;
+    let sb = Subscriber::start(
+        c.clone(),
+        SubscriberConfig {
+            circuit: Some(CircuitBreaker::shared("invoice-service", cfg)),
+            ..SubscriberConfig::polling("b", Duration::from_millis(20))
+        },
+        move |_m| {
+            let b = b2.clone();
+            async move {
+                b.fetch_add(1, Ordering::SeqCst);
+                Ok(())
+            }
+        },
+    )
+    .await
+    .unwrap();
+    publish_n(&c, "b", "m", 3).await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(
+        b_calls.load(Ordering::SeqCst),
+        0,
+        "b shares the open circuit"
+    );
+    assert_eq!(
+        c.stats("b").await.unwrap().in_flight,
+        0,
+        "b fetched nothing"
+    );
+    sa.stop().await.unwrap();
+    sb.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_that_goes_away_returns_its_deliveries_at_once() {
+    let s = TestServer::start().await;
+    let c = client(&s).await;
+    queue(&c, "q", config()).await;
+    publish_n(&c, "q", "m", 5).await;
+    let mut sub = c.subscribe("q", 5, None).await.unwrap();
+    for _ in 0..5 {
+        sub.next().await.unwrap().unwrap();
+    }
+    assert_eq!(c.stats("q").await.unwrap().in_flight, 5);
+    drop(sub); // as if the process died: the stream breaks
+    eventually(5, "returned", || async {
+        c.stats("q").await.unwrap().ready == 5
+    })
+    .await;
+    let again = c.receive("q", 5, Duration::ZERO).await.unwrap();
+    assert_eq!(again.len(), 5);
+    assert!(again.iter().all(|d| d.delivery_count == 2));
+    assert_eq!(
+        again[0].attempts[0].outcome,
+        pb::AttemptOutcome::StreamClosed as i32
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credit_bounds_what_the_server_pushes() {
+    let s = TestServer::start().await;
+    let c = client(&s).await;
+    queue(&c, "q", config()).await;
+    let mut sub = c.subscribe("q", 3, None).await.unwrap();
+    let settler = sub.settler();
+    publish_n(&c, "q", "m", 10).await;
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        got.push(sub.next().await.unwrap().unwrap());
+    }
+    let more = tokio::time::timeout(Duration::from_millis(300), sub.next()).await;
+    assert!(more.is_err(), "nothing beyond the credit");
+    let r = settler.ack(vec![got[0].ack_token.clone()]).await.unwrap();
+    assert_eq!(r[0].status, pb::SettleStatus::Ok as i32);
+    let next = tokio::time::timeout(Duration::from_secs(2), sub.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&next.body), "m-3");
+    settler.set_credit(10).await.unwrap();
+    for _ in 0..6 {
+        tokio::time::timeout(Duration::from_secs(2), sub.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+    }
+    // A malformed token is refused as a whole, the stream stays open.
+    let err = settler.ack(vec!["nonsense".into()]).await.unwrap_err();
+    assert_eq!(err.code(), Some(tonic::Code::InvalidArgument));
+    let r = settler.ack(vec![got[1].ack_token.clone()]).await.unwrap();
+    assert_eq!(r[0].status, pb::SettleStatus::Ok as i32);
+    sub.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_on_one_queue_share_its_messages() {
+    let s = TestServer::start().await;
+    let c = client(&s).await;
+    queue(&c, "q", config()).await;
+    let counts: Vec<Arc<AtomicU64>> = (0..2).map(|_| Arc::new(AtomicU64::new(0))).collect();
+    let mut subs = Vec::new();
+    for n in &counts {
+        let n = n.clone();
+        let config = SubscriberConfig {
+            max_concurrency: 4,
+            ..SubscriberConfig::prefetch("q", 50)
+        };
+        subs.push(
+            Subscriber::start(c.clone(), config, move |_m| {
+                let n = n.clone();
+                async move {
+                    n.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    Ok(())
+                }
+            })
+            .await
+            .unwrap(),
+        );
+    }
+    let publisher = c.publisher("q", PublisherConfig::default());
+    let mut pending = Vec::new();
+    for i in 0..400 {
+        pending.push(
+            publisher
+                .enqueue(Client::message(format!("m-{i}")))
+                .await
+                .unwrap(),
+        );
+    }
+    for p in pending {
+        p.await.unwrap().unwrap();
+    }
+    publisher.close().await;
+    eventually(20, "all handled", || async {
+        c.stats("q").await.unwrap().acked == 400
+    })
+    .await;
+    for s in subs {
+        s.stop().await.unwrap();
+    }
+    let (a, b) = (
+        counts[0].load(Ordering::SeqCst),
+        counts[1].load(Ordering::SeqCst),
+    );
+    assert_eq!(a + b, 400);
+    assert!(a >= 80 && b >= 80, "shares {a} / {b}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_are_retried_while_the_server_restarts() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let listen = format!("--listen=127.0.0.1:{port}");
+    let mut s = TestServer::start_with(&[&listen]).await;
+    let c = client(&s).await;
+    queue(&c, "q", config()).await;
+    s.kill();
+    let restart = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        s.restart().await;
+        s
+    });
+    // Safe to retry: the message has an id.
+    let r = c
+        .publish("q", vec![Client::message_with_id("order-1", "x")])
+        .await
+        .unwrap();
+    assert_eq!(r[0].message_id, "order-1");
+    let _s = restart.await.unwrap();
+    assert_eq!(c.stats("q").await.unwrap().total, 1);
+}
