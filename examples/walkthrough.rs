@@ -2,101 +2,73 @@
 //! letter queue, publish, receive, nack until the message dead-letters,
 //! browse the DLQ, and take the message out of it.
 //!
-//! Start a server first (`cargo run -- serve`), then:
+//! Start a server first (`cargo run --release -- serve`), then:
 //!
 //! ```text
 //! cargo run --example walkthrough [http://127.0.0.1:50051]
 //! ```
 
-use letterbox::pb;
-use letterbox::pb::admin_service_client::AdminServiceClient;
-use letterbox::pb::messaging_service_client::MessagingServiceClient;
+use std::time::Duration;
+
+use letterbox::client::{Client, pb};
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let url = std::env::args()
         .nth(1)
         .unwrap_or_else(|| "http://127.0.0.1:50051".into());
-    let mut admin = AdminServiceClient::connect(url.clone()).await?;
-    let mut msg = MessagingServiceClient::connect(url).await?;
+    let client = Client::connect(url).await?;
 
     // 1. A queue whose messages move to `invoices.dlq` after 3 failed
     //    deliveries. The DLQ is an ordinary queue and must exist first.
-    for (name, dead_letter) in [
-        ("invoices.dlq", None),
-        (
-            "invoices",
-            Some(pb::DeadLetterPolicy {
-                queue: "invoices.dlq".into(),
-                max_deliveries: 3,
-            }),
-        ),
-    ] {
-        let config = pb::QueueConfig {
-            dead_letter,
-            ack_timeout_ms: Some(30_000),
-            ..Default::default()
-        };
-        admin
-            .create_queue(pb::CreateQueueRequest {
-                name: name.into(),
-                config: Some(config),
-            })
-            .await?;
-        println!("queue {name} ready");
-    }
+    client
+        .create_queue("invoices.dlq", pb::QueueConfig::default())
+        .await?;
+    let config = pb::QueueConfig {
+        dead_letter: Some(pb::DeadLetterPolicy {
+            queue: "invoices.dlq".into(),
+            max_deliveries: 3,
+        }),
+        ack_timeout_ms: Some(30_000),
+        ..Default::default()
+    };
+    client.create_queue("invoices", config).await?;
+    println!("queues invoices and invoices.dlq ready");
 
     // 2. Publish. The answer comes once the message is on disk.
-    let published = msg
-        .publish(pb::PublishRequest {
-            queue: "invoices".into(),
-            messages: vec![pb::PublishMessage {
-                body: b"order 42: issue the invoice".to_vec().into(),
-                properties: [("customer".to_string(), "acme".to_string())].into(),
-                ..Default::default()
-            }],
-        })
-        .await?
-        .into_inner();
-    let id = &published.results[0].message_id;
+    let message = pb::PublishMessage {
+        properties: [("customer".to_string(), "acme".to_string())].into(),
+        ..Client::message("order 42: issue the invoice")
+    };
+    let published = client.publish("invoices", vec![message]).await?;
+    let id = &published[0].message_id;
     println!("published {id}");
 
     // 3. Receive and fail three times: each nack counts as a delivery
     //    attempt; after the third the broker moves the message to the DLQ.
     for _ in 0..3 {
-        let got = msg
-            .receive(pb::ReceiveRequest {
-                queue: "invoices".into(),
-                max_messages: 1,
-                wait_ms: 5_000,
-                ..Default::default()
-            })
-            .await?
-            .into_inner();
-        let Some(d) = got.deliveries.into_iter().next() else {
+        let got = client
+            .receive("invoices", 1, Duration::from_secs(5))
+            .await?;
+        let Some(d) = got.into_iter().next() else {
             return Err("nothing to receive".into());
         };
-        println!("delivery {} of {}: failing it", d.delivery_count, d.message_id);
-        msg.nack(pb::NackRequest {
-            items: vec![pb::NackItem {
+        println!(
+            "delivery {} of {}: failing it",
+            d.delivery_count, d.message_id
+        );
+        client
+            .nack(vec![pb::NackItem {
                 ack_token: d.ack_token,
                 reason: "tax service unavailable".into(),
                 ..Default::default()
-            }],
-        })
-        .await?;
+            }])
+            .await?;
     }
 
     // 4. Look at the DLQ without consuming: browsing never counts as a
     //    delivery. Each message carries its dead-letter record.
-    let page = admin
-        .browse(pb::BrowseRequest {
-            queue: "invoices.dlq".into(),
-            max_messages: 10,
-            page_token: String::new(),
-        })
-        .await?
-        .into_inner();
+    let page = client.browse("invoices.dlq", 10, "").await?;
     for m in &page.messages {
         for r in &m.dead_letters {
             println!(
@@ -107,20 +79,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
 
     // 5. Someone fixes the cause and handles the message: receive it from
-    //    the DLQ and ack it.
-    let got = msg
-        .receive(pb::ReceiveRequest {
-            queue: "invoices.dlq".into(),
-            max_messages: 1,
-            ..Default::default()
-        })
-        .await?
-        .into_inner();
-    if let Some(d) = got.deliveries.into_iter().next() {
-        msg.ack(pb::AckRequest {
-            ack_tokens: vec![d.ack_token],
-        })
-        .await?;
+    //    the DLQ and ack it (or redrive it back: `letterbox dlq redrive`).
+    for d in client.receive("invoices.dlq", 1, Duration::ZERO).await? {
+        client.ack(vec![d.ack_token]).await?;
         println!("handled {} from the DLQ", d.message_id);
     }
     Ok(())

@@ -54,6 +54,10 @@ pub struct ServeArgs {
     /// Checkpoint after this many bytes of log.
     #[arg(long, env = "LETTERBOX_CHECKPOINT_BYTES", default_value = "128MiB")]
     pub checkpoint_bytes: ByteSize,
+    /// A definitions file (queues, exchanges, bindings) applied at start,
+    /// after recovery and before serving; an invalid file stops the start.
+    #[arg(long, env = "LETTERBOX_DEFINITIONS")]
+    pub definitions: Option<PathBuf>,
     /// How long a graceful shutdown waits for calls in flight.
     #[arg(long, env = "LETTERBOX_SHUTDOWN_GRACE", default_value = "10s")]
     pub shutdown_grace: Millis,

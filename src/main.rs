@@ -79,6 +79,29 @@ async fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    if let Some(path) = &args.definitions {
+        let applied = match std::fs::read_to_string(path) {
+            Ok(text) => server
+                .broker()
+                .import_definitions_json(&text)
+                .await
+                .map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        match applied {
+            Ok(r) => tracing::info!(
+                file = %path.display(),
+                queues = r.queues_created,
+                exchanges = r.exchanges_created,
+                bindings = r.bindings_changed,
+                "definitions applied"
+            ),
+            Err(e) => {
+                eprintln!("letterbox: definitions {}: {e}", path.display());
+                return ExitCode::from(1);
+            }
+        }
+    }
     let report = server.open_report();
     tracing::info!(
         data_dir = %config.data_dir.display(),

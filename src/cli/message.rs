@@ -18,13 +18,17 @@ fn key_value(s: &str) -> std::result::Result<(String, String), String> {
         .ok_or_else(|| format!("{s:?} is not KEY=VALUE"))
 }
 
-/// Flags of `publish`.
+/// Flags of `publish`: `publish QUEUE [BODY...]`, or `publish --exchange
+/// NAME [BODY...]`.
 #[derive(Debug, Args)]
 pub struct PublishArgs {
-    /// Queue to publish into.
-    queue: String,
-    /// Message bodies, one message each.
-    bodies: Vec<String>,
+    /// The queue (unless --exchange is given), then message bodies, one
+    /// message each.
+    #[arg(value_name = "QUEUE BODY")]
+    words: Vec<String>,
+    /// Publish through this exchange instead of into a queue.
+    #[arg(long)]
+    exchange: Option<String>,
     /// Publish each line of this file as a message.
     #[arg(long, conflicts_with = "stdin")]
     file: Option<PathBuf>,
@@ -55,7 +59,15 @@ pub struct PublishArgs {
 }
 
 pub(super) async fn publish(client: &Client, out: &Out, a: PublishArgs) -> Result<()> {
-    let mut bodies = a.bodies.clone();
+    let (target, mut bodies) = match &a.exchange {
+        Some(x) => (x.clone(), a.words.clone()),
+        None => {
+            let Some((q, rest)) = a.words.split_first() else {
+                return Err(usage("give a queue to publish into (or --exchange NAME)"));
+            };
+            (q.clone(), rest.to_vec())
+        }
+    };
     let mut total: Option<u64> = Some(bodies.len() as u64);
     let reader: Option<Box<dyn BufRead>> = if let Some(path) = &a.file {
         let text = std::fs::read_to_string(path)
@@ -111,7 +123,10 @@ pub(super) async fn publish(client: &Client, out: &Out, a: PublishArgs) -> Resul
         }
         let chunk: Vec<_> = pending.drain(..pending.len().min(batch)).collect();
         let n = chunk.len() as u64;
-        results.extend(client.publish(&a.queue, chunk).await?);
+        results.extend(match &a.exchange {
+            Some(x) => client.publish_to_exchange(x, chunk).await?,
+            None => client.publish(&target, chunk).await?,
+        });
         if let Some(b) = &bar {
             b.inc(n);
         }
@@ -120,34 +135,38 @@ pub(super) async fn publish(client: &Client, out: &Out, a: PublishArgs) -> Resul
         b.finish_and_clear();
     }
     if out.json {
+        let routed: Vec<_> = results.iter().map(|r| json!({"message_id": r.message_id, "duplicate": r.duplicate, "routed_to": r.routed_to})).collect();
         out.doc(&json!({
-            "queue": a.queue,
+            "target": target,
+            "exchange": a.exchange.is_some(),
             "published": results.iter().filter(|r| !r.duplicate).count(),
             "duplicates": results.iter().filter(|r| r.duplicate).count(),
-            "results": results.iter().map(|r| json!({"message_id": r.message_id, "duplicate": r.duplicate})).collect::<Vec<_>>(),
+            "results": routed,
         }));
     } else if results.len() <= 20 {
         let rows: Vec<Vec<String>> = results
             .iter()
             .map(|r| {
-                vec![
-                    r.message_id.clone(),
-                    if r.duplicate {
-                        "duplicate (not stored again)"
-                    } else {
-                        "stored"
-                    }
-                    .into(),
-                ]
+                let result = if r.duplicate {
+                    "duplicate (not stored again)".to_string()
+                } else if a.exchange.is_some() {
+                    format!(
+                        "routed to {} queue(s): {}",
+                        r.routed_to.len(),
+                        r.routed_to.join(", ")
+                    )
+                } else {
+                    "stored".to_string()
+                };
+                vec![r.message_id.clone(), result]
             })
             .collect();
         out.table(&["MESSAGE ID", "RESULT"], &rows);
     } else {
         let dups = results.iter().filter(|r| r.duplicate).count();
         println!(
-            "published {} message(s) to {} ({dups} duplicate(s))",
-            results.len() - dups,
-            a.queue
+            "published {} message(s) to {target} ({dups} duplicate(s))",
+            results.len() - dups
         );
     }
     Ok(())

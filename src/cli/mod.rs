@@ -1,4 +1,5 @@
-//! The command-line client: `letterbox queue|publish|consume|browse|group`.
+//! The command-line client: `letterbox queue|publish|consume|browse|group|
+//! exchange|dlq|definitions`.
 //! Built on [`crate::client`] only.
 //!
 //! Output is a human-readable table by default and JSON with `--json`
@@ -6,6 +7,9 @@
 //! 0 success, 1 the server refused the request, 2 bad usage, 3 the server
 //! could not be reached.
 
+mod definitions;
+mod dlq;
+mod exchange;
 mod group;
 mod message;
 mod output;
@@ -48,6 +52,15 @@ pub enum Command {
     /// FIFO groups: list, skip a head, release a parked group.
     #[command(subcommand)]
     Group(group::GroupCmd),
+    /// Fanout exchanges and their bindings.
+    #[command(subcommand)]
+    Exchange(exchange::ExchangeCmd),
+    /// Dead letter queues: redrive.
+    #[command(subcommand)]
+    Dlq(dlq::DlqCmd),
+    /// Export or import queues, exchanges and bindings as JSON.
+    #[command(subcommand)]
+    Definitions(definitions::DefinitionsCmd),
 }
 
 /// Runs a client command.
@@ -65,6 +78,9 @@ pub async fn run(common: Common, command: Command) -> ExitCode {
         Command::Consume(a) => message::consume(&client, &out, a).await,
         Command::Browse(a) => message::browse(&client, &out, a).await,
         Command::Group(cmd) => group::run(&client, &out, cmd).await,
+        Command::Exchange(cmd) => exchange::run(&client, &out, cmd).await,
+        Command::Dlq(cmd) => dlq::run(&client, &out, cmd).await,
+        Command::Definitions(cmd) => definitions::run(&client, &out, cmd).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

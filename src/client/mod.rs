@@ -358,6 +358,133 @@ impl Client {
         Ok(r.head_message_id)
     }
 
+    /// Creates a fanout exchange (a no-op if it exists).
+    pub async fn create_exchange(&self, name: &str) -> Result<pb::Exchange> {
+        let r = self
+            .call(true, Duration::ZERO, || {
+                let mut c = self.admin.clone();
+                let req = pb::CreateExchangeRequest { name: name.into() };
+                async move { c.create_exchange(req).await }
+            })
+            .await?;
+        r.exchange.ok_or_else(|| missing("exchange"))
+    }
+
+    /// Describes an exchange.
+    pub async fn get_exchange(&self, name: &str) -> Result<pb::Exchange> {
+        let r = self
+            .call(true, Duration::ZERO, || {
+                let mut c = self.admin.clone();
+                let req = pb::GetExchangeRequest { name: name.into() };
+                async move { c.get_exchange(req).await }
+            })
+            .await?;
+        r.exchange.ok_or_else(|| missing("exchange"))
+    }
+
+    /// Lists every exchange.
+    pub async fn list_exchanges(&self) -> Result<Vec<pb::Exchange>> {
+        let mut out = Vec::new();
+        let mut token = String::new();
+        loop {
+            let page = self
+                .call(true, Duration::ZERO, || {
+                    let mut c = self.admin.clone();
+                    let req = pb::ListExchangesRequest {
+                        page_size: 1000,
+                        page_token: token.clone(),
+                    };
+                    async move { c.list_exchanges(req).await }
+                })
+                .await?;
+            out.extend(page.exchanges);
+            if page.next_page_token.is_empty() {
+                return Ok(out);
+            }
+            token = page.next_page_token;
+        }
+    }
+
+    /// Deletes an exchange and its bindings.
+    pub async fn delete_exchange(&self, name: &str) -> Result<()> {
+        self.call(true, Duration::ZERO, || {
+            let mut c = self.admin.clone();
+            let req = pb::DeleteExchangeRequest { name: name.into() };
+            async move { c.delete_exchange(req).await }
+        })
+        .await?;
+        Ok(())
+    }
+
+    /// Binds a queue to an exchange with a property filter.
+    pub async fn bind(
+        &self,
+        exchange: &str,
+        queue: &str,
+        filter: Vec<(String, String)>,
+    ) -> Result<pb::Exchange> {
+        let r = self
+            .call(true, Duration::ZERO, || {
+                let mut c = self.admin.clone();
+                let req = pb::BindRequest {
+                    exchange: exchange.into(),
+                    binding: Some(pb::Binding {
+                        queue: queue.into(),
+                        filter: filter.iter().cloned().collect(),
+                    }),
+                };
+                async move { c.bind(req).await }
+            })
+            .await?;
+        r.exchange.ok_or_else(|| missing("exchange"))
+    }
+
+    /// Removes a queue's binding to an exchange.
+    pub async fn unbind(&self, exchange: &str, queue: &str) -> Result<pb::Exchange> {
+        let r = self
+            .call(true, Duration::ZERO, || {
+                let mut c = self.admin.clone();
+                let req = pb::UnbindRequest {
+                    exchange: exchange.into(),
+                    queue: queue.into(),
+                };
+                async move { c.unbind(req).await }
+            })
+            .await?;
+        r.exchange.ok_or_else(|| missing("exchange"))
+    }
+
+    /// Starts a redrive; the stream yields progress, the last item with
+    /// `done` set.
+    pub async fn redrive(
+        &self,
+        req: pb::RedriveRequest,
+    ) -> Result<tonic::Streaming<pb::RedriveResponse>> {
+        let mut c = self.admin.clone();
+        Ok(c.redrive(req).await?.into_inner())
+    }
+
+    /// The server's definitions document (JSON).
+    pub async fn export_definitions(&self) -> Result<String> {
+        let r = self
+            .call(true, Duration::ZERO, || {
+                let mut c = self.admin.clone();
+                async move { c.export_definitions(pb::ExportDefinitionsRequest {}).await }
+            })
+            .await?;
+        Ok(r.json)
+    }
+
+    /// Applies a definitions document (JSON), atomically.
+    pub async fn import_definitions(&self, json: &str) -> Result<pb::ImportDefinitionsResponse> {
+        self.call(true, Duration::ZERO, || {
+            let mut c = self.admin.clone();
+            let req = pb::ImportDefinitionsRequest { json: json.into() };
+            async move { c.import_definitions(req).await }
+        })
+        .await
+    }
+
     // ---- messaging --------------------------------------------------------
 
     /// Publishes a batch of messages (all or nothing). Retried on
@@ -374,6 +501,30 @@ impl Client {
                 let req = pb::PublishRequest {
                     queue: queue.into(),
                     messages: messages.clone(),
+                    exchange: String::new(),
+                };
+                async move { c.publish(req).await }
+            })
+            .await?;
+        Ok(r.results)
+    }
+
+    /// Publishes through an exchange: each message into every bound queue
+    /// whose filter matches, atomically. Retried on UNAVAILABLE only when
+    /// every message has a client-chosen id.
+    pub async fn publish_to_exchange(
+        &self,
+        exchange: &str,
+        messages: Vec<pb::PublishMessage>,
+    ) -> Result<Vec<pb::PublishResult>> {
+        let retry = messages.iter().all(|m| !m.message_id.is_empty());
+        let r = self
+            .call(retry, Duration::ZERO, || {
+                let mut c = self.msg.clone();
+                let req = pb::PublishRequest {
+                    queue: String::new(),
+                    messages: messages.clone(),
+                    exchange: exchange.into(),
                 };
                 async move { c.publish(req).await }
             })

@@ -180,6 +180,7 @@ impl Broker {
             }
             change.txn.delete(Key::Queue(name));
             change.txn.delete(Key::Counters(qid));
+            super::exchange::unbind_everywhere(&mut st, name, &mut change);
             st.names.remove(name);
             (qid, self.submit(&st, change))
         };
@@ -264,6 +265,8 @@ impl Broker {
                 dead_lettered: c.dead_lettered,
                 dead_letters_received: c.dead_letters_received,
                 purged: c.purged,
+                redriven: c.redriven,
+                redrive_received: c.redrive_received,
             };
             (qid, q.msgs.keys().next().copied(), stats)
         };

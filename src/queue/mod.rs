@@ -22,14 +22,17 @@
 //! through [`Store`]. It never names tonic, prost or sled.
 
 mod admin;
+pub mod definitions;
 mod delivery;
 mod dlq;
 pub mod error;
+pub mod exchange;
 mod fifo;
 pub mod model;
 mod persist;
 mod publish;
 mod recovery;
+pub mod redrive;
 mod state;
 mod timers;
 pub mod token;
@@ -80,6 +83,8 @@ pub(crate) struct State {
     pub names: BTreeMap<String, u32>,
     /// DLQ name → names of the queues that use it.
     pub dlq_sources: HashMap<String, BTreeSet<String>>,
+    /// Exchanges by name.
+    pub exchanges: BTreeMap<String, exchange::ExchangeState>,
     pub timers: Timers,
     pub next_pos: u64,
     pub pos_reserved: u64,

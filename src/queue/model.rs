@@ -197,6 +197,8 @@ pub struct Published {
     pub message_id: String,
     /// True when it was not stored again.
     pub duplicate: bool,
+    /// Through an exchange: the queues it was stored in.
+    pub routed_to: Vec<String>,
 }
 
 /// Why a message was dead-lettered.
@@ -360,6 +362,10 @@ pub struct QueueStats {
     pub dead_letters_received: u64,
     /// Deleted by purges.
     pub purged: u64,
+    /// Moved out by redrives.
+    pub redriven: u64,
+    /// Moved in by redrives.
+    pub redrive_received: u64,
 }
 
 /// Where a message stands.

@@ -84,6 +84,8 @@ pub(crate) fn counters_record(c: &Counters) -> CountersRecord {
         dead_lettered: c.dead_lettered,
         dead_letters_received: c.dead_letters_received,
         purged: c.purged,
+        redriven: c.redriven,
+        redrive_received: c.redrive_received,
     }
 }
 
@@ -96,6 +98,8 @@ pub(crate) fn counters(r: &CountersRecord) -> Counters {
         dead_lettered: r.dead_lettered,
         dead_letters_received: r.dead_letters_received,
         purged: r.purged,
+        redriven: r.redriven,
+        redrive_received: r.redrive_received,
     }
 }
 

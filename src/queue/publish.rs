@@ -16,7 +16,7 @@ use super::state::{Entry, EntryState, QueueState};
 use super::{Broker, Change, State, durable, validate};
 
 /// Why a message of a batch is not stored.
-enum Dup {
+pub(crate) enum Dup {
     /// Stored already under this id.
     Stored(String),
     /// A duplicate of the batch's message at this index.
@@ -33,14 +33,7 @@ impl Broker {
         }
         let now = self.now();
         // Encoding copies bodies: do it before taking the lock.
-        let payloads: Vec<Bytes> = msgs
-            .iter()
-            .map(|m| {
-                let mut props = m.properties.clone();
-                props.sort();
-                encode_payload(&PayloadRecord::new(now, props, m.body.clone()))
-            })
-            .collect();
+        let payloads = encode_all(&msgs, now);
         let (results, commit) = {
             let mut st = self.lock();
             let qid = st.qid(queue)?;
@@ -72,26 +65,39 @@ impl Broker {
                 }
             }
             let mut change = Change::default();
-            let mut results = Vec::with_capacity(msgs.len());
-            for (i, (m, payload)) in msgs.into_iter().zip(payloads).enumerate() {
+            let mut results: Vec<Published> = Vec::with_capacity(msgs.len());
+            for (i, (m, payload)) in msgs.iter().zip(payloads).enumerate() {
                 let first = match &dups[i] {
                     Some(Dup::Stored(id)) => Some(id.clone()),
-                    Some(Dup::Earlier(j)) => {
-                        results.get(*j).map(|r: &Published| r.message_id.clone())
-                    }
+                    Some(Dup::Earlier(j)) => results.get(*j).map(|r| r.message_id.clone()),
                     None => None,
                 };
                 if let Some(message_id) = first {
                     results.push(Published {
                         message_id,
                         duplicate: true,
+                        routed_to: Vec::new(),
                     });
                     continue;
                 }
-                let id = store_new(&mut st, qid, m, payload, &keys[i], now, &mut change)?;
+                let id = match &m.message_id {
+                    Some(id) => (id.clone(), true),
+                    None => (new_message_id(now, st.next_pos), false),
+                };
+                store_new(
+                    &mut st,
+                    qid,
+                    m,
+                    id.clone(),
+                    payload,
+                    &keys[i],
+                    now,
+                    &mut change,
+                )?;
                 results.push(Published {
-                    message_id: id,
+                    message_id: id.0,
                     duplicate: false,
+                    routed_to: Vec::new(),
                 });
             }
             let q = st.queue(qid)?;
@@ -105,23 +111,24 @@ impl Broker {
     }
 }
 
-/// Stores one new message; returns its id.
-fn store_new(
+/// Stores one new message under `id` (and whether the client chose it).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn store_new(
     st: &mut State,
     qid: u32,
-    m: NewMessage,
+    m: &NewMessage,
+    id: (String, bool),
     payload: Bytes,
     keys: &[Vec<u8>],
     now: u64,
     change: &mut Change,
-) -> Result<String> {
+) -> Result<()> {
     let pos = st.alloc_pos(&mut change.txn);
     let State { queues, timers, .. } = st;
     let q = queues
         .get_mut(&qid)
         .ok_or_else(|| QueueError::Unavailable(format!("queue number {qid} vanished")))?;
-    let client_id = m.message_id.is_some();
-    let message_id = m.message_id.unwrap_or_else(|| new_message_id(now, pos));
+    let (message_id, client_id) = id;
     let delay = m.delay.unwrap_or(q.config.delivery_delay);
     let visible_at = now + delay;
     let expires_at = now + m.ttl.unwrap_or(q.config.message_ttl);
@@ -143,7 +150,10 @@ fn store_new(
         first_delivered_at: 0,
         attempts: Vec::new(),
         dead_letters: Vec::new(),
-        group: m.group_id.filter(|_| q.config.kind == QueueKind::Fifo),
+        group: m
+            .group_id
+            .clone()
+            .filter(|_| q.config.kind == QueueKind::Fifo),
         size,
         own_ttl: m.ttl.is_some(),
     };
@@ -189,13 +199,24 @@ fn store_new(
         },
         timers,
     );
-    Ok(message_id)
+    Ok(())
+}
+
+/// Encodes every message's payload record.
+pub(crate) fn encode_all(msgs: &[NewMessage], now: u64) -> Vec<Bytes> {
+    msgs.iter()
+        .map(|m| {
+            let mut props = m.properties.clone();
+            props.sort();
+            encode_payload(&PayloadRecord::new(now, props, m.body.clone()))
+        })
+        .collect()
 }
 
 /// Marks each message that must not be stored: its client id is in the
 /// queue, or (FIFO) one of its dedup keys is within the dedup window, or
 /// an earlier message of the batch has the same id or key.
-fn find_duplicates(
+pub(crate) fn find_duplicates(
     q: &QueueState,
     msgs: &[NewMessage],
     keys: &[Vec<Vec<u8>>],
@@ -262,7 +283,7 @@ fn dedup_keys(m: &NewMessage, content_based: bool) -> Vec<Vec<u8>> {
 /// A server-assigned message id: 26 characters of Crockford base32 of
 /// (48-bit time in ms, 64-bit position, 16 bits of per-process salt), so
 /// ids sort by time and never repeat within a data directory.
-fn new_message_id(now: u64, pos: u64) -> String {
+pub(crate) fn new_message_id(now: u64, pos: u64) -> String {
     static SALT: OnceLock<u16> = OnceLock::new();
     let salt = *SALT.get_or_init(|| {
         let mut h = std::collections::hash_map::RandomState::new().build_hasher();

@@ -5,7 +5,9 @@
 //! Messages of queues that no longer exist (a delete cut short by a crash)
 //! are deleted.
 
-use crate::storage::records::{CountersRecord, DedupRecord, GroupRecord, MetaRecord, QueueRecord};
+use crate::storage::records::{
+    CountersRecord, DedupRecord, ExchangeRecord, GroupRecord, MetaRecord, QueueRecord,
+};
 use crate::storage::{Key, OwnedKey, Space, Store, SysKey, Txn};
 
 use super::State;
@@ -38,6 +40,16 @@ pub(crate) fn load(store: &Store, now: u64) -> Result<State> {
             && let Some(q) = st.queues.get_mut(&qid)
         {
             q.counters = persist::counters(&rec);
+        }
+    }
+    for item in store.scan::<ExchangeRecord>(Space::Exchanges) {
+        let (key, rec) = item?;
+        if let OwnedKey::Exchange(name) = key {
+            let x = super::exchange::ExchangeState {
+                created_at: rec.created_at,
+                bindings: rec.bindings.into_iter().collect(),
+            };
+            st.exchanges.insert(name, x);
         }
     }
     let mut cleanup = Txn::new();

@@ -63,6 +63,8 @@ pub(crate) struct Counters {
     pub dead_lettered: u64,
     pub dead_letters_received: u64,
     pub purged: u64,
+    pub redriven: u64,
+    pub redrive_received: u64,
 }
 
 /// One FIFO message group.

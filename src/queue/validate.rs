@@ -309,6 +309,25 @@ pub fn batch(field: &str, len: usize) -> Result<()> {
     Ok(())
 }
 
+/// Checks a binding filter: non-empty property names, at most 64 pairs.
+pub fn filter(field: &str, pairs: &[(String, String)]) -> Result<()> {
+    if pairs.len() > limits::MAX_PROPERTIES {
+        return Err(QueueError::invalid(
+            field,
+            format!("{} entries", pairs.len()),
+            format!("at most {} entries are allowed", limits::MAX_PROPERTIES),
+        ));
+    }
+    if pairs.iter().any(|(k, _)| k.is_empty()) {
+        return Err(QueueError::invalid(
+            field,
+            "\"\"",
+            "property names must not be empty",
+        ));
+    }
+    Ok(())
+}
+
 /// Checks a page size: 0 means 100, at most 1000.
 pub fn page_size(field: &str, v: u32) -> Result<usize> {
     match v {

@@ -5,11 +5,13 @@ use std::collections::HashMap;
 
 use crate::pb;
 use crate::queue::QueueError;
+use crate::queue::exchange::ExchangeInfo;
 use crate::queue::model::{
     Attempt, AttemptOutcome, BrowsedMessage, DeadLetter, DeadLetterReason, Delivery, GroupInfo,
     GroupState, MessageState, NewMessage, PoisonPolicy, QueueConfig, QueueConfigInput, QueueInfo,
     QueueKind, QueueStats, RetryBackoff, Settled,
 };
+use crate::queue::redrive::RedriveSpec;
 
 type Result<T> = std::result::Result<T, QueueError>;
 
@@ -211,6 +213,8 @@ pub(crate) fn stats_pb(s: QueueStats) -> pb::QueueStats {
         dead_letters_received: s.dead_letters_received,
         parked: s.parked,
         purged: s.purged,
+        redriven: s.redriven,
+        redrive_received: s.redrive_received,
     }
 }
 
@@ -236,6 +240,55 @@ pub(crate) fn browsed_pb(m: BrowsedMessage) -> pb::BrowsedMessage {
         group_id: m.group_id.unwrap_or_default(),
         dead_letters: dead_letters_pb(m.dead_letters),
         attempts: attempts_pb(m.attempts),
+    }
+}
+
+/// A dead-letter reason from a request.
+pub(crate) fn reason_from(field: &str, v: i32) -> Result<DeadLetterReason> {
+    match pb::DeadLetterReason::try_from(v) {
+        Ok(pb::DeadLetterReason::MaxDeliveries) => Ok(DeadLetterReason::MaxDeliveries),
+        Ok(pb::DeadLetterReason::Rejected) => Ok(DeadLetterReason::Rejected),
+        Ok(pb::DeadLetterReason::Expired) => Ok(DeadLetterReason::Expired),
+        Ok(pb::DeadLetterReason::Skipped) => Ok(DeadLetterReason::Skipped),
+        Ok(pb::DeadLetterReason::Unspecified) | Err(_) => {
+            Err(QueueError::invalid(field, v, "is not a DeadLetterReason"))
+        }
+    }
+}
+
+/// A redrive request.
+pub(crate) fn redrive_spec(r: &pb::RedriveRequest) -> Result<RedriveSpec> {
+    let reasons = r
+        .reasons
+        .iter()
+        .enumerate()
+        .map(|(i, v)| reason_from(&format!("reasons[{i}]"), *v))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(RedriveSpec {
+        dlq: r.queue.clone(),
+        target: non_empty(r.target.clone()),
+        message_ids: r.message_ids.clone(),
+        source_queue: non_empty(r.source_queue.clone()),
+        reasons,
+        since: r.since_unix_ms,
+        until: r.until_unix_ms,
+        dry_run: r.dry_run,
+    })
+}
+
+/// An exchange.
+pub(crate) fn exchange_pb(x: ExchangeInfo) -> pb::Exchange {
+    pb::Exchange {
+        name: x.name,
+        bindings: x
+            .bindings
+            .into_iter()
+            .map(|(queue, filter)| pb::Binding {
+                queue,
+                filter: filter.into_iter().collect(),
+            })
+            .collect(),
+        created_at_unix_ms: x.created_at,
     }
 }
 

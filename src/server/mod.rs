@@ -7,6 +7,7 @@
 //! closes the store (apply and checkpoint).
 
 mod convert;
+mod redrive;
 mod service;
 mod status;
 mod subscribe;

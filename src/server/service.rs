@@ -9,7 +9,7 @@ use tokio_util::task::TaskTracker;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::status::to_status;
-use super::{convert, subscribe};
+use super::{convert, redrive, subscribe};
 use crate::pb;
 use crate::pb::admin_service_server::AdminService;
 use crate::pb::messaging_service_server::MessagingService;
@@ -183,6 +183,120 @@ impl AdminService for Service {
         Ok(Response::new(pb::SkipHeadResponse { message_id: id }))
     }
 
+    async fn create_exchange(
+        &self,
+        req: Request<pb::CreateExchangeRequest>,
+    ) -> Rpc<pb::CreateExchangeResponse> {
+        let name = req.into_inner().name;
+        let (x, created) = self
+            .broker
+            .create_exchange(&name)
+            .await
+            .map_err(to_status)?;
+        Ok(Response::new(pb::CreateExchangeResponse {
+            exchange: Some(convert::exchange_pb(x)),
+            created,
+        }))
+    }
+
+    async fn get_exchange(
+        &self,
+        req: Request<pb::GetExchangeRequest>,
+    ) -> Rpc<pb::GetExchangeResponse> {
+        let x = self
+            .broker
+            .get_exchange(&req.into_inner().name)
+            .map_err(to_status)?;
+        Ok(Response::new(pb::GetExchangeResponse {
+            exchange: Some(convert::exchange_pb(x)),
+        }))
+    }
+
+    async fn list_exchanges(
+        &self,
+        req: Request<pb::ListExchangesRequest>,
+    ) -> Rpc<pb::ListExchangesResponse> {
+        let r = req.into_inner();
+        let (xs, next) = self
+            .broker
+            .list_exchanges(r.page_size, page_token(&r.page_token))
+            .map_err(to_status)?;
+        Ok(Response::new(pb::ListExchangesResponse {
+            exchanges: xs.into_iter().map(convert::exchange_pb).collect(),
+            next_page_token: next.unwrap_or_default(),
+        }))
+    }
+
+    async fn delete_exchange(
+        &self,
+        req: Request<pb::DeleteExchangeRequest>,
+    ) -> Rpc<pb::DeleteExchangeResponse> {
+        self.broker
+            .delete_exchange(&req.into_inner().name)
+            .await
+            .map_err(to_status)?;
+        Ok(Response::new(pb::DeleteExchangeResponse {}))
+    }
+
+    async fn bind(&self, req: Request<pb::BindRequest>) -> Rpc<pb::BindResponse> {
+        let r = req.into_inner();
+        let b = r.binding.unwrap_or_default();
+        let x = self
+            .broker
+            .bind(&r.exchange, &b.queue, b.filter.into_iter().collect())
+            .await
+            .map_err(to_status)?;
+        Ok(Response::new(pb::BindResponse {
+            exchange: Some(convert::exchange_pb(x)),
+        }))
+    }
+
+    async fn unbind(&self, req: Request<pb::UnbindRequest>) -> Rpc<pb::UnbindResponse> {
+        let r = req.into_inner();
+        let x = self
+            .broker
+            .unbind(&r.exchange, &r.queue)
+            .await
+            .map_err(to_status)?;
+        Ok(Response::new(pb::UnbindResponse {
+            exchange: Some(convert::exchange_pb(x)),
+        }))
+    }
+
+    type RedriveStream = ReceiverStream<Result<pb::RedriveResponse, Status>>;
+
+    async fn redrive(&self, req: Request<pb::RedriveRequest>) -> Rpc<Self::RedriveStream> {
+        let r = req.into_inner();
+        tracing::info!(queue = %r.queue, target = %r.target, dry_run = r.dry_run, "redrive");
+        Ok(Response::new(self.start_redrive(r)?))
+    }
+
+    async fn export_definitions(
+        &self,
+        _req: Request<pb::ExportDefinitionsRequest>,
+    ) -> Rpc<pb::ExportDefinitionsResponse> {
+        let defs = self.broker.export_definitions();
+        let json =
+            serde_json::to_string_pretty(&defs).map_err(|e| Status::internal(e.to_string()))?;
+        Ok(Response::new(pb::ExportDefinitionsResponse { json }))
+    }
+
+    async fn import_definitions(
+        &self,
+        req: Request<pb::ImportDefinitionsRequest>,
+    ) -> Rpc<pb::ImportDefinitionsResponse> {
+        let r = self
+            .broker
+            .import_definitions_json(&req.into_inner().json)
+            .await
+            .map_err(to_status)?;
+        Ok(Response::new(pb::ImportDefinitionsResponse {
+            queues_created: r.queues_created,
+            exchanges_created: r.exchanges_created,
+            bindings_changed: r.bindings_changed,
+        }))
+    }
+
     async fn release_group(
         &self,
         req: Request<pb::ReleaseGroupRequest>,
@@ -197,6 +311,27 @@ impl AdminService for Service {
         Ok(Response::new(pb::ReleaseGroupResponse {
             head_message_id: id,
         }))
+    }
+}
+
+impl Service {
+    /// Runs a redrive on a session task, streaming its progress.
+    fn start_redrive(
+        &self,
+        r: pb::RedriveRequest,
+    ) -> Result<ReceiverStream<Result<pb::RedriveResponse, Status>>, Status> {
+        let spec = convert::redrive_spec(&r).map_err(to_status)?;
+        let end = self.broker.start_redrive(&spec).map_err(to_status)?;
+        let (tx, rx) = mpsc::channel(4);
+        self.sessions.spawn(redrive::run(
+            Arc::clone(&self.broker),
+            spec,
+            end,
+            r.limit,
+            r.rate_per_second,
+            tx,
+        ));
+        Ok(ReceiverStream::new(rx))
     }
 }
 
@@ -233,17 +368,23 @@ impl MessagingService for Service {
         let r = req.into_inner();
         tracing::debug!(queue = %r.queue, messages = r.messages.len(), "publish");
         let msgs = r.messages.into_iter().map(convert::new_message).collect();
-        let results = self
-            .broker
-            .publish(&r.queue, msgs)
-            .await
-            .map_err(to_status)?;
+        let results = match (r.queue.is_empty(), r.exchange.is_empty()) {
+            (false, true) => self.broker.publish(&r.queue, msgs).await,
+            (true, false) => self.broker.publish_to_exchange(&r.exchange, msgs).await,
+            _ => Err(crate::queue::QueueError::invalid(
+                "queue",
+                format!("queue {:?}, exchange {:?}", r.queue, r.exchange),
+                "set exactly one of queue and exchange",
+            )),
+        }
+        .map_err(to_status)?;
         Ok(Response::new(pb::PublishResponse {
             results: results
                 .into_iter()
                 .map(|p| pb::PublishResult {
                     message_id: p.message_id,
                     duplicate: p.duplicate,
+                    routed_to: p.routed_to,
                 })
                 .collect(),
         }))

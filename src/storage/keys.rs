@@ -12,6 +12,7 @@
 //! | `0x05` | `Payload(pid)`: tag, `u64` | [`PayloadRecord`](super::records::PayloadRecord) |
 //! | `0x06` | `Dedup(qid, key)`: tag, `u32`, key bytes | [`DedupRecord`](super::records::DedupRecord) |
 //! | `0x07` | `Group(qid, group)`: tag, `u32`, group bytes | [`GroupRecord`](super::records::GroupRecord) |
+//! | `0x08` | `Exchange(name)`: tag, name bytes | [`ExchangeRecord`](super::records::ExchangeRecord) |
 //!
 //! `qid` is a queue's internal number (never reused), `pos` a message's
 //! position (a global counter, so that positions order messages by the
@@ -52,6 +53,8 @@ pub enum Key<'a> {
     Dedup(u32, &'a [u8]),
     /// A FIFO group's stored state (parked groups).
     Group(u32, &'a str),
+    /// An exchange and its bindings, by name.
+    Exchange(&'a str),
 }
 
 const TAG_SYS: u8 = 0x01;
@@ -61,6 +64,7 @@ const TAG_META: u8 = 0x04;
 const TAG_PAYLOAD: u8 = 0x05;
 const TAG_DEDUP: u8 = 0x06;
 const TAG_GROUP: u8 = 0x07;
+const TAG_EXCHANGE: u8 = 0x08;
 
 /// The keyspaces, for prefix scans.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,6 +81,8 @@ pub enum Space {
     Dedups,
     /// All stored group states.
     Groups,
+    /// All exchanges.
+    Exchanges,
 }
 
 impl Space {
@@ -93,6 +99,7 @@ impl Space {
             }
             Space::Dedups => vec![TAG_DEDUP],
             Space::Groups => vec![TAG_GROUP],
+            Space::Exchanges => vec![TAG_EXCHANGE],
         }
     }
 }
@@ -133,6 +140,10 @@ impl Key<'_> {
                 b.put_u32(*qid);
                 b.put_slice(g.as_bytes());
             }
+            Key::Exchange(name) => {
+                b.put_u8(TAG_EXCHANGE);
+                b.put_slice(name.as_bytes());
+            }
         }
         b.freeze()
     }
@@ -151,6 +162,8 @@ pub enum OwnedKey {
     Dedup(u32, Vec<u8>),
     /// See [`Key::Group`].
     Group(u32, String),
+    /// See [`Key::Exchange`].
+    Exchange(String),
     /// Any other key.
     Other,
 }
@@ -183,6 +196,7 @@ impl OwnedKey {
                     String::from_utf8(g.to_vec()).ok()?,
                 )
             }
+            TAG_EXCHANGE => OwnedKey::Exchange(String::from_utf8(rest.to_vec()).ok()?),
             _ => OwnedKey::Other,
         })
     }

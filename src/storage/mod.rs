@@ -49,7 +49,10 @@ use tokio::sync::{oneshot, watch};
 
 pub use error::{Result, StorageError};
 pub use keys::{Key, OwnedKey, Space, SysKey};
-use records::{CountersRecord, DedupRecord, GroupRecord, MetaRecord, PayloadRecord, QueueRecord};
+use records::{
+    CountersRecord, DedupRecord, ExchangeRecord, GroupRecord, MetaRecord, PayloadRecord,
+    QueueRecord,
+};
 pub use wal::Mutation;
 
 /// Tunables of the store.
@@ -180,6 +183,11 @@ impl Txn {
     /// Stores a dedup entry.
     pub fn put_dedup(&mut self, qid: u32, key: &[u8], rec: &DedupRecord) {
         self.put_record(Key::Dedup(qid, key), rec);
+    }
+
+    /// Stores an exchange.
+    pub fn put_exchange(&mut self, name: &str, rec: &ExchangeRecord) {
+        self.put_record(Key::Exchange(name), rec);
     }
 
     /// Stores a group's state.

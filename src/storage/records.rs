@@ -64,6 +64,10 @@ pub struct CountersRecord {
     pub dead_letters_received: u64,
     /// Messages deleted by purges.
     pub purged: u64,
+    /// Messages moved out by redrives.
+    pub redriven: u64,
+    /// Messages moved in by redrives.
+    pub redrive_received: u64,
 }
 
 /// The current lease of a message.
@@ -171,6 +175,15 @@ pub struct GroupRecord {
     pub parked_at: u64,
     /// Why.
     pub reason: String,
+}
+
+/// An exchange and its bindings.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExchangeRecord {
+    /// Creation time.
+    pub created_at: u64,
+    /// (queue name, filter as sorted property pairs), by queue name.
+    pub bindings: Vec<(String, Vec<(String, String)>)>,
 }
 
 /// Encodes a record: version byte, then bincode.

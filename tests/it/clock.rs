@@ -100,6 +100,7 @@ async fn an_expired_message_is_never_delivered() {
                 },
                 msg("long"),
             ],
+            ..Default::default()
         })
         .await
         .unwrap();

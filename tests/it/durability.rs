@@ -102,6 +102,7 @@ async fn producer(mut c: Clients, p: usize, h: Arc<Mutex<History>>) {
                     ..msg(id)
                 })
                 .collect(),
+            ..Default::default()
         };
         match c.msg.publish(req).await {
             Ok(_) => h.lock().unwrap().published.extend(ids),
@@ -338,6 +339,7 @@ async fn with_the_disk_full_publishes_fail_and_acks_work() {
         .publish(pb::PublishRequest {
             queue: "q".into(),
             messages: vec![msg("after")],
+            ..Default::default()
         })
         .await;
     assert_status(r, Code::ResourceExhausted, "disk full");

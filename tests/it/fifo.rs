@@ -32,6 +32,7 @@ async fn publish_all(
         .publish(pb::PublishRequest {
             queue: q.into(),
             messages: msgs,
+            ..Default::default()
         })
         .await
         .expect("publish")
@@ -313,6 +314,7 @@ async fn fifo_rules_on_kinds_and_delays() {
                 delay_ms: Some(10),
                 ..grouped("g", "x")
             }],
+            ..Default::default()
         })
         .await;
     assert_status(r, Code::InvalidArgument, "messages[0].delay_ms");

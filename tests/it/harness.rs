@@ -273,6 +273,7 @@ impl Clients {
             .publish(pb::PublishRequest {
                 queue: queue.into(),
                 messages: bodies.iter().map(|b| msg(b)).collect(),
+                ..Default::default()
             })
             .await
             .expect("publish")

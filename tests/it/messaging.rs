@@ -60,6 +60,7 @@ async fn a_bad_message_rejects_the_whole_batch() {
     let publish = |messages: Vec<pb::PublishMessage>| pb::PublishRequest {
         queue: "q".into(),
         messages,
+        ..Default::default()
     };
     let big = pb::PublishMessage {
         body: vec![0u8; 1025].into(),
@@ -137,6 +138,7 @@ async fn a_bad_message_rejects_the_whole_batch() {
         .publish(pb::PublishRequest {
             queue: "nope".into(),
             messages: vec![msg("x")],
+            ..Default::default()
         })
         .await;
     assert_status(r, Code::NotFound, "nope");
@@ -355,6 +357,7 @@ async fn client_ids_auto_ack_max_length_purge_and_browse() {
         .publish(pb::PublishRequest {
             queue: "q".into(),
             messages: vec![with_id("a"), with_id("b"), with_id("a")],
+            ..Default::default()
         })
         .await
         .expect("publish")
@@ -371,6 +374,7 @@ async fn client_ids_auto_ack_max_length_purge_and_browse() {
         .publish(pb::PublishRequest {
             queue: "q".into(),
             messages: vec![with_id("c"), with_id("d")],
+            ..Default::default()
         })
         .await;
     assert_status(r, Code::ResourceExhausted, "max_length");

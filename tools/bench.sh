@@ -1,0 +1,207 @@
+#!/usr/bin/env bash
+# Letterbox side by side with its peers: build loadgen (with the peer targets)
+# and the letterbox server, start Letterbox and the peers that TARGETS needs
+# (loopback only, data under $QBENCH_PEER_DIR), measure the disk, run every
+# workload against every target REPS times, write results + a markdown report,
+# stop what was started.
+#
+#   tools/bench.sh                     # full run (~35 min on 2 cores)
+#   QUICK=1 tools/bench.sh             # smoke test: N/20, 1 rep, short disk test
+#   TARGETS="letterbox" tools/bench.sh # Letterbox alone (no RabbitMQ/NATS needed)
+#
+# Env: REPS (3), TARGETS ("letterbox rabbit-quorum rabbit-classic nats-js"), OUT (results dir),
+#      SKIP_DISK=1, KEEP_PEERS=1 (leave Letterbox and the brokers running),
+#      QBENCH_PEER_DIR (/tmp/qbench-peers), QBENCH_FRESH (1: wipe old data),
+#      LETTERBOX_PORT (50051), EXTRA_TARGET_ARGS (extra args for every loadgen run)
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$HERE/.." && pwd)
+cd "$HERE"
+QUICK=${QUICK:-0}
+REPS=${REPS:-3}
+[ "$QUICK" = 1 ] && REPS=${REPS_QUICK:-1}
+TARGETS=${TARGETS:-"letterbox rabbit-quorum rabbit-classic nats-js"}
+suffix=""; [ "$QUICK" = 1 ] && suffix=-quick
+OUT=${OUT:-$HERE/results/$(date -u +%Y%m%dT%H%M%SZ)$suffix}
+PEERS=${QBENCH_PEER_DIR:-/tmp/qbench-peers}
+export QBENCH_PEER_DIR=$PEERS
+FRESH=${QBENCH_FRESH:-1}
+LETTERBOX_PORT=${LETTERBOX_PORT:-50051}
+export LOADGEN_LETTERBOX_URL=http://127.0.0.1:$LETTERBOX_PORT
+TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+mkdir -p "$OUT"
+CMDS=$OUT/commands.txt
+: > "$CMDS"
+
+scale() { if [ "$QUICK" = 1 ]; then echo $(( $1 / 20 )); else echo "$1"; fi; }
+has_target() { [[ " $TARGETS " == *" $1 "* ]]; }
+
+# which processes TARGETS needs
+want_letterbox=0; peers=()
+for t in $TARGETS; do
+  case "$t" in
+    letterbox) want_letterbox=1 ;;
+    rabbit-*) [[ " ${peers[*]-} " == *" rabbitmq "* ]] || peers+=(rabbitmq) ;;
+    nats-*) [[ " ${peers[*]-} " == *" nats "* ]] || peers+=(nats) ;;
+    *) echo "unknown target: $t" >&2; exit 2 ;;
+  esac
+done
+
+echo "== build" >&2
+(cd "$ROOT" && cargo build --release --quiet -p letterbox-tools --features peers --bin loadgen)
+[ "$want_letterbox" = 1 ] && (cd "$ROOT" && cargo build --release --quiet --bin letterbox)
+B=$TARGET_DIR/release/loadgen
+
+LB=$PEERS/letterbox
+wait_port() { # host port timeout_s
+  local end=$((SECONDS + $3))
+  while [ $SECONDS -lt $end ]; do
+    if (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; then return 0; fi
+    sleep 0.2
+  done
+  return 1
+}
+
+start_letterbox() {
+  if [ -f "$LB/server.pid" ] && kill -0 "$(cat "$LB/server.pid")" 2>/dev/null; then
+    echo "letterbox already running (pid $(cat "$LB/server.pid"))" >&2; return
+  fi
+  if (exec 3<>"/dev/tcp/127.0.0.1/$LETTERBOX_PORT") 2>/dev/null; then
+    echo "something else listens on 127.0.0.1:$LETTERBOX_PORT; stop it or set LETTERBOX_PORT" >&2
+    exit 1
+  fi
+  [ "$FRESH" = 1 ] && rm -rf "$LB"
+  mkdir -p "$LB"
+  setsid "$TARGET_DIR/release/letterbox" serve --data-dir "$LB/data" \
+      --listen "127.0.0.1:$LETTERBOX_PORT" > "$LB/server.log" 2>&1 < /dev/null &
+  echo $! > "$LB/server.pid"
+  if ! wait_port 127.0.0.1 "$LETTERBOX_PORT" 30; then
+    echo "letterbox did not open 127.0.0.1:$LETTERBOX_PORT in 30s; see $LB/server.log" >&2
+    tail -30 "$LB/server.log" >&2 || true
+    exit 1
+  fi
+  echo "letterbox up: $LOADGEN_LETTERBOX_URL (pid $(cat "$LB/server.pid"), data $LB/data)" >&2
+}
+
+stop_letterbox() { # SIGTERM (graceful: finishes calls, checkpoints), KILL after 30 s
+  local f=$LB/server.pid
+  [ -f "$f" ] || return 0
+  local pid; pid=$(cat "$f")
+  if kill -0 "$pid" 2>/dev/null; then
+    kill -TERM "$pid" 2>/dev/null
+    local end=$((SECONDS + 30))
+    while kill -0 "$pid" 2>/dev/null && [ $SECONDS -lt $end ]; do sleep 0.2; done
+    if kill -0 "$pid" 2>/dev/null; then
+      echo "letterbox (pid $pid) did not exit after 30s; KILL" >&2
+      kill -KILL "$pid" 2>/dev/null
+    fi
+    echo "stopped letterbox (pid $pid)" >&2
+  fi
+  rm -f "$f"
+}
+
+cleanup() {
+  if [ "${KEEP_PEERS:-0}" != 1 ]; then
+    [ "$want_letterbox" = 1 ] && stop_letterbox
+    [ ${#peers[@]} -gt 0 ] && scripts/stop-peers.sh "${peers[@]}"
+  fi
+  return 0
+}
+trap cleanup EXIT
+
+if [ "$want_letterbox" = 1 ]; then
+  echo "== start letterbox" >&2
+  start_letterbox
+fi
+if [ ${#peers[@]} -gt 0 ]; then
+  echo "== start peers: ${peers[*]}" >&2
+  scripts/start-peers.sh "${peers[@]}"
+fi
+
+{
+  echo "date: $(date -u +%FT%TZ)"
+  echo "kernel: $(uname -r)"; echo "cpus: $(nproc)"; free -g | sed -n 2p | awk '{print "mem_gib: "$2}'
+  echo "data fs: $(df -T "$PEERS" | awk 'NR==2{print $1" "$2}')"
+  for p in rabbitmq-server erlang-base nats-server fio; do
+    echo "$p: $(dpkg-query -W -f='${Version}' "$p" 2>/dev/null || echo '?')"
+  done
+  echo "rustc: $(rustc --version)"
+  rev=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')
+  [ -n "$(git -C "$ROOT" status --porcelain -- src tools proto Cargo.toml 2>/dev/null)" ] && rev="$rev+dirty"
+  echo "letterbox + loadgen: $rev"
+  echo "targets: $TARGETS"
+} > "$OUT/env.txt"
+
+if [ "${SKIP_DISK:-0}" != 1 ]; then
+  if command -v fio > /dev/null; then
+    echo "== disk limits (fio)" >&2
+    secs=20; [ "$QUICK" = 1 ] && secs=3
+    QBENCH_DISK_SECS=$secs scripts/disk-limit.sh "$OUT/disk"
+    cat "$OUT/disk/commands.txt" >> "$CMDS"
+  else
+    echo "== disk limits skipped: fio not installed (apt-get install -y fio)" >&2
+  fi
+fi
+
+broker_pid() {
+  case "$1" in
+    letterbox) cat "$LB/server.pid" 2>/dev/null ;;
+    rabbit-*) cat "$PEERS/rabbitmq/beam.pid" 2>/dev/null ;;
+    nats-*) cat "$PEERS/nats/server.pid" 2>/dev/null ;;
+  esac
+}
+
+q() { # target, then loadgen run args
+  local t=$1; shift
+  local pid; pid=$(broker_pid "$t" || true)
+  local cmd=("$B" run --target "$t" --reps "$REPS" --out "$OUT/results.jsonl" "$@")
+  [ -n "$pid" ] && cmd+=(--broker-pid "$pid")
+  # shellcheck disable=SC2206
+  [ -n "${EXTRA_TARGET_ARGS:-}" ] && cmd+=($EXTRA_TARGET_ARGS)
+  echo "+ ${cmd[*]}" | sed "s#$ROOT/##" | tee -a "$CMDS" >&2
+  if ! "${cmd[@]}" > /dev/null; then
+    echo "FAILED: ${cmd[*]}" | tee -a "$OUT/failures.txt" >&2
+  fi
+}
+
+for t in $TARGETS; do
+  echo "== $t" >&2
+  # a. publish with durability acks, in-flight window 1 / 64 / 1024
+  q "$t" --workload publish-durable --window 1    --count "$(scale 50000)"  --max-secs 45
+  q "$t" --workload publish-durable --window 64   --count "$(scale 200000)" --max-secs 60
+  q "$t" --workload publish-durable --window 1024 --count "$(scale 200000)" --max-secs 60
+  if [ "$t" = letterbox ]; then
+    # a'. Letterbox only: up to 100 messages per Publish call (the peers publish one by one)
+    q "$t" --workload publish-durable --window 1024 --batch 100 --count "$(scale 200000)" --max-secs 60
+  fi
+  # b. drain pre-published messages with manual acks
+  q "$t" --workload consume-ack --prefetch 1   --ack async --count "$(scale 50000)"  --max-secs 60
+  q "$t" --workload consume-ack --prefetch 256 --ack async --count "$(scale 200000)" --max-secs 60
+  q "$t" --workload consume-ack --prefetch 1   --ack sync  --count "$(scale 50000)"  --max-secs 60
+  q "$t" --workload consume-ack --prefetch 256 --ack sync  --count "$(scale 200000)" --max-secs 60
+  # c. 1 producer + 1 consumer: unthrottled, and at a fixed 2,500 msg/s
+  q "$t" --workload end-to-end --window 64 --prefetch 256 --count "$(scale 100000)" --max-secs 60
+  q "$t" --workload end-to-end --window 64 --prefetch 256 --rate 2500 --count "$(scale 50000)" --max-secs 60
+  # d. reject everything until the delivery limit (3) dead-letters it
+  q "$t" --workload redelivery --delivery-limit 3 --prefetch 256 --count "$(scale 100000)" --max-secs 60
+done
+
+# JetStream with an fsync before every PubAck needs `sync_interval: always` (nats-server 2.10+).
+if has_target nats-js; then
+  echo "== nats sync_interval: always" >&2
+  scripts/nats-sync-always-check.sh | tee "$OUT/nats-sync-always.txt" >&2
+  if grep -q '^supported' "$OUT/nats-sync-always.txt"; then
+    scripts/stop-peers.sh nats
+    QBENCH_NATS_SYNC=always scripts/start-peers.sh nats
+    for w in 1 64 1024; do
+      if [ $w = 1 ]; then n=$(scale 50000); else n=$(scale 200000); fi
+      q nats-js --workload publish-durable --window $w --count "$n" --max-secs 60 --label sync_interval=always
+    done
+  fi
+fi
+
+echo "== report" >&2
+report_args=(report --results "$OUT/results.jsonl")
+[ -d "$OUT/disk" ] && report_args+=(--disk "$OUT/disk")
+"$B" "${report_args[@]}" > "$OUT/report.md"
+echo "results: $OUT/results.jsonl  report: $OUT/report.md  commands: $CMDS" >&2

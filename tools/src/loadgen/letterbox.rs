@@ -1,0 +1,628 @@
+//! loadgen target Letterbox, over its gRPC API (`letterbox.v1`).
+//!
+//! Durability acknowledgement = the `Publish` response: the server answers
+//! only once the batch is fdatasynced (group commit across concurrent
+//! calls). Each publisher, each consumer and the admin side use their own
+//! tonic `Channel`, i.e. one HTTP/2 connection each; concurrent calls are
+//! multiplexed on it.
+//!
+//! - Publishing: one unary `Publish` with one message per `publish()` call,
+//!   as the peers publish, spawned so that the workload's window keeps that
+//!   many calls in flight. With `--batch N` (publish-durable only) a
+//!   background task sends whatever is queued, up to N messages per
+//!   `Publish`, with up to `window / N` (at least 1) calls in flight.
+//! - Consuming: a background task long-polls `Receive` (wait 1 s) and feeds a
+//!   channel. At most `prefetch` deliveries are unsettled at a time, like
+//!   AMQP `basic.qos`; a new `Receive` is sent once half of them are settled
+//!   (prefetch 1: one `Receive` per message, after the previous message was
+//!   settled).
+//! - Acks: `sync` = one unary `Ack` per delivery, awaited; `async` = tokens
+//!   go to a background task that acks everything queued (up to 1000
+//!   tokens per call), one call at a time. Nacks: one unary `Nack` each,
+//!   awaited, without delay.
+//! - Dead letters: the main queue has a dead letter policy to `<name>.dlq`
+//!   with `max_deliveries` = the delivery limit; the watch counts the DLQ's
+//!   messages.
+
+// Request literals end in `..Default::default()` even where every field is
+// set today: `letterbox.v1` grows by adding fields, and loadgen must keep
+// compiling when it does.
+#![allow(clippy::needless_update)]
+
+use super::target::{
+    AckFuture, AckMode, Caps, Consumer, ConsumerSpec, DeadLetterWatch, Delivery, Publisher,
+    PublisherSpec, QueueSpec, Settle, Target,
+};
+use anyhow::{Context as _, Result, anyhow, bail};
+use async_trait::async_trait;
+use bytes::Bytes;
+use letterbox::pb::admin_service_client::AdminServiceClient;
+use letterbox::pb::messaging_service_client::MessagingServiceClient;
+use letterbox::pb::{
+    AckRequest, CreateQueueRequest, DeadLetterPolicy, DeleteQueueRequest, GetQueueStatsRequest,
+    NackItem, NackRequest, PublishMessage, PublishRequest, QueueConfig, QueueKind, ReceiveRequest,
+    SettleResult, SettleStatus,
+};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
+use tokio::task::{JoinHandle, JoinSet};
+use tonic::Code;
+use tonic::transport::{Channel, Endpoint};
+
+/// Largest gRPC message the clients accept.
+const MAX_DECODING: usize = 64 << 20;
+/// Most messages, tokens or items in one request (the API's limit).
+const MAX_PER_CALL: usize = 1000;
+/// Lease length of the main queue's deliveries.
+const ACK_TIMEOUT_MS: u64 = 60_000;
+/// Long-poll wait of each `Receive`.
+const RECEIVE_WAIT_MS: u64 = 1000;
+
+type Messaging = MessagingServiceClient<Channel>;
+type Admin = AdminServiceClient<Channel>;
+
+/// Opens one HTTP/2 connection to the server.
+async fn channel(url: &str) -> Result<Channel> {
+    Endpoint::from_shared(url.to_string())
+        .with_context(|| format!("bad Letterbox URL {url:?}"))?
+        .tcp_nodelay(true)
+        .connect_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .with_context(|| format!("connecting to Letterbox at {url}"))
+}
+
+async fn messaging(url: &str) -> Result<Messaging> {
+    Ok(MessagingServiceClient::new(channel(url).await?).max_decoding_message_size(MAX_DECODING))
+}
+
+fn dlq(q: &QueueSpec) -> String {
+    format!("{}.dlq", q.name)
+}
+
+/// Fails unless every settle result is OK.
+fn check_settled(what: &str, expected: usize, results: &[SettleResult]) -> Result<()> {
+    if results.len() != expected {
+        bail!("{what}: {} results for {expected} tokens", results.len());
+    }
+    let failed: Vec<&SettleResult> = results
+        .iter()
+        .filter(|r| r.status() != SettleStatus::Ok)
+        .collect();
+    if let Some(first) = failed.first() {
+        bail!(
+            "{what}: {} of {expected} not settled, e.g. {:?}: {}",
+            failed.len(),
+            first.status(),
+            first.error
+        );
+    }
+    Ok(())
+}
+
+pub struct LetterboxTarget {
+    url: String,
+    admin: Admin,
+}
+
+impl LetterboxTarget {
+    /// Connects the admin client (and so checks that the server answers).
+    pub async fn connect(url: &str) -> Result<Self> {
+        let admin =
+            AdminServiceClient::new(channel(url).await?).max_decoding_message_size(MAX_DECODING);
+        Ok(LetterboxTarget {
+            url: url.to_string(),
+            admin,
+        })
+    }
+
+    async fn delete_if_exists(&self, name: &str) -> Result<()> {
+        let req = DeleteQueueRequest {
+            name: name.to_string(),
+            force: true,
+            ..Default::default()
+        };
+        match self.admin.clone().delete_queue(req).await {
+            Ok(_) => Ok(()),
+            Err(s) if s.code() == Code::NotFound => Ok(()),
+            Err(s) => Err(anyhow!("DeleteQueue {name}: {s}")),
+        }
+    }
+
+    async fn create(&self, name: String, config: QueueConfig) -> Result<()> {
+        let what = format!("CreateQueue {name}");
+        self.admin
+            .clone()
+            .create_queue(CreateQueueRequest {
+                name,
+                config: Some(config),
+                ..Default::default()
+            })
+            .await
+            .map_err(|s| anyhow!("{what}: {s}"))?;
+        Ok(())
+    }
+
+    async fn total(admin: &Admin, name: &str) -> Result<u64> {
+        let r = admin
+            .clone()
+            .get_queue_stats(GetQueueStatsRequest {
+                name: name.to_string(),
+                ..Default::default()
+            })
+            .await
+            .map_err(|s| anyhow!("GetQueueStats {name}: {s}"))?;
+        Ok(r.into_inner().stats.map_or(0, |s| s.total))
+    }
+}
+
+#[async_trait]
+impl Target for LetterboxTarget {
+    fn name(&self) -> &str {
+        "letterbox"
+    }
+
+    fn caps(&self) -> Caps {
+        Caps {
+            sync_ack: true,
+            delivery_limit: true,
+            publish_batch: true,
+        }
+    }
+
+    fn describe(&self) -> String {
+        "letterbox, fdatasync before every acknowledgement (group commit)".into()
+    }
+
+    async fn reset(&self, q: &QueueSpec) -> Result<()> {
+        // The main queue first: it may name the DLQ as its dead letter queue.
+        self.delete_if_exists(&q.name).await?;
+        self.delete_if_exists(&dlq(q)).await?;
+        let standard = QueueKind::Standard as i32;
+        self.create(
+            dlq(q),
+            QueueConfig {
+                kind: standard,
+                ..Default::default()
+            },
+        )
+        .await?;
+        self.create(
+            q.name.clone(),
+            QueueConfig {
+                kind: standard,
+                ack_timeout_ms: Some(ACK_TIMEOUT_MS),
+                dead_letter: q.delivery_limit.map(|limit| DeadLetterPolicy {
+                    queue: dlq(q),
+                    max_deliveries: limit,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        )
+        .await
+    }
+
+    async fn publisher(&self, q: &QueueSpec, p: &PublisherSpec) -> Result<Box<dyn Publisher>> {
+        let client = messaging(&self.url).await?;
+        if p.batch > 1 {
+            let batch = (p.batch as usize).min(MAX_PER_CALL);
+            let in_flight = (p.window as usize / batch).max(1);
+            Ok(Box::new(BatchPublisher::start(
+                client,
+                q.name.clone(),
+                batch,
+                in_flight,
+            )))
+        } else {
+            Ok(Box::new(SinglePublisher {
+                client,
+                queue: q.name.clone(),
+            }))
+        }
+    }
+
+    async fn consumer(&self, q: &QueueSpec, c: &ConsumerSpec) -> Result<Box<dyn Consumer>> {
+        let client = messaging(&self.url).await?;
+        Ok(Box::new(LetterboxConsumer::start(
+            client,
+            q.name.clone(),
+            c,
+        )))
+    }
+
+    async fn dead_letter_watch(&self, q: &QueueSpec) -> Result<Box<dyn DeadLetterWatch>> {
+        let name = dlq(q);
+        let base = Self::total(&self.admin, &name).await?;
+        Ok(Box::new(DlqWatch {
+            admin: self.admin.clone(),
+            dlq: name,
+            base,
+        }))
+    }
+
+    async fn depth(&self, q: &QueueSpec) -> Result<Option<u64>> {
+        Ok(Some(Self::total(&self.admin, &q.name).await?))
+    }
+
+    async fn cleanup(&self, q: &QueueSpec) -> Result<()> {
+        self.delete_if_exists(&q.name).await?;
+        self.delete_if_exists(&dlq(q)).await
+    }
+}
+
+fn message(body: Bytes) -> PublishMessage {
+    PublishMessage {
+        body,
+        ..Default::default()
+    }
+}
+
+/// Checks a `Publish` answer for `n` messages.
+async fn publish_call(
+    client: &mut Messaging,
+    queue: String,
+    messages: Vec<PublishMessage>,
+) -> Result<()> {
+    let n = messages.len();
+    let r = client
+        .publish(PublishRequest {
+            queue,
+            messages,
+            ..Default::default()
+        })
+        .await
+        .map_err(|s| anyhow!("Publish ({n} messages): {s}"))?;
+    let got = r.get_ref().results.len();
+    if got != n {
+        bail!("Publish: {got} results for {n} messages");
+    }
+    Ok(())
+}
+
+/// One unary `Publish` with one message per `publish()`.
+struct SinglePublisher {
+    client: Messaging,
+    queue: String,
+}
+
+#[async_trait]
+impl Publisher for SinglePublisher {
+    async fn publish(&mut self, payload: Bytes) -> Result<AckFuture> {
+        let mut client = self.client.clone();
+        let queue = self.queue.clone();
+        // Spawned, so the call goes out now, whatever order the workload
+        // awaits the acks in.
+        let call =
+            tokio::spawn(
+                async move { publish_call(&mut client, queue, vec![message(payload)]).await },
+            );
+        Ok(Box::pin(async move { call.await? }))
+    }
+
+    async fn close(self: Box<Self>) -> Result<()> {
+        Ok(())
+    }
+}
+
+type BatchAck = oneshot::Sender<Result<(), Arc<str>>>;
+
+/// Batching publisher: a background task sends what is queued, up to
+/// `batch` messages per `Publish`, with up to `in_flight` calls at a time.
+struct BatchPublisher {
+    tx: Option<mpsc::UnboundedSender<(Bytes, BatchAck)>>,
+    task: JoinHandle<()>,
+}
+
+impl BatchPublisher {
+    fn start(client: Messaging, queue: String, batch: usize, in_flight: usize) -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let task = tokio::spawn(Self::run(client, queue, rx, batch, in_flight));
+        BatchPublisher { tx: Some(tx), task }
+    }
+
+    async fn run(
+        client: Messaging,
+        queue: String,
+        mut rx: mpsc::UnboundedReceiver<(Bytes, BatchAck)>,
+        batch: usize,
+        in_flight: usize,
+    ) {
+        let slots = Arc::new(Semaphore::new(in_flight));
+        let mut calls = JoinSet::new();
+        loop {
+            // Take a call slot first: while none is free, messages pile up
+            // and the next call carries up to `batch` of them.
+            let Ok(slot) = slots.clone().acquire_owned().await else {
+                break;
+            };
+            let Some(first) = rx.recv().await else {
+                break;
+            };
+            let mut items = Vec::with_capacity(batch);
+            items.push(first);
+            while items.len() < batch {
+                match rx.try_recv() {
+                    Ok(item) => items.push(item),
+                    Err(_) => break,
+                }
+            }
+            let mut client = client.clone();
+            let queue = queue.clone();
+            calls.spawn(async move {
+                let (messages, acks): (Vec<PublishMessage>, Vec<BatchAck>) =
+                    items.into_iter().map(|(b, a)| (message(b), a)).unzip();
+                let r = publish_call(&mut client, queue, messages)
+                    .await
+                    .map_err(|e| Arc::<str>::from(format!("{e:#}")));
+                drop(slot);
+                for ack in acks {
+                    let _ = ack.send(r.clone());
+                }
+            });
+            while calls.try_join_next().is_some() {}
+        }
+        while calls.join_next().await.is_some() {}
+    }
+}
+
+#[async_trait]
+impl Publisher for BatchPublisher {
+    async fn publish(&mut self, payload: Bytes) -> Result<AckFuture> {
+        let (ack, acked) = oneshot::channel();
+        self.tx
+            .as_ref()
+            .ok_or_else(|| anyhow!("publisher closed"))?
+            .send((payload, ack))
+            .map_err(|_| anyhow!("batch publisher task stopped"))?;
+        Ok(Box::pin(async move {
+            acked
+                .await
+                .map_err(|_| anyhow!("batch publisher task stopped"))?
+                .map_err(|e| anyhow!("{e}"))
+        }))
+    }
+
+    async fn close(mut self: Box<Self>) -> Result<()> {
+        self.tx = None; // the task sends what is queued, then ends
+        (&mut self.task).await?;
+        Ok(())
+    }
+}
+
+enum AckCmd {
+    Token(String),
+    /// Answer once every token queued before it was acked.
+    Flush(oneshot::Sender<Result<()>>),
+}
+
+/// Async acks: everything queued (up to 1000 tokens) per `Ack` call, one
+/// call at a time. Failures are reported at the next flush.
+async fn ack_loop(mut client: Messaging, mut rx: mpsc::UnboundedReceiver<AckCmd>) {
+    let mut failure: Option<String> = None;
+    while let Some(cmd) = rx.recv().await {
+        let mut tokens = Vec::new();
+        let mut flush = None;
+        match cmd {
+            AckCmd::Token(t) => tokens.push(t),
+            AckCmd::Flush(f) => flush = Some(f),
+        }
+        while flush.is_none() && tokens.len() < MAX_PER_CALL {
+            match rx.try_recv() {
+                Ok(AckCmd::Token(t)) => tokens.push(t),
+                Ok(AckCmd::Flush(f)) => flush = Some(f),
+                Err(_) => break,
+            }
+        }
+        if !tokens.is_empty() {
+            let n = tokens.len();
+            let r = match client
+                .ack(AckRequest {
+                    ack_tokens: tokens,
+                    ..Default::default()
+                })
+                .await
+            {
+                Ok(r) => check_settled("Ack", n, &r.get_ref().results),
+                Err(s) => Err(anyhow!("Ack ({n} tokens): {s}")),
+            };
+            if let Err(e) = r {
+                failure.get_or_insert_with(|| format!("{e:#}"));
+            }
+        }
+        if let Some(f) = flush {
+            let _ = f.send(match &failure {
+                Some(e) => Err(anyhow!("async acks failed: {e}")),
+                None => Ok(()),
+            });
+        }
+    }
+}
+
+struct LetterboxConsumer {
+    rx: mpsc::Receiver<Result<Delivery>>,
+    receiver: JoinHandle<()>,
+    acker: Option<(mpsc::UnboundedSender<AckCmd>, JoinHandle<()>)>,
+}
+
+impl LetterboxConsumer {
+    fn start(client: Messaging, queue: String, c: &ConsumerSpec) -> Self {
+        let prefetch = c.prefetch.max(1) as usize;
+        let acker = (c.ack == AckMode::Async).then(|| {
+            let (tx, rx) = mpsc::unbounded_channel();
+            (tx, tokio::spawn(ack_loop(client.clone(), rx)))
+        });
+        let (tx, rx) = mpsc::channel(prefetch);
+        let ctx = SettleCtx {
+            client: client.clone(),
+            acker: acker.as_ref().map(|(tx, _)| tx.clone()),
+        };
+        let receiver = tokio::spawn(Self::receive_loop(client, queue, prefetch, tx, ctx));
+        LetterboxConsumer {
+            rx,
+            receiver,
+            acker,
+        }
+    }
+
+    async fn receive_loop(
+        mut client: Messaging,
+        queue: String,
+        prefetch: usize,
+        tx: mpsc::Sender<Result<Delivery>>,
+        ctx: SettleCtx,
+    ) {
+        // One credit per unsettled delivery.
+        let credits = Arc::new(Semaphore::new(prefetch));
+        let per_call = prefetch.min(MAX_PER_CALL);
+        let refill = (prefetch / 2).clamp(1, per_call);
+        loop {
+            // Wait until half the window is free, then ask for all of it.
+            let Ok(mut permits) = credits.clone().acquire_many_owned(refill as u32).await else {
+                return;
+            };
+            let more = credits.available_permits().min(per_call - refill);
+            if more > 0
+                && let Ok(p) = credits.clone().try_acquire_many_owned(more as u32)
+            {
+                permits.merge(p);
+            }
+            let req = ReceiveRequest {
+                queue: queue.clone(),
+                max_messages: permits.num_permits() as u32,
+                wait_ms: RECEIVE_WAIT_MS,
+                ..Default::default()
+            };
+            let deliveries = match client.receive(req).await {
+                Ok(r) => r.into_inner().deliveries,
+                Err(s) => {
+                    let _ = tx.send(Err(anyhow!("Receive {queue}: {s}"))).await;
+                    return;
+                }
+            };
+            for d in deliveries {
+                let Some(credit) = permits.split(1) else {
+                    let _ = tx
+                        .send(Err(anyhow!("Receive returned more than max_messages")))
+                        .await;
+                    return;
+                };
+                let delivery = Delivery {
+                    payload: d.body,
+                    delivery_count: Some(u64::from(d.delivery_count)),
+                    settle: Box::new(LetterboxSettle {
+                        token: d.ack_token,
+                        ctx: ctx.clone(),
+                        _credit: credit,
+                    }),
+                };
+                if tx.send(Ok(delivery)).await.is_err() {
+                    return; // consumer closed
+                }
+            }
+            // unused credits (fewer deliveries than asked) return here
+        }
+    }
+}
+
+#[async_trait]
+impl Consumer for LetterboxConsumer {
+    async fn next(&mut self) -> Result<Delivery> {
+        self.rx
+            .recv()
+            .await
+            .ok_or_else(|| anyhow!("Letterbox receive task ended"))?
+    }
+
+    async fn close(mut self: Box<Self>) -> Result<()> {
+        self.receiver.abort();
+        if let Some((tx, task)) = self.acker.take() {
+            let (done, flushed) = oneshot::channel();
+            tx.send(AckCmd::Flush(done))
+                .map_err(|_| anyhow!("ack task stopped"))?;
+            let r = flushed.await.map_err(|_| anyhow!("ack task stopped"));
+            task.abort();
+            r??;
+        }
+        Ok(())
+    }
+}
+
+#[derive(Clone)]
+struct SettleCtx {
+    client: Messaging,
+    /// Set in async ack mode.
+    acker: Option<mpsc::UnboundedSender<AckCmd>>,
+}
+
+struct LetterboxSettle {
+    token: String,
+    ctx: SettleCtx,
+    /// Returns the consumer's credit when the delivery is settled.
+    _credit: OwnedSemaphorePermit,
+}
+
+#[async_trait]
+impl Settle for LetterboxSettle {
+    async fn ack(self: Box<Self>) -> Result<()> {
+        let LetterboxSettle {
+            token,
+            ctx,
+            _credit: credit,
+        } = *self;
+        if let Some(acker) = &ctx.acker {
+            return acker
+                .send(AckCmd::Token(token))
+                .map_err(|_| anyhow!("ack task stopped"));
+        }
+        let r = ctx
+            .client
+            .clone()
+            .ack(AckRequest {
+                ack_tokens: vec![token],
+                ..Default::default()
+            })
+            .await
+            .map_err(|s| anyhow!("Ack: {s}"))?;
+        drop(credit);
+        check_settled("Ack", 1, &r.get_ref().results)
+    }
+
+    async fn nack(self: Box<Self>) -> Result<()> {
+        let LetterboxSettle {
+            token,
+            ctx,
+            _credit: credit,
+        } = *self;
+        let r = ctx
+            .client
+            .clone()
+            .nack(NackRequest {
+                items: vec![NackItem {
+                    ack_token: token,
+                    ..Default::default()
+                }],
+                ..Default::default()
+            })
+            .await
+            .map_err(|s| anyhow!("Nack: {s}"))?;
+        drop(credit);
+        check_settled("Nack", 1, &r.get_ref().results)
+    }
+}
+
+struct DlqWatch {
+    admin: Admin,
+    dlq: String,
+    base: u64,
+}
+
+#[async_trait]
+impl DeadLetterWatch for DlqWatch {
+    async fn count(&mut self) -> Result<u64> {
+        Ok(LetterboxTarget::total(&self.admin, &self.dlq)
+            .await?
+            .saturating_sub(self.base))
+    }
+}
