@@ -171,7 +171,7 @@ impl Broker {
             timers,
         );
         change.txn.delete(Key::Meta(qid, pos));
-        change.txn.put_meta(dlq_qid, new_pos, &meta);
+        change.txn.put_new_meta(dlq_qid, new_pos, &meta);
         change.touch(qid);
         change.touch(dlq_qid);
         change.wake(qid);

@@ -158,7 +158,7 @@ pub(crate) fn store_new(
         own_ttl: m.ttl.is_some(),
     };
     change.txn.put_payload(pos, payload);
-    change.txn.put_meta(qid, pos, &meta);
+    change.txn.put_new_meta(qid, pos, &meta);
     if client_id {
         q.client_ids.insert(message_id.clone(), pos);
     }

@@ -256,7 +256,7 @@ fn move_back(
         timers,
     );
     change.txn.delete(Key::Meta(qid, pos));
-    change.txn.put_meta(tqid, new_pos, &meta);
+    change.txn.put_new_meta(tqid, new_pos, &meta);
     change.touch(qid);
     change.touch(tqid);
     change.wake(tqid);

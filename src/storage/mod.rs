@@ -79,8 +79,8 @@ impl Default for StoreOptions {
     fn default() -> Self {
         StoreOptions {
             segment_size: 64 << 20,
-            apply_interval: Duration::from_millis(100),
-            apply_bytes: 32 << 20,
+            apply_interval: Duration::from_millis(500),
+            apply_bytes: 64 << 20,
             checkpoint_interval: Duration::from_secs(30),
             checkpoint_bytes: 128 << 20,
             cache_bytes: 256 << 20,
@@ -140,6 +140,16 @@ impl Txn {
         self.muts.push(Mutation {
             key: key.encode(),
             value: Some(value),
+            fresh: false,
+        });
+    }
+
+    /// A put of a key that never existed before (see [`Mutation::fresh`]).
+    fn put_fresh(&mut self, key: Key<'_>, value: Bytes) {
+        self.muts.push(Mutation {
+            key: key.encode(),
+            value: Some(value),
+            fresh: true,
         });
     }
 
@@ -152,6 +162,7 @@ impl Txn {
         self.muts.push(Mutation {
             key: key.encode(),
             value: None,
+            fresh: false,
         });
     }
 
@@ -175,9 +186,15 @@ impl Txn {
         self.put_record(Key::Meta(qid, pos), rec);
     }
 
-    /// Stores a payload already encoded with [`encode_payload`].
+    /// Stores the state of a message at a position never used before.
+    pub fn put_new_meta(&mut self, qid: u32, pos: u64, rec: &MetaRecord) {
+        self.put_fresh(Key::Meta(qid, pos), records::encode(rec));
+    }
+
+    /// Stores a new payload, already encoded with [`encode_payload`]
+    /// (payload numbers are never reused).
     pub fn put_payload(&mut self, pid: u64, encoded: Bytes) {
-        self.put(Key::Payload(pid), encoded);
+        self.put_fresh(Key::Payload(pid), encoded);
     }
 
     /// Stores a dedup entry.
@@ -234,7 +251,15 @@ impl Commit {
     }
 }
 
-type Memtable = HashMap<Bytes, Option<Bytes>>;
+/// A memtable slot: the latest value of a key (`None`: deleted), and
+/// whether the key did not exist before this generation of the memtable.
+#[derive(Debug, Clone)]
+struct Slot {
+    value: Option<Bytes>,
+    fresh: bool,
+}
+
+type Memtable = HashMap<Bytes, Slot>;
 
 struct Pending {
     lsn: u64,
@@ -436,7 +461,21 @@ impl Store {
         st.next_lsn += 1;
         for m in &txn.muts {
             st.active_bytes += m.key.len() + m.value.as_ref().map_or(0, Bytes::len) + 48;
-            st.active.insert(m.key.clone(), m.value.clone());
+            match st.active.get_mut(&m.key) {
+                // Created and deleted within one generation: the database
+                // never needs to hear of it.
+                Some(slot) if slot.fresh && m.value.is_none() => {
+                    st.active.remove(&m.key);
+                }
+                Some(slot) => slot.value = m.value.clone(),
+                None => {
+                    let slot = Slot {
+                        value: m.value.clone(),
+                        fresh: m.fresh,
+                    };
+                    st.active.insert(m.key.clone(), slot);
+                }
+            }
         }
         let full = st.active_bytes > self.inner.opts.apply_bytes;
         st.pending.push(Pending {
@@ -459,11 +498,11 @@ impl Store {
         let k = key.encode();
         {
             let st = lock(&self.inner.state);
-            if let Some(v) = st.active.get(&k) {
-                return Ok(v.clone());
+            if let Some(slot) = st.active.get(&k) {
+                return Ok(slot.value.clone());
             }
-            if let Some(v) = st.frozen.as_ref().and_then(|f| f.get(&k)) {
-                return Ok(v.clone());
+            if let Some(slot) = st.frozen.as_ref().and_then(|f| f.get(&k)) {
+                return Ok(slot.value.clone());
             }
         }
         self.inner
@@ -834,9 +873,15 @@ fn apply_once(inner: &Inner) -> Result<()> {
         });
     }
     let mut batch = sled::Batch::default();
-    for (k, v) in frozen.iter() {
-        match v {
+    // In key order: sled inserts neighbouring keys far cheaper than
+    // scattered ones (fewer node splits and copies).
+    let mut ordered: Vec<(&Bytes, &Slot)> = frozen.iter().collect();
+    ordered.sort_unstable_by(|a, b| a.0.cmp(b.0));
+    for (k, slot) in ordered {
+        match &slot.value {
             Some(v) => batch.insert(k.as_ref(), v.as_ref()),
+            // A fresh key deleted is never in the database.
+            None if slot.fresh => {}
             None => batch.remove(k.as_ref()),
         }
     }

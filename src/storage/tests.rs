@@ -174,3 +174,59 @@ async fn submissions_after_close_fail() {
         Some("storage stopped: test")
     );
 }
+
+#[tokio::test]
+async fn fresh_keys_created_and_deleted_between_applies_never_reach_the_database() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let opts = StoreOptions {
+        apply_interval: Duration::from_secs(3600),
+        ..small_opts()
+    };
+    let (store, _) = Store::open(dir.path(), opts).expect("open");
+    let mut t = Txn::new();
+    t.put_payload(1, payload(1));
+    t.put_payload(2, payload(2));
+    store.submit(t).wait().await.expect("durable");
+    let mut t = Txn::new();
+    t.delete(Key::Payload(1));
+    store.submit(t).wait().await.expect("durable");
+    assert_eq!(body(&store, 1), None);
+    assert_eq!(
+        lock(&store.inner.state).active.len(),
+        1,
+        "only pid 2 is left to apply"
+    );
+    apply_once(&store.inner).expect("apply");
+    assert!(
+        store
+            .inner
+            .db
+            .get(Key::Payload(1).encode())
+            .expect("get")
+            .is_none()
+    );
+    assert!(
+        store
+            .inner
+            .db
+            .get(Key::Payload(2).encode())
+            .expect("get")
+            .is_some()
+    );
+    // Deleting a key that reached the database deletes it there.
+    let mut t = Txn::new();
+    t.delete(Key::Payload(2));
+    store.submit(t).wait().await.expect("durable");
+    apply_once(&store.inner).expect("apply");
+    assert!(
+        store
+            .inner
+            .db
+            .get(Key::Payload(2).encode())
+            .expect("get")
+            .is_none()
+    );
+    store.crash();
+    let (store, _) = Store::open(dir.path(), small_opts()).expect("reopen");
+    assert_eq!((body(&store, 1), body(&store, 2)), (None, None));
+}

@@ -56,6 +56,11 @@ pub struct Mutation {
     pub key: Bytes,
     /// The new value, `None` to delete.
     pub value: Option<Bytes>,
+    /// The key never existed before this put (a new position or payload
+    /// number). Not logged: it only lets the memtable drop a put and a
+    /// later delete of the same key that meet before reaching the
+    /// database.
+    pub fresh: bool,
 }
 
 /// Appends the encoding of one transaction to `out`.
@@ -115,7 +120,11 @@ pub fn decode_txn(payload: &Bytes) -> std::result::Result<Vec<Mutation>, String>
             }
             t => return Err(format!("unknown mutation tag {t}")),
         };
-        muts.push(Mutation { key, value });
+        muts.push(Mutation {
+            key,
+            value,
+            fresh: false,
+        });
     }
     if buf.has_remaining() {
         return Err(format!("{} stray bytes after transaction", buf.remaining()));
@@ -411,38 +420,6 @@ impl Pool {
             size,
         })
     }
-
-    /// Segment `number` made at once: a spare if there is one, else a
-    /// sparse file (allocated as it is written). Used for the first
-    /// segment, so that start-up does not wait for a zero-fill.
-    pub fn segment_now(&self, number: u64) -> Result<Segment> {
-        if !self
-            .spares
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_empty()
-        {
-            return self.segment(number);
-        }
-        let path = segment_path(&self.dir, number);
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .map_err(|e| StorageError::io("create", &path, e))?;
-        file.set_len(self.size)
-            .and_then(|()| file.sync_all())
-            .map_err(|e| StorageError::io("create", &path, e))?;
-        fsutil::sync_dir(&self.dir)?;
-        Ok(Segment {
-            number,
-            file,
-            path,
-            size: self.size,
-        })
-    }
 }
 
 /// Creates segment `number` of `size` bytes filled with zeros and makes it
@@ -594,7 +571,7 @@ pub struct Writer {
 impl Writer {
     /// Starts writing into a new segment numbered after `last_number`.
     pub fn start(pool: Arc<Pool>, last_number: u64) -> Result<Writer> {
-        let current = pool.segment_now(last_number + 1)?;
+        let current = pool.segment(last_number + 1)?;
         let prealloc = Preallocator::start(pool, last_number + 2);
         Ok(Writer {
             current,
@@ -682,6 +659,7 @@ mod tests {
         Mutation {
             key: Bytes::copy_from_slice(k.as_bytes()),
             value: Some(Bytes::copy_from_slice(v.as_bytes())),
+            fresh: false,
         }
     }
 
@@ -692,6 +670,7 @@ mod tests {
             Mutation {
                 key: Bytes::from_static(b"b"),
                 value: None,
+                fresh: false,
             },
         ];
         let mut out = Vec::new();

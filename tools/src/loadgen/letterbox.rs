@@ -393,24 +393,30 @@ impl Publisher for BatchPublisher {
 
 enum AckCmd {
     Token(String),
+    /// Nack this token (as AMQP's basic.nack: not waited for).
+    Nack(String),
     /// Answer once every token queued before it was acked.
     Flush(oneshot::Sender<Result<()>>),
 }
 
-/// Async acks: everything queued (up to 1000 tokens) per `Ack` call, one
-/// call at a time. Failures are reported at the next flush.
+/// Async settles: everything queued (up to 1000 tokens) per `Ack` (and
+/// `Nack`) call, one call at a time. Failures are reported at the next
+/// flush.
 async fn ack_loop(mut client: Messaging, mut rx: mpsc::UnboundedReceiver<AckCmd>) {
     let mut failure: Option<String> = None;
     while let Some(cmd) = rx.recv().await {
         let mut tokens = Vec::new();
+        let mut nacks = Vec::new();
         let mut flush = None;
         match cmd {
             AckCmd::Token(t) => tokens.push(t),
+            AckCmd::Nack(t) => nacks.push(t),
             AckCmd::Flush(f) => flush = Some(f),
         }
-        while flush.is_none() && tokens.len() < MAX_PER_CALL {
+        while flush.is_none() && tokens.len() < MAX_PER_CALL && nacks.len() < MAX_PER_CALL {
             match rx.try_recv() {
                 Ok(AckCmd::Token(t)) => tokens.push(t),
+                Ok(AckCmd::Nack(t)) => nacks.push(t),
                 Ok(AckCmd::Flush(f)) => flush = Some(f),
                 Err(_) => break,
             }
@@ -431,9 +437,32 @@ async fn ack_loop(mut client: Messaging, mut rx: mpsc::UnboundedReceiver<AckCmd>
                 failure.get_or_insert_with(|| format!("{e:#}"));
             }
         }
+        if !nacks.is_empty() {
+            let n = nacks.len();
+            let items = nacks
+                .into_iter()
+                .map(|t| NackItem {
+                    ack_token: t,
+                    ..Default::default()
+                })
+                .collect();
+            let r = match client
+                .nack(NackRequest {
+                    items,
+                    ..Default::default()
+                })
+                .await
+            {
+                Ok(r) => check_settled("Nack", n, &r.get_ref().results),
+                Err(s) => Err(anyhow!("Nack ({n} tokens): {s}")),
+            };
+            if let Err(e) = r {
+                failure.get_or_insert_with(|| format!("{e:#}"));
+            }
+        }
         if let Some(f) = flush {
             let _ = f.send(match &failure {
-                Some(e) => Err(anyhow!("async acks failed: {e}")),
+                Some(e) => Err(anyhow!("async settles failed: {e}")),
                 None => Ok(()),
             });
         }
@@ -595,6 +624,11 @@ impl Settle for LetterboxSettle {
             ctx,
             _credit: credit,
         } = *self;
+        if let Some(acker) = &ctx.acker {
+            return acker
+                .send(AckCmd::Nack(token))
+                .map_err(|_| anyhow!("ack task stopped"));
+        }
         let r = ctx
             .client
             .clone()
