@@ -17,7 +17,7 @@ use crate::storage::records::ExchangeRecord;
 
 use super::error::{QueueError, Result};
 use super::model::{NewMessage, Published};
-use super::publish::{Dup, encode_all, find_duplicates, new_message_id, store_new};
+use super::publish::{Dup, Publishing, encode_all, find_duplicates, new_message_id, store_new};
 use super::{Broker, Change, State, durable, validate};
 
 /// An exchange in memory: bindings by queue name, each with its filter
@@ -204,6 +204,16 @@ impl Broker {
         exchange: &str,
         msgs: Vec<NewMessage>,
     ) -> Result<Vec<Published>> {
+        self.begin_publish_to_exchange(exchange, msgs)?.done().await
+    }
+
+    /// The deciding half of [`Broker::publish_to_exchange`] (see
+    /// [`Broker::begin_publish`]).
+    pub fn begin_publish_to_exchange(
+        &self,
+        exchange: &str,
+        msgs: Vec<NewMessage>,
+    ) -> Result<Publishing> {
         validate::batch("messages", msgs.len())?;
         for (i, m) in msgs.iter().enumerate() {
             validate::message(i, m, self.opts.max_message_size)?;
@@ -300,8 +310,7 @@ impl Broker {
             }
             (results, self.submit(&st, change))
         };
-        durable(commit).await?;
-        Ok(results)
+        Ok(Publishing::new(results, commit))
     }
 }
 

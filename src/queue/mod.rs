@@ -31,6 +31,7 @@ mod fifo;
 pub mod model;
 mod persist;
 mod publish;
+pub use publish::Publishing;
 mod recovery;
 pub mod redrive;
 mod state;

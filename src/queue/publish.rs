@@ -23,10 +23,39 @@ pub(crate) enum Dup {
     Earlier(usize),
 }
 
+/// A publish decided and logged, waiting to be durable.
+#[derive(Debug)]
+pub struct Publishing {
+    results: Vec<Published>,
+    commit: Option<crate::storage::Commit>,
+}
+
+impl Publishing {
+    pub(crate) fn new(
+        results: Vec<Published>,
+        commit: Option<crate::storage::Commit>,
+    ) -> Publishing {
+        Publishing { results, commit }
+    }
+
+    /// Waits until the publish is durable; then its results are final.
+    pub async fn done(self) -> Result<Vec<Published>> {
+        durable(self.commit).await?;
+        Ok(self.results)
+    }
+}
+
 impl Broker {
     /// Publishes a batch of messages into a queue, all or nothing; answers
     /// once the batch is durable.
     pub async fn publish(&self, queue: &str, msgs: Vec<NewMessage>) -> Result<Vec<Published>> {
+        self.begin_publish(queue, msgs)?.done().await
+    }
+
+    /// The deciding half of [`Broker::publish`]: validates, stores and logs
+    /// the batch (so publishes begun one after the other are stored in that
+    /// order) and returns without waiting for durability.
+    pub fn begin_publish(&self, queue: &str, msgs: Vec<NewMessage>) -> Result<Publishing> {
         validate::batch("messages", msgs.len())?;
         for (i, m) in msgs.iter().enumerate() {
             validate::message(i, m, self.opts.max_message_size)?;
@@ -106,8 +135,7 @@ impl Broker {
             change.wake(qid);
             (results, self.submit(&st, change))
         };
-        durable(commit).await?;
-        Ok(results)
+        Ok(Publishing::new(results, commit))
     }
 }
 

@@ -8,8 +8,8 @@ use crate::queue::QueueError;
 use crate::queue::exchange::ExchangeInfo;
 use crate::queue::model::{
     Attempt, AttemptOutcome, BrowsedMessage, DeadLetter, DeadLetterReason, Delivery, GroupInfo,
-    GroupState, MessageState, NewMessage, PoisonPolicy, QueueConfig, QueueConfigInput, QueueInfo,
-    QueueKind, QueueStats, RetryBackoff, Settled,
+    GroupState, MessageState, NewMessage, PoisonPolicy, Published, QueueConfig, QueueConfigInput,
+    QueueInfo, QueueKind, QueueStats, RetryBackoff, Settled,
 };
 use crate::queue::redrive::RedriveSpec;
 
@@ -240,6 +240,15 @@ pub(crate) fn browsed_pb(m: BrowsedMessage) -> pb::BrowsedMessage {
         group_id: m.group_id.unwrap_or_default(),
         dead_letters: dead_letters_pb(m.dead_letters),
         attempts: attempts_pb(m.attempts),
+    }
+}
+
+/// The outcome of one published message.
+pub(crate) fn published_pb(p: Published) -> pb::PublishResult {
+    pb::PublishResult {
+        message_id: p.message_id,
+        duplicate: p.duplicate,
+        routed_to: p.routed_to,
     }
 }
 

@@ -7,6 +7,7 @@
 //! closes the store (apply and checkpoint).
 
 mod convert;
+mod publish_stream;
 mod redrive;
 mod service;
 mod status;

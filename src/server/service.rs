@@ -9,7 +9,7 @@ use tokio_util::task::TaskTracker;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::status::to_status;
-use super::{convert, redrive, subscribe};
+use super::{convert, publish_stream, redrive, subscribe};
 use crate::pb;
 use crate::pb::admin_service_server::AdminService;
 use crate::pb::messaging_service_server::MessagingService;
@@ -337,6 +337,21 @@ impl Service {
 
 #[tonic::async_trait]
 impl MessagingService for Service {
+    type PublishStreamStream = ReceiverStream<Result<pb::PublishStreamResponse, Status>>;
+
+    async fn publish_stream(
+        &self,
+        req: Request<Streaming<pb::PublishStreamRequest>>,
+    ) -> Rpc<Self::PublishStreamStream> {
+        let (tx, rx) = mpsc::channel(64);
+        self.sessions.spawn(publish_stream::session(
+            Arc::clone(&self.broker),
+            req.into_inner(),
+            tx,
+        ));
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
     type SubscribeStream = ReceiverStream<Result<pb::SubscribeResponse, Status>>;
 
     async fn subscribe(

@@ -7,6 +7,7 @@ mod client;
 mod clock;
 mod definitions;
 mod durability;
+mod ecosystem;
 mod exchanges;
 mod fifo;
 mod harness;

@@ -446,3 +446,57 @@ async fn the_dead_letter_walkthrough() {
         (1, 3, 1, 1)
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publish_stream_stores_in_order_and_answers_each_publish() {
+    let s = TestServer::start().await;
+    let mut c = s.clients().await;
+    c.create("q", config()).await;
+    let (tx, rx) = tokio::sync::mpsc::channel(256);
+    let mut answers = c
+        .msg
+        .publish_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .expect("stream")
+        .into_inner();
+    for seq in 1..=100u64 {
+        let queue = if seq == 50 { "missing" } else { "q" };
+        let publish = pb::PublishRequest {
+            queue: queue.into(),
+            messages: vec![msg(&format!("m{seq}"))],
+            ..Default::default()
+        };
+        tx.send(pb::PublishStreamRequest {
+            sequence: seq,
+            publish: Some(publish),
+        })
+        .await
+        .unwrap();
+    }
+    drop(tx);
+    let mut seen = Vec::new();
+    while let Some(a) = answers.message().await.expect("answer") {
+        if a.sequence == 50 {
+            assert_eq!(a.code, Code::NotFound as i32);
+            assert!(a.error.contains("missing") && a.results.is_empty());
+        } else {
+            assert_eq!((a.code, a.results.len()), (0, 1), "{a:?}");
+        }
+        seen.push(a.sequence);
+    }
+    assert_eq!(
+        seen,
+        (1..=100).collect::<Vec<_>>(),
+        "answered in order, the stream went on"
+    );
+    let got = c.receive("q", 1000).await;
+    let expect: Vec<String> = (1..=100)
+        .filter(|n| *n != 50)
+        .map(|n| format!("m{n}"))
+        .collect();
+    assert_eq!(
+        got.iter().map(body).collect::<Vec<_>>(),
+        expect,
+        "stored in the order sent"
+    );
+}

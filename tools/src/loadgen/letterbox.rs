@@ -40,8 +40,8 @@ use letterbox::pb::admin_service_client::AdminServiceClient;
 use letterbox::pb::messaging_service_client::MessagingServiceClient;
 use letterbox::pb::{
     AckRequest, CreateQueueRequest, DeadLetterPolicy, DeleteQueueRequest, GetQueueStatsRequest,
-    NackItem, NackRequest, PublishMessage, PublishRequest, QueueConfig, QueueKind, ReceiveRequest,
-    SettleResult, SettleStatus,
+    NackItem, NackRequest, PublishMessage, PublishRequest, PublishStreamRequest, QueueConfig,
+    QueueKind, ReceiveRequest, SettleResult, SettleStatus,
 };
 use std::sync::Arc;
 use std::time::Duration;
@@ -215,11 +215,15 @@ impl Target for LetterboxTarget {
                 batch,
                 in_flight,
             )))
-        } else {
+        } else if std::env::var("LOADGEN_LETTERBOX_PUBLISH").as_deref() == Ok("unary") {
             Ok(Box::new(SinglePublisher {
                 client,
                 queue: q.name.clone(),
             }))
+        } else {
+            Ok(Box::new(
+                StreamPublisher::open(client, q.name.clone()).await?,
+            ))
         }
     }
 
@@ -302,6 +306,105 @@ impl Publisher for SinglePublisher {
     }
 
     async fn close(self: Box<Self>) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// One message per request on a `PublishStream`, answered in order once
+/// durable: the publisher-confirm model of AMQP (the default; set
+/// `LOADGEN_LETTERBOX_PUBLISH=unary` for one unary `Publish` per message).
+struct StreamPublisher {
+    tx: Option<mpsc::Sender<PublishStreamRequest>>,
+    waiting: Arc<std::sync::Mutex<std::collections::VecDeque<oneshot::Sender<Result<()>>>>>,
+    next: u64,
+    queue: String,
+    reader: JoinHandle<()>,
+}
+
+impl StreamPublisher {
+    async fn open(mut client: Messaging, queue: String) -> Result<Self> {
+        let (tx, rx) = mpsc::channel(1024);
+        let mut inbound = client
+            .publish_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await
+            .map_err(|s| anyhow!("PublishStream: {s}"))?
+            .into_inner();
+        let waiting: Arc<
+            std::sync::Mutex<std::collections::VecDeque<oneshot::Sender<Result<()>>>>,
+        > = Arc::default();
+        let w = waiting.clone();
+        let reader = tokio::spawn(async move {
+            loop {
+                let next = inbound.message().await;
+                let done = w.lock().unwrap_or_else(|e| e.into_inner()).pop_front();
+                match next {
+                    Ok(Some(r)) => {
+                        if let Some(done) = done {
+                            let _ = done.send(if r.code == 0 {
+                                Ok(())
+                            } else {
+                                Err(anyhow!(
+                                    "Publish (stream {}): code {} {}",
+                                    r.sequence,
+                                    r.code,
+                                    r.error
+                                ))
+                            });
+                        }
+                    }
+                    Ok(None) => return,
+                    Err(s) => {
+                        if let Some(done) = done {
+                            let _ = done.send(Err(anyhow!("PublishStream: {s}")));
+                        }
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(StreamPublisher {
+            tx: Some(tx),
+            waiting,
+            next: 1,
+            queue,
+            reader,
+        })
+    }
+}
+
+#[async_trait]
+impl Publisher for StreamPublisher {
+    async fn publish(&mut self, payload: Bytes) -> Result<AckFuture> {
+        let (done, rx) = oneshot::channel();
+        self.waiting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push_back(done);
+        let sequence = self.next;
+        self.next += 1;
+        let req = PublishStreamRequest {
+            sequence,
+            publish: Some(PublishRequest {
+                queue: self.queue.clone(),
+                messages: vec![message(payload)],
+                ..Default::default()
+            }),
+        };
+        let tx = self
+            .tx
+            .as_ref()
+            .ok_or_else(|| anyhow!("publisher closed"))?;
+        tx.send(req)
+            .await
+            .map_err(|_| anyhow!("PublishStream closed"))?;
+        Ok(Box::pin(async move {
+            rx.await.map_err(|_| anyhow!("PublishStream closed"))?
+        }))
+    }
+
+    async fn close(mut self: Box<Self>) -> Result<()> {
+        self.tx.take();
+        let _ = (&mut self.reader).await;
         Ok(())
     }
 }
