@@ -73,6 +73,7 @@ pub(crate) async fn session(
         tokio::select! {
             biased;
             Some(reply) = pending.next(), if !pending.is_empty() => {
+                let reply: Result<pb::PublishStreamResponse, Status> = reply;
                 let failed = reply.is_err();
                 if tx.send(reply).await.is_err() || failed {
                     return;
