@@ -51,6 +51,11 @@ pub struct ServeArgs {
     /// Longest time between checkpoints.
     #[arg(long, env = "LETTERBOX_CHECKPOINT_INTERVAL", default_value = "30s")]
     pub checkpoint_interval: Millis,
+    /// How often durable changes are copied from the log into the
+    /// database (shorter: smaller, steadier batches; longer: more messages
+    /// acked before they ever reach it).
+    #[arg(long, env = "LETTERBOX_APPLY_INTERVAL", default_value = "500ms")]
+    pub apply_interval: Millis,
     /// Checkpoint after this many bytes of log.
     #[arg(long, env = "LETTERBOX_CHECKPOINT_BYTES", default_value = "128MiB")]
     pub checkpoint_bytes: ByteSize,
@@ -97,6 +102,7 @@ impl ServeArgs {
         c.store.min_free_bytes = self.min_free_disk.0;
         c.store.checkpoint_interval = self.checkpoint_interval.0;
         c.store.checkpoint_bytes = self.checkpoint_bytes.0;
+        c.store.apply_interval = self.apply_interval.0.max(Duration::from_millis(1));
         c.store.cache_bytes = self.cache_size.0;
         c.shutdown_grace = self.shutdown_grace.0;
         Ok(c)

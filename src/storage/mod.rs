@@ -19,10 +19,13 @@
 //!   frozen generations, each applied as one atomic sled batch together
 //!   with the lsn of its last record (`SysKey::AppliedLsn`). sled is never
 //!   ahead of the durable log.
+//! * Message bodies are written once, in the log: the database keeps a
+//!   pointer to each payload's place in its log segment (see `payloads`).
 //! * A checkpoint flushes sled, fsyncs every file of the database and its
 //!   directories (sled's own flush only calls `sync_file_range`), and then
-//!   retires log segments whose records are all applied (kept for reuse,
-//!   see `wal::Pool`).
+//!   retires log segments whose records are all applied and to which no
+//!   payload pointer refers (kept for reuse, see `wal::Pool`); segments kept
+//!   only for a few old payloads are compacted.
 //! * Opening replays log records newer than the applied lsn into sled (a
 //!   record is a set of absolute puts and deletes, so replay is
 //!   idempotent), checkpoints, and starts a fresh log segment.
@@ -34,6 +37,7 @@
 mod error;
 pub mod fsutil;
 pub mod keys;
+mod payloads;
 pub mod records;
 pub mod wal;
 
@@ -117,6 +121,10 @@ pub struct StoreStats {
     pub applied_lsn: u64,
     /// Total microseconds spent in log write + fdatasync.
     pub sync_micros: u64,
+    /// Log segments kept only for the payloads they hold.
+    pub pinned_segments: u64,
+    /// Payloads compacted (moved to a newer segment).
+    pub relocated: u64,
 }
 
 /// A transaction under construction: puts and deletes applied atomically.
@@ -141,6 +149,7 @@ impl Txn {
             key: key.encode(),
             value: Some(value),
             fresh: false,
+            if_exists: false,
         });
     }
 
@@ -150,6 +159,7 @@ impl Txn {
             key: key.encode(),
             value: Some(value),
             fresh: true,
+            if_exists: false,
         });
     }
 
@@ -159,11 +169,7 @@ impl Txn {
 
     /// Deletes a key.
     pub fn delete(&mut self, key: Key<'_>) {
-        self.muts.push(Mutation {
-            key: key.encode(),
-            value: None,
-            fresh: false,
-        });
+        self.muts.push(Mutation::delete(key.encode()));
     }
 
     /// Stores a system value.
@@ -195,6 +201,17 @@ impl Txn {
     /// (payload numbers are never reused).
     pub fn put_payload(&mut self, pid: u64, encoded: Bytes) {
         self.put_fresh(Key::Payload(pid), encoded);
+    }
+
+    /// Logs a payload again, to be stored only if it still exists when
+    /// applied (compaction).
+    fn relocate(&mut self, key: Bytes, value: Bytes) {
+        self.muts.push(Mutation {
+            key,
+            value: Some(value),
+            fresh: false,
+            if_exists: true,
+        });
     }
 
     /// Stores a dedup entry.
@@ -251,12 +268,16 @@ impl Commit {
     }
 }
 
-/// A memtable slot: the latest value of a key (`None`: deleted), and
-/// whether the key did not exist before this generation of the memtable.
+/// A memtable slot: the latest value of a key (`None`: deleted), the lsn
+/// of the record that wrote it, whether the key did not exist before this
+/// generation of the memtable, and whether the put applies only if the
+/// key exists then (a payload relocation).
 #[derive(Debug, Clone)]
 struct Slot {
     value: Option<Bytes>,
+    lsn: u64,
     fresh: bool,
+    if_exists: bool,
 }
 
 type Memtable = HashMap<Bytes, Slot>;
@@ -304,6 +325,13 @@ struct Inner {
     sync_micros: AtomicU64,
     segments: Arc<Mutex<Vec<(u64, u64)>>>,
     pool: Arc<wal::Pool>,
+    /// Where the log writer put each payload value: key → (lsn, place).
+    placed: Mutex<HashMap<Bytes, (u64, payloads::Loc)>>,
+    /// Payload pointers per segment; pinned segments.
+    live: Mutex<payloads::Live>,
+    /// Segment files open for payload reads.
+    files: payloads::Files,
+    relocated: AtomicU64,
 }
 
 /// The durable store of one data directory.
@@ -356,18 +384,42 @@ impl Store {
         check_db_format(&db, &db_dir)?;
         let applied = read_sys(&db, SysKey::AppliedLsn, &db_dir)?.unwrap_or(0);
 
-        // Replay what the log has beyond the database.
+        // Replay what the log has beyond the database. Payload values stay
+        // in the log: the database gets pointers to them.
         let mut batch = sled::Batch::default();
         let mut in_batch = 0usize;
-        let end = wal::replay(&wal_dir, applied, |lsn, muts| {
+        // Keys changed by the batch being built (for conditional puts).
+        let mut touched: HashMap<Bytes, bool> = HashMap::new();
+        let end = wal::replay(&wal_dir, applied, |lsn, muts, seg, data| {
             for m in muts {
                 match m.value {
-                    Some(v) => batch.insert(m.key.as_ref(), v.as_ref()),
-                    None => batch.remove(m.key.as_ref()),
+                    Some(v) => {
+                        if m.if_exists {
+                            let exists = match touched.get(&m.key) {
+                                Some(e) => *e,
+                                None => db.contains_key(m.key.as_ref()).map_err(dbe)?,
+                            };
+                            if !exists {
+                                continue;
+                            }
+                        }
+                        if payloads::located(&m.key) {
+                            let loc = payloads::loc_in(seg, data, &v);
+                            batch.insert(m.key.as_ref(), &loc.encode()[..]);
+                        } else {
+                            batch.insert(m.key.as_ref(), v.as_ref());
+                        }
+                        touched.insert(m.key.clone(), true);
+                    }
+                    None => {
+                        batch.remove(m.key.as_ref());
+                        touched.insert(m.key.clone(), false);
+                    }
                 }
                 in_batch += 1;
             }
             if in_batch > 10_000 {
+                touched.clear();
                 batch.insert(
                     Key::Sys(SysKey::AppliedLsn).encode().as_ref(),
                     &lsn.to_be_bytes(),
@@ -385,9 +437,36 @@ impl Store {
         // Make the database durable before the log that fed it goes.
         db.flush().map_err(dbe)?;
         fsutil::sync_tree(&db_dir)?;
+        // Count payload pointers; segments without any are retired, the
+        // others kept (pinned) for their payloads.
+        let mut live = payloads::Live::default();
+        for item in db.scan_prefix([keys::TAG_PAYLOAD]) {
+            let (_, v) = item.map_err(dbe)?;
+            if let Some(loc) = payloads::Loc::decode(&v) {
+                live.add(loc.seg);
+            }
+        }
+        // Totals start at what is live now: a share of it must go before a
+        // segment is worth compacting.
         let pool = Arc::new(wal::Pool::open(&wal_dir, opts.segment_size)?);
-        for number in wal::list_segments(&wal_dir)? {
-            pool.retire(&wal::segment_path(&wal_dir, number))?;
+        let present = wal::list_segments(&wal_dir)?;
+        for seg in live.counts.keys() {
+            if !present.contains(seg) {
+                return Err(StorageError::corrupt(
+                    wal::segment_path(&wal_dir, *seg).display().to_string(),
+                    format!(
+                        "{} payload(s) point into this log segment, which is missing",
+                        live.count(*seg)
+                    ),
+                ));
+            }
+        }
+        for number in present {
+            if live.count(number) > 0 {
+                live.pinned.insert(number);
+            } else {
+                pool.retire(&wal::segment_path(&wal_dir, number))?;
+            }
         }
         fsutil::sync_dir(&wal_dir)?;
         let writer = wal::Writer::start(Arc::clone(&pool), end.last_segment)?;
@@ -420,6 +499,10 @@ impl Store {
             sync_micros: AtomicU64::new(0),
             segments: Arc::clone(&writer.written),
             pool,
+            placed: Mutex::default(),
+            live: Mutex::new(live),
+            files: payloads::Files::new(&wal_dir),
+            relocated: AtomicU64::new(0),
         });
         inner.refresh_space();
         let mut threads = Vec::new();
@@ -449,48 +532,7 @@ impl Store {
 
     /// Logs a transaction (see the module's durability contract).
     pub fn submit(&self, txn: Txn) -> Commit {
-        let (tx, rx) = oneshot::channel();
-        let mut st = lock(&self.inner.state);
-        if let Some(reason) = &st.closed {
-            return Commit {
-                lsn: 0,
-                rx: Err(reason.clone()),
-            };
-        }
-        let lsn = st.next_lsn;
-        st.next_lsn += 1;
-        for m in &txn.muts {
-            st.active_bytes += m.key.len() + m.value.as_ref().map_or(0, Bytes::len) + 48;
-            match st.active.get_mut(&m.key) {
-                // Created and deleted within one generation: the database
-                // never needs to hear of it.
-                Some(slot) if slot.fresh && m.value.is_none() => {
-                    st.active.remove(&m.key);
-                }
-                Some(slot) => slot.value = m.value.clone(),
-                None => {
-                    let slot = Slot {
-                        value: m.value.clone(),
-                        fresh: m.fresh,
-                    };
-                    st.active.insert(m.key.clone(), slot);
-                }
-            }
-        }
-        let full = st.active_bytes > self.inner.opts.apply_bytes;
-        st.pending.push(Pending {
-            lsn,
-            muts: txn.muts,
-            done: tx,
-        });
-        if st.pending.len() == 1 {
-            self.inner.commit_cv.notify_one();
-        }
-        drop(st);
-        if full {
-            self.inner.apply_cv.notify_one();
-        }
-        Commit { lsn, rx: Ok(rx) }
+        self.inner.submit(txn)
     }
 
     /// Reads a key as of the latest submitted transaction.
@@ -505,11 +547,14 @@ impl Store {
                 return Ok(slot.value.clone());
             }
         }
-        self.inner
-            .db
-            .get(&k)
-            .map(|v| v.map(|iv| Bytes::copy_from_slice(&iv)))
-            .map_err(|e| self.inner.db_error(e))
+        let v = self.inner.db.get(&k).map_err(|e| self.inner.db_error(e))?;
+        match v {
+            None => Ok(None),
+            Some(iv) => match payloads::Loc::decode(&iv).filter(|_| payloads::located(&k)) {
+                Some(loc) => self.inner.files.read(loc).map(Some),
+                None => Ok(Some(Bytes::copy_from_slice(&iv))),
+            },
+        }
     }
 
     /// Reads and decodes a message's payload, checking its checksum.
@@ -582,6 +627,8 @@ impl Store {
             durable_lsn: *lock(&i.durable),
             applied_lsn: i.applied.load(Ordering::Relaxed),
             sync_micros: i.sync_micros.load(Ordering::Relaxed),
+            pinned_segments: lock(&i.live).pinned.len() as u64,
+            relocated: i.relocated.load(Ordering::Relaxed),
         }
     }
 
@@ -683,6 +730,59 @@ fn check_db_format(db: &sled::Db, path: &Path) -> Result<()> {
 }
 
 impl Inner {
+    /// See [`Store::submit`].
+    fn submit(&self, txn: Txn) -> Commit {
+        let (tx, rx) = oneshot::channel();
+        let mut st = lock(&self.state);
+        if let Some(reason) = &st.closed {
+            return Commit {
+                lsn: 0,
+                rx: Err(reason.clone()),
+            };
+        }
+        let lsn = st.next_lsn;
+        st.next_lsn += 1;
+        for m in &txn.muts {
+            st.active_bytes += m.key.len() + m.value.as_ref().map_or(0, Bytes::len) + 48;
+            match st.active.get_mut(&m.key) {
+                // Created and deleted within one generation: the database
+                // never needs to hear of it.
+                Some(slot) if slot.fresh && m.value.is_none() => {
+                    st.active.remove(&m.key);
+                }
+                // A relocation of a payload deleted in this generation.
+                Some(slot) if m.if_exists && slot.value.is_none() => {}
+                Some(slot) => {
+                    slot.value = m.value.clone();
+                    slot.lsn = lsn;
+                }
+                None => {
+                    let slot = Slot {
+                        value: m.value.clone(),
+                        lsn,
+                        fresh: m.fresh,
+                        if_exists: m.if_exists,
+                    };
+                    st.active.insert(m.key.clone(), slot);
+                }
+            }
+        }
+        let full = st.active_bytes > self.opts.apply_bytes;
+        st.pending.push(Pending {
+            lsn,
+            muts: txn.muts,
+            done: tx,
+        });
+        if st.pending.len() == 1 {
+            self.commit_cv.notify_one();
+        }
+        drop(st);
+        if full {
+            self.apply_cv.notify_one();
+        }
+        Commit { lsn, rx: Ok(rx) }
+    }
+
     fn db_error(&self, e: sled::Error) -> StorageError {
         StorageError::Db {
             path: self.dir.join("db"),
@@ -760,18 +860,39 @@ fn log_writer(inner: &Inner, mut writer: wal::Writer) {
         frames.clear();
         bounds.clear();
         let first = batch[0].lsn;
-        for p in &batch {
-            wal::frame(p.lsn, first, &p.muts, &mut frames);
+        // (frame index, mutation index, value offset in the frame)
+        let mut located = Vec::new();
+        for (fi, p) in batch.iter().enumerate() {
+            for (mi, off) in wal::frame(p.lsn, first, &p.muts, &mut frames, payloads::located) {
+                located.push((fi, mi, off));
+            }
             bounds.push((frames.len(), p.lsn));
         }
         let t = Instant::now();
-        if let Err(e) = writer.write(&frames, &bounds) {
-            let reason = e.to_string();
-            for p in batch {
-                let _ = p.done.send(Err(reason.clone()));
+        let placed = match writer.write(&frames, &bounds) {
+            Ok(placed) => placed,
+            Err(e) => {
+                let reason = e.to_string();
+                for p in batch {
+                    let _ = p.done.send(Err(reason.clone()));
+                }
+                inner.fail(&e);
+                return;
             }
-            inner.fail(&e);
-            return;
+        };
+        if !located.is_empty() {
+            let mut map = lock(&inner.placed);
+            for (fi, mi, off) in located {
+                let (p, (seg, frame_off)) = (&batch[fi], placed[fi]);
+                let m = &p.muts[mi];
+                let len = m.value.as_ref().map_or(0, Bytes::len);
+                let loc = payloads::Loc {
+                    seg,
+                    off: frame_off + off as u64,
+                    len: u32::try_from(len).unwrap_or(u32::MAX),
+                };
+                map.insert(m.key.clone(), (p.lsn, loc));
+            }
         }
         let last = batch[batch.len() - 1].lsn;
         inner.sync_micros.fetch_add(
@@ -877,12 +998,63 @@ fn apply_once(inner: &Inner) -> Result<()> {
     // scattered ones (fewer node splits and copies).
     let mut ordered: Vec<(&Bytes, &Slot)> = frozen.iter().collect();
     ordered.sort_unstable_by(|a, b| a.0.cmp(b.0));
+    let placed = {
+        let mut map = lock(&inner.placed);
+        let mut mine = HashMap::new();
+        map.retain(|k, (lsn, loc)| {
+            if *lsn <= upto {
+                mine.insert(k.clone(), (*lsn, *loc));
+                false
+            } else {
+                true
+            }
+        });
+        mine
+    };
+    // Pointer counts change only once the batch is applied.
+    let mut added: Vec<u64> = Vec::new();
+    let mut removed: Vec<u64> = Vec::new();
+    let db_err = |e| inner.db_error(e);
     for (k, slot) in ordered {
+        let payload = payloads::located(k);
+        // The payload pointer the database holds now, if any.
+        let old = |k: &Bytes| -> Result<Option<payloads::Loc>> {
+            Ok(inner
+                .db
+                .get(k)
+                .map_err(db_err)?
+                .and_then(|v| payloads::Loc::decode(&v)))
+        };
         match &slot.value {
-            Some(v) => batch.insert(k.as_ref(), v.as_ref()),
+            Some(v) => {
+                if slot.if_exists && !inner.db.contains_key(k).map_err(db_err)? {
+                    continue;
+                }
+                let here = placed.get(k).filter(|(lsn, _)| *lsn == slot.lsn);
+                match (payload, here) {
+                    (true, Some((_, loc))) => {
+                        if !slot.fresh {
+                            removed.extend(old(k)?.map(|l| l.seg));
+                        }
+                        batch.insert(k.as_ref(), &loc.encode()[..]);
+                        added.push(loc.seg);
+                    }
+                    _ => {
+                        if payload && !slot.fresh {
+                            removed.extend(old(k)?.map(|l| l.seg));
+                        }
+                        batch.insert(k.as_ref(), v.as_ref());
+                    }
+                }
+            }
             // A fresh key deleted is never in the database.
             None if slot.fresh => {}
-            None => batch.remove(k.as_ref()),
+            None => {
+                if payload {
+                    removed.extend(old(k)?.map(|l| l.seg));
+                }
+                batch.remove(k.as_ref());
+            }
         }
     }
     batch.insert(
@@ -890,6 +1062,15 @@ fn apply_once(inner: &Inner) -> Result<()> {
         &upto.to_be_bytes(),
     );
     inner.db.apply_batch(batch).map_err(|e| inner.db_error(e))?;
+    {
+        let mut live = lock(&inner.live);
+        for seg in added {
+            live.add(seg);
+        }
+        for seg in removed {
+            live.remove(seg);
+        }
+    }
     lock(&inner.state).frozen = None;
     inner.applied.store(upto, Ordering::Relaxed);
     Ok(())
@@ -902,19 +1083,84 @@ fn checkpoint(inner: &Inner) -> Result<()> {
     inner.db.flush().map_err(|e| inner.db_error(e))?;
     fsutil::sync_tree(&inner.dir.join("db"))?;
     let wal_dir = inner.dir.join("wal");
-    let mut segments = lock(&inner.segments);
-    let mut removed = false;
-    // Segment i holds lsns below the first lsn of segment i+1.
-    while segments.len() >= 2 && segments[1].1 <= applied + 1 {
-        let (number, _) = segments.remove(0);
-        inner.pool.retire(&wal::segment_path(&wal_dir, number))?;
-        removed = true;
+    let mut retire = Vec::new();
+    {
+        let mut segments = lock(&inner.segments);
+        let mut live = lock(&inner.live);
+        // Segment i holds lsns below the first lsn of segment i+1: once
+        // those are applied it goes, unless payloads still point into it.
+        while segments.len() >= 2 && segments[1].1 <= applied + 1 {
+            let (number, _) = segments.remove(0);
+            if live.count(number) > 0 {
+                live.pinned.insert(number);
+            } else {
+                retire.push(number);
+            }
+        }
+        let emptied: Vec<u64> = live
+            .pinned
+            .iter()
+            .copied()
+            .filter(|s| live.count(*s) == 0)
+            .collect();
+        for seg in emptied {
+            live.pinned.remove(&seg);
+            retire.push(seg);
+        }
+        // A compaction whose relocations are applied is over (what is
+        // still live there, if anything, is compacted again later).
+        if let Some((seg, lsn)) = live.compacting
+            && (lsn <= applied || !live.pinned.contains(&seg))
+        {
+            live.compacting = None;
+        }
     }
-    drop(segments);
-    if removed {
+    for seg in &retire {
+        inner.files.close(*seg);
+        inner.pool.retire(&wal::segment_path(&wal_dir, *seg))?;
+    }
+    if !retire.is_empty() {
         fsutil::sync_dir(&wal_dir)?;
     }
     inner.checkpoints.fetch_add(1, Ordering::Relaxed);
+    compact(inner)
+}
+
+/// Segments kept for their payloads before compaction starts.
+const KEEP_PINNED: usize = 2;
+/// Relocations per transaction.
+const RELOCATE_BATCH: usize = 256;
+
+/// Moves the live payloads of the pinned segment most worth it to the
+/// current segment, so that it can be retired. The relocations are
+/// conditional puts: a payload deleted meanwhile stays deleted.
+fn compact(inner: &Inner) -> Result<()> {
+    let Some(seg) = lock(&inner.live).to_compact(KEEP_PINNED) else {
+        return Ok(());
+    };
+    let wal_dir = inner.dir.join("wal");
+    let mut moved = 0u64;
+    let mut txn = Txn::new();
+    let mut last_lsn = 0u64;
+    // Not waited for: the relocations are applied with everything else.
+    let submit = |txn: Txn| -> u64 { inner.submit(txn).lsn() };
+    for (key, value, loc) in payloads::payloads_in(&wal_dir, seg)? {
+        let current = inner.db.get(&key).map_err(|e| inner.db_error(e))?;
+        if current.and_then(|v| payloads::Loc::decode(&v)) != Some(loc) {
+            continue; // deleted, or already somewhere else
+        }
+        txn.relocate(key, value);
+        moved += 1;
+        if txn.muts.len() >= RELOCATE_BATCH {
+            last_lsn = submit(std::mem::take(&mut txn));
+        }
+    }
+    if !txn.is_empty() {
+        last_lsn = submit(txn);
+    }
+    inner.relocated.fetch_add(moved, Ordering::Relaxed);
+    lock(&inner.live).compacting = Some((seg, last_lsn));
+    tracing::debug!(segment = seg, moved, "compacting a log segment");
     Ok(())
 }
 

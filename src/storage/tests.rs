@@ -123,32 +123,89 @@ async fn concurrent_submissions_share_fsyncs() {
     assert!(stats.log_syncs <= stats.records, "{stats:?}");
 }
 
-#[tokio::test]
-async fn checkpoints_reclaim_log_segments() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let (store, _) = Store::open(dir.path(), small_opts()).expect("open");
-    for i in 0..400u64 {
+fn big(i: u64) -> Bytes {
+    encode_payload(&PayloadRecord::new(
+        i,
+        vec![],
+        Bytes::from(format!("{i:0>900}")),
+    ))
+}
+
+async fn put_payloads(store: &Store, range: std::ops::Range<u64>) {
+    for i in range {
         let mut t = Txn::new();
-        t.put_payload(
-            i,
-            encode_payload(&PayloadRecord::new(0, vec![], Bytes::from(vec![7u8; 900]))),
-        );
+        t.put_payload(i, big(i));
         store.submit(t).wait().await.expect("durable");
     }
-    // 400 records of ~1 KiB fill several 64 KiB segments; checkpoints must
-    // have deleted the applied ones.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let mut t = Txn::new();
-    t.put_payload(9999, payload(1));
-    store.submit(t).wait().await.expect("durable");
-    tokio::time::sleep(Duration::from_millis(300)).await;
+}
+
+async fn delete_payloads(store: &Store, ids: impl Iterator<Item = u64>) {
+    for i in ids {
+        let mut t = Txn::new();
+        t.delete(Key::Payload(i));
+        store.submit(t).wait().await.expect("durable");
+    }
+}
+
+async fn settle(store: &Store) {
+    // A few apply and checkpoint rounds.
+    for _ in 0..6 {
+        tokio::time::sleep(Duration::from_millis(80)).await;
+        let mut t = Txn::new();
+        t.put_sys(SysKey::NextQid, 1);
+        store.submit(t).wait().await.expect("durable");
+    }
+}
+
+#[tokio::test]
+async fn checkpoints_reclaim_log_segments_once_their_payloads_are_gone() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (store, _) = Store::open(dir.path(), small_opts()).expect("open");
+    put_payloads(&store, 0..400).await;
+    settle(&store).await;
+    let held = wal::list_segments(&dir.path().join("wal")).expect("list");
+    assert!(
+        held.len() >= 5,
+        "segments holding live payloads stay: {held:?}"
+    );
+    assert!(
+        store.get_payload(3).expect("read").is_some(),
+        "read back through its pointer"
+    );
+    delete_payloads(&store, 0..400).await;
+    settle(&store).await;
     let segments = wal::list_segments(&dir.path().join("wal")).expect("list");
     assert!(store.stats().checkpoints > 0);
     assert!(segments.len() <= 3, "segments left: {segments:?}");
     store.close().expect("close");
     let (store, _) = Store::open(dir.path(), small_opts()).expect("reopen");
-    assert_eq!(body(&store, 9999).as_deref(), Some("body-1"));
-    assert!(store.get_payload(399).expect("read").is_some());
+    assert!(store.get_payload(399).expect("read").is_none());
+}
+
+#[tokio::test]
+async fn sparse_old_segments_are_compacted_and_their_payloads_survive() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (store, _) = Store::open(dir.path(), small_opts()).expect("open");
+    put_payloads(&store, 0..400).await;
+    // Keep one payload in ten.
+    delete_payloads(&store, (0..400).filter(|i| i % 10 != 0)).await;
+    settle(&store).await;
+    settle(&store).await;
+    let stats = store.stats();
+    assert!(stats.relocated > 0, "{stats:?}");
+    assert!(stats.pinned_segments <= 3, "{stats:?}");
+    let segments = wal::list_segments(&dir.path().join("wal")).expect("list");
+    assert!(segments.len() <= 5, "segments left: {segments:?}");
+    for i in (0..400).step_by(10) {
+        let p = store.get_payload(i).expect("read").expect("kept");
+        assert_eq!(p.body, Bytes::from(format!("{i:0>900}")));
+    }
+    store.crash();
+    let (store, _) = Store::open(dir.path(), small_opts()).expect("reopen");
+    for i in 0..400 {
+        let p = store.get_payload(i).expect("read");
+        assert_eq!(p.is_some(), i % 10 == 0, "payload {i}");
+    }
 }
 
 #[tokio::test]
@@ -229,4 +286,47 @@ async fn fresh_keys_created_and_deleted_between_applies_never_reach_the_database
     store.crash();
     let (store, _) = Store::open(dir.path(), small_opts()).expect("reopen");
     assert_eq!((body(&store, 1), body(&store, 2)), (None, None));
+}
+
+#[tokio::test]
+async fn a_payload_deleted_while_its_relocation_is_pending_stays_deleted() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let opts = StoreOptions {
+        apply_interval: Duration::from_secs(3600),
+        checkpoint_interval: Duration::from_secs(3600),
+        checkpoint_bytes: u64::MAX,
+        ..small_opts()
+    };
+    let (store, _) = Store::open(dir.path(), opts.clone()).expect("open");
+    put_payloads(&store, 0..400).await;
+    apply_once(&store.inner).expect("apply");
+    delete_payloads(&store, (0..400).filter(|i| i % 10 != 0)).await;
+    apply_once(&store.inner).expect("apply");
+    checkpoint(&store.inner).expect("checkpoint and compact");
+    assert!(store.stats().relocated > 0);
+    // Deleted after its relocation was logged, before it was applied.
+    delete_payloads(&store, [0u64, 10].into_iter()).await;
+    assert!(store.get_payload(0).expect("read").is_none());
+    assert!(store.get_payload(10).expect("read").is_none());
+    assert!(store.get_payload(20).expect("read").is_some());
+    // Crash before applying: the relocations and the deletes are replayed.
+    store.crash();
+    let (store, report) = Store::open(dir.path(), opts.clone()).expect("reopen");
+    assert!(report.replayed > 0);
+    assert!(
+        store.get_payload(0).expect("read").is_none(),
+        "replay keeps it deleted"
+    );
+    assert!(store.get_payload(10).expect("read").is_none());
+    assert_eq!(
+        store.get_payload(20).expect("read").expect("kept").body,
+        Bytes::from(format!("{:0>900}", 20))
+    );
+    // The same, applied before the crash.
+    delete_payloads(&store, [20u64].into_iter()).await;
+    apply_once(&store.inner).expect("apply");
+    store.crash();
+    let (store, _) = Store::open(dir.path(), opts).expect("reopen");
+    assert!(store.get_payload(20).expect("read").is_none());
+    assert!(store.get_payload(30).expect("read").is_some());
 }

@@ -61,24 +61,65 @@ pub struct Mutation {
     /// later delete of the same key that meet before reaching the
     /// database.
     pub fresh: bool,
+    /// Put only if the key exists when the change is applied (moving a
+    /// payload to a newer log segment; logged as tag 2).
+    pub if_exists: bool,
 }
 
-/// Appends the encoding of one transaction to `out`.
-pub fn encode_txn(muts: &[Mutation], out: &mut Vec<u8>) {
+impl Mutation {
+    /// A put.
+    pub fn put(key: Bytes, value: Bytes) -> Mutation {
+        Mutation {
+            key,
+            value: Some(value),
+            fresh: false,
+            if_exists: false,
+        }
+    }
+
+    /// A delete.
+    pub fn delete(key: Bytes) -> Mutation {
+        Mutation {
+            key,
+            value: None,
+            fresh: false,
+            if_exists: false,
+        }
+    }
+}
+
+/// Appends the encoding of one transaction to `out`; returns, for each
+/// value whose key satisfies `locate`, (mutation index, offset of the value
+/// from the start of `out`).
+pub fn encode_txn_locating(
+    muts: &[Mutation],
+    out: &mut Vec<u8>,
+    locate: impl Fn(&[u8]) -> bool,
+) -> Vec<(usize, usize)> {
+    let mut located = Vec::new();
     out.extend_from_slice(&u32::try_from(muts.len()).unwrap_or(u32::MAX).to_le_bytes());
-    for m in muts {
+    for (i, m) in muts.iter().enumerate() {
         let klen = u16::try_from(m.key.len()).unwrap_or(u16::MAX);
         out.extend_from_slice(&klen.to_le_bytes());
         out.extend_from_slice(&m.key[..usize::from(klen)]);
         match &m.value {
             None => out.push(0),
             Some(v) => {
-                out.push(1);
+                out.push(if m.if_exists { 2 } else { 1 });
                 out.extend_from_slice(&u32::try_from(v.len()).unwrap_or(u32::MAX).to_le_bytes());
+                if locate(&m.key) {
+                    located.push((i, out.len()));
+                }
                 out.extend_from_slice(v);
             }
         }
     }
+    located
+}
+
+/// Appends the encoding of one transaction to `out`.
+pub fn encode_txn(muts: &[Mutation], out: &mut Vec<u8>) {
+    encode_txn_locating(muts, out, |_| false);
 }
 
 /// Size of the encoding of one transaction.
@@ -110,9 +151,10 @@ pub fn decode_txn(payload: &Bytes) -> std::result::Result<Vec<Mutation>, String>
         let klen = usize::from(buf.get_u16_le());
         need(&buf, klen + 1)?;
         let key = buf.split_to(klen);
-        let value = match buf.get_u8() {
+        let tag = buf.get_u8();
+        let value = match tag {
             0 => None,
-            1 => {
+            1 | 2 => {
                 need(&buf, 4)?;
                 let vlen = usize::try_from(buf.get_u32_le()).map_err(|e| e.to_string())?;
                 need(&buf, vlen)?;
@@ -124,6 +166,7 @@ pub fn decode_txn(payload: &Bytes) -> std::result::Result<Vec<Mutation>, String>
             key,
             value,
             fresh: false,
+            if_exists: tag == 2,
         });
     }
     if buf.has_remaining() {
@@ -132,17 +175,29 @@ pub fn decode_txn(payload: &Bytes) -> std::result::Result<Vec<Mutation>, String>
     Ok(muts)
 }
 
-/// Appends one framed record to `out`.
-pub fn frame(lsn: u64, batch_first: u64, muts: &[Mutation], out: &mut Vec<u8>) {
+/// Appends one framed record to `out`; returns (mutation index, offset of
+/// the value from the start of the frame) for each value whose key
+/// satisfies `locate`.
+pub fn frame(
+    lsn: u64,
+    batch_first: u64,
+    muts: &[Mutation],
+    out: &mut Vec<u8>,
+    locate: impl Fn(&[u8]) -> bool,
+) -> Vec<(usize, usize)> {
     let start = out.len();
     out.extend_from_slice(&[0u8; HEADER]);
-    encode_txn(muts, out);
+    let located = encode_txn_locating(muts, out, locate)
+        .into_iter()
+        .map(|(i, off)| (i, off - start))
+        .collect();
     let len = u32::try_from(out.len() - start - HEADER).unwrap_or(u32::MAX);
     out[start..start + 4].copy_from_slice(&len.to_le_bytes());
     out[start + 8..start + 16].copy_from_slice(&lsn.to_le_bytes());
     out[start + 16..start + 24].copy_from_slice(&batch_first.to_le_bytes());
     let crc = crc32fast::hash(&out[start + 8..]);
     out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+    located
 }
 
 /// A frame read back from a segment.
@@ -171,6 +226,17 @@ fn parse_frame(data: &Bytes, pos: usize) -> Option<RawFrame> {
         batch_first: u64::from_le_bytes(header[16..24].try_into().ok()?),
         payload: data.slice(pos + HEADER..end),
         len: HEADER + len,
+    })
+}
+
+/// The transactions of every intact frame of a segment's data, from the
+/// start until the first frame that is zero or damaged.
+pub fn frames(data: &Bytes) -> impl Iterator<Item = Vec<Mutation>> + '_ {
+    let mut pos = 0usize;
+    std::iter::from_fn(move || {
+        let f = parse_frame(data, pos)?;
+        pos += f.len;
+        decode_txn(&f.payload).ok()
     })
 }
 
@@ -223,7 +289,7 @@ pub struct ReplayEnd {
 pub fn replay(
     dir: &Path,
     after: u64,
-    mut apply: impl FnMut(u64, Vec<Mutation>) -> Result<()>,
+    mut apply: impl FnMut(u64, Vec<Mutation>, u64, &Bytes) -> Result<()>,
 ) -> Result<ReplayEnd> {
     let segments = list_segments(dir)?;
     let mut end = ReplayEnd {
@@ -292,7 +358,7 @@ pub fn replay(
             let muts = decode_txn(&f.payload).map_err(|e| {
                 StorageError::corrupt(path.display().to_string(), format!("lsn {}: {e}", f.lsn))
             })?;
-            apply(f.lsn, muts)?;
+            apply(f.lsn, muts, number, &data)?;
             end.replayed += 1;
             end.last_lsn = f.lsn;
             pos += f.len;
@@ -436,6 +502,7 @@ pub fn preallocate(dir: &Path, number: u64, size: u64) -> Result<Segment> {
         .map_err(|e| StorageError::io("create", &tmp, e))?;
     let zeros = vec![0u8; 1 << 20];
     let mut left = size;
+    let mut since_sync = 0u64;
     while left > 0 {
         let n = usize::try_from(left.min(zeros.len() as u64)).unwrap_or(zeros.len());
         if let Err(e) = file.write_all(&zeros[..n]) {
@@ -443,6 +510,16 @@ pub fn preallocate(dir: &Path, number: u64, size: u64) -> Result<Segment> {
             return Err(StorageError::io("preallocate", &tmp, e));
         }
         left -= n as u64;
+        since_sync += n as u64;
+        // Flush in small steps: one large write-back would hold up the log
+        // writer's fdatasync calls on the same disk for a long moment.
+        if since_sync >= 4 << 20 {
+            since_sync = 0;
+            if let Err(e) = file.sync_data() {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(StorageError::io("fsync", &tmp, e));
+            }
+        }
     }
     if let Err(e) = file.sync_all() {
         let _ = std::fs::remove_file(&tmp);
@@ -586,9 +663,10 @@ impl Writer {
     /// each. Returns once everything is fdatasync'd. A record never spans
     /// segments, and a segment's records are durable before the next
     /// segment is written.
-    pub fn write(&mut self, frames: &[u8], bounds: &[(usize, u64)]) -> Result<()> {
+    pub fn write(&mut self, frames: &[u8], bounds: &[(usize, u64)]) -> Result<Vec<(u64, u64)>> {
         let mut start = 0usize;
         let mut i = 0usize;
+        let mut placed = Vec::with_capacity(bounds.len());
         while i < bounds.len() {
             let room = self.current.size - self.offset;
             // Take as many whole frames as fit.
@@ -605,6 +683,15 @@ impl Writer {
             }
             let end = bounds[j - 1].0;
             self.note_first_lsn(bounds[i].1);
+            // Where each of these frames lands: (segment, file offset).
+            let mut frame_start = start;
+            for b in &bounds[i..j] {
+                placed.push((
+                    self.current.number,
+                    self.offset + (frame_start - start) as u64,
+                ));
+                frame_start = b.0;
+            }
             self.current
                 .file
                 .write_all_at(&frames[start..end], self.offset)
@@ -617,7 +704,7 @@ impl Writer {
             start = end;
             i = j;
         }
-        Ok(())
+        Ok(placed)
     }
 
     fn note_first_lsn(&mut self, lsn: u64) {
@@ -660,19 +747,13 @@ mod tests {
             key: Bytes::copy_from_slice(k.as_bytes()),
             value: Some(Bytes::copy_from_slice(v.as_bytes())),
             fresh: false,
+            if_exists: false,
         }
     }
 
     #[test]
     fn txn_codec_round_trips_and_rejects_garbage() {
-        let muts = vec![
-            put("a", "1"),
-            Mutation {
-                key: Bytes::from_static(b"b"),
-                value: None,
-                fresh: false,
-            },
-        ];
+        let muts = vec![put("a", "1"), Mutation::delete(Bytes::from_static(b"b"))];
         let mut out = Vec::new();
         encode_txn(&muts, &mut out);
         assert_eq!(out.len(), encoded_len(&muts));
@@ -691,7 +772,13 @@ mod tests {
         let mut buf = Vec::new();
         let first = *lsns.start();
         for lsn in lsns {
-            frame(lsn, first, &[put(&format!("k{lsn}"), "v")], &mut buf);
+            frame(
+                lsn,
+                first,
+                &[put(&format!("k{lsn}"), "v")],
+                &mut buf,
+                |_| false,
+            );
         }
         let mut data = buf.clone();
         data.resize(buf.len() + 4096, 0);
@@ -701,7 +788,7 @@ mod tests {
 
     fn collect(dir: &Path, after: u64) -> Result<Vec<u64>> {
         let mut seen = Vec::new();
-        replay(dir, after, |lsn, _| {
+        replay(dir, after, |lsn, _, _, _| {
             seen.push(lsn);
             Ok(())
         })?;
@@ -738,17 +825,17 @@ mod tests {
     fn damage_before_later_writes_is_refused() {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut buf = Vec::new();
-        frame(1, 1, &[put("a", "1")], &mut buf);
+        frame(1, 1, &[put("a", "1")], &mut buf, |_| false);
         let first_len = buf.len();
-        frame(2, 2, &[put("b", "2")], &mut buf);
+        frame(2, 2, &[put("b", "2")], &mut buf, |_| false);
         buf[HEADER + 3] ^= 0xff; // flip a payload byte of lsn 1
         std::fs::write(segment_path(dir.path(), 1), &buf).expect("write");
         let err = collect(dir.path(), 0).expect_err("damage is detected");
         assert!(err.to_string().contains("damaged"), "{err}");
         // The same damage inside one write (a torn batch) is only an end.
         let mut buf = Vec::new();
-        frame(1, 1, &[put("a", "1")], &mut buf);
-        frame(2, 1, &[put("b", "2")], &mut buf);
+        frame(1, 1, &[put("a", "1")], &mut buf, |_| false);
+        frame(2, 1, &[put("b", "2")], &mut buf, |_| false);
         buf[HEADER + 3] ^= 0xff;
         std::fs::write(segment_path(dir.path(), 1), &buf).expect("write");
         assert_eq!(collect(dir.path(), 0).expect("replay"), Vec::<u64>::new());
@@ -765,7 +852,13 @@ mod tests {
             let mut frames = Vec::new();
             let mut bounds = Vec::new();
             for _ in 0..3 {
-                frame(lsn, lsn, &[put(&format!("key{lsn}"), "value")], &mut frames);
+                frame(
+                    lsn,
+                    lsn,
+                    &[put(&format!("key{lsn}"), "value")],
+                    &mut frames,
+                    |_| false,
+                );
                 bounds.push((frames.len(), lsn));
                 lsn += 1;
             }
@@ -774,7 +867,7 @@ mod tests {
         // One record larger than a segment.
         let big = "x".repeat(1000);
         let mut frames = Vec::new();
-        frame(lsn, lsn, &[put("big", &big)], &mut frames);
+        frame(lsn, lsn, &[put("big", &big)], &mut frames, |_| false);
         w.write(&frames, &[(frames.len(), lsn)]).expect("write big");
         assert!(w.current_number() > 2);
         drop(w);
@@ -790,7 +883,13 @@ mod tests {
         let mut frames = Vec::new();
         let mut bounds = Vec::new();
         for lsn in 1..=10 {
-            frame(lsn, 1, &[put(&format!("k{lsn}"), "old")], &mut frames);
+            frame(
+                lsn,
+                1,
+                &[put(&format!("k{lsn}"), "old")],
+                &mut frames,
+                |_| false,
+            );
             bounds.push((frames.len(), lsn));
         }
         w.write(&frames, &bounds).expect("write");
@@ -801,7 +900,7 @@ mod tests {
         }
         let mut w = Writer::start(Arc::clone(&pool), 2).expect("writer");
         let mut frames = Vec::new();
-        frame(11, 11, &[put("k11", "new")], &mut frames);
+        frame(11, 11, &[put("k11", "new")], &mut frames, |_| false);
         w.write(&frames, &[(frames.len(), 11)]).expect("write");
         drop(w);
         assert_eq!(collect(dir.path(), 10).expect("replay"), vec![11]);
