@@ -11,10 +11,12 @@
 //!   mapping; `serve` runs them.
 //! - [`pb`]: the generated protobuf types of `letterbox.v1`.
 //! - [`cli`]: the command-line client, over [`client`] only.
+//! - [`auth`]: principals, credentials and grants (who may do what).
 //! - [`clock`]: wall-clock time, injectable for tests.
 //! - [`client`]: the Rust client library (over [`pb`] only): calls,
 //!   batching publisher, subscriptions, the subscriber with its strategies,
 //!   ack modes and circuit breaker.
+pub mod auth;
 pub mod cli;
 pub mod client;
 pub mod clock;

@@ -1,0 +1,638 @@
+//! Who may do what: principals, their credentials and their grants.
+//!
+//! A principal is a named identity with credentials (any of: a client id
+//! and secret, bearer tokens, client-certificate fingerprints) and grants:
+//! lists of name patterns (`*` and `?` wildcards) for each [`Action`].
+//! Secrets are stored as argon2id hashes (PHC strings, made by
+//! `letterbox auth hash-secret`), tokens and certificates as SHA-256
+//! digests: the configuration never holds a usable credential.
+//!
+//! Without any principal configured, authentication is off: every caller
+//! is the anonymous principal, allowed everything, and the server only
+//! listens on loopback unless told otherwise (see `config.rs`).
+//!
+//! This module knows nothing of gRPC or HTTP: the server extracts
+//! [`Credentials`] from its transport and asks [`Authenticator`].
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+
+/// What a call does, for authorization.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Action {
+    /// Create, change, delete, purge and inspect queues and exchanges;
+    /// redrive; definitions; group administration.
+    Admin,
+    /// Publish into a queue or through an exchange.
+    Publish,
+    /// Receive, subscribe, browse, ack, nack and extend leases.
+    Consume,
+}
+
+impl Action {
+    /// The lower-case name used in configuration and errors.
+    pub fn name(self) -> &'static str {
+        match self {
+            Action::Admin => "admin",
+            Action::Publish => "publish",
+            Action::Consume => "consume",
+        }
+    }
+}
+
+/// One principal as written in the configuration file.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct PrincipalConfig {
+    /// Name, shown in logs and errors.
+    pub name: String,
+    /// Client id, presented with its secret (HTTP Basic form in the
+    /// `authorization` header, or the Anypoint `authorize` call).
+    #[serde(default)]
+    pub client_id: Option<String>,
+    /// argon2id PHC string of the client secret.
+    #[serde(default)]
+    pub secret_hash: Option<String>,
+    /// SHA-256 digests (hex) of bearer tokens.
+    #[serde(default)]
+    pub token_sha256: Vec<String>,
+    /// SHA-256 fingerprints (hex, colons allowed) of client certificates
+    /// (DER), accepted when the server requires client certificates.
+    #[serde(default)]
+    pub cert_sha256: Vec<String>,
+    /// Name patterns this principal may administer.
+    #[serde(default)]
+    pub admin: Vec<String>,
+    /// Name patterns this principal may publish to.
+    #[serde(default)]
+    pub publish: Vec<String>,
+    /// Name patterns this principal may consume from.
+    #[serde(default)]
+    pub consume: Vec<String>,
+}
+
+/// A configuration error, naming the principal and the key.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("principals[{index}] ({name}): {key}: {reason}")]
+pub struct AuthConfigError {
+    /// Position in the list.
+    pub index: usize,
+    /// The principal's name (may be empty).
+    pub name: String,
+    /// The offending key.
+    pub key: &'static str,
+    /// What is wrong.
+    pub reason: String,
+}
+
+/// Why a caller was refused.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum AuthError {
+    /// No or bad credentials.
+    #[error("{0}")]
+    Unauthenticated(String),
+    /// Known caller, action not granted.
+    #[error("principal {principal:?} may not {action} {name:?}")]
+    PermissionDenied {
+        /// The caller.
+        principal: String,
+        /// The action's name.
+        action: &'static str,
+        /// The queue or exchange.
+        name: String,
+    },
+}
+
+/// Credentials presented with a call.
+#[derive(Debug, Clone, Copy)]
+pub enum Credentials<'a> {
+    /// Nothing presented.
+    None,
+    /// A bearer token.
+    Bearer(&'a str),
+    /// A client id and secret.
+    ClientSecret {
+        /// The client id.
+        id: &'a str,
+        /// The secret in clear.
+        secret: &'a str,
+    },
+}
+
+/// A name pattern: `*` matches any run of characters, `?` one character.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Pattern(Vec<char>);
+
+impl Pattern {
+    fn parse(text: &str) -> Result<Pattern, String> {
+        if text.is_empty() {
+            return Err("an empty pattern matches nothing; use \"*\" for everything".into());
+        }
+        if text.chars().any(char::is_control) {
+            return Err(format!("pattern {text:?} contains a control character"));
+        }
+        Ok(Pattern(text.chars().collect()))
+    }
+
+    /// Iterative wildcard match with backtracking on the last `*`: linear
+    /// in practice, never exponential.
+    fn matches(&self, name: &str) -> bool {
+        let p = &self.0;
+        let s: Vec<char> = name.chars().collect();
+        let (mut i, mut j) = (0usize, 0usize);
+        let mut star: Option<(usize, usize)> = None;
+        while j < s.len() {
+            if i < p.len() && (p[i] == '?' || p[i] == s[j]) {
+                i += 1;
+                j += 1;
+            } else if i < p.len() && p[i] == '*' {
+                star = Some((i, j));
+                i += 1;
+            } else if let Some((si, sj)) = star {
+                i = si + 1;
+                j = sj + 1;
+                star = Some((si, sj + 1));
+            } else {
+                return false;
+            }
+        }
+        p[i..].iter().all(|c| *c == '*')
+    }
+}
+
+/// An authenticated caller and what it may do.
+#[derive(Debug)]
+pub struct Principal {
+    name: String,
+    admin: Vec<Pattern>,
+    publish: Vec<Pattern>,
+    consume: Vec<Pattern>,
+    anonymous: bool,
+}
+
+impl Principal {
+    /// The caller when authentication is off: allowed everything.
+    pub fn anonymous() -> Arc<Principal> {
+        Arc::new(Principal {
+            name: "anonymous".into(),
+            admin: Vec::new(),
+            publish: Vec::new(),
+            consume: Vec::new(),
+            anonymous: true,
+        })
+    }
+
+    /// The principal's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Whether `action` on the queue or exchange `name` is granted.
+    pub fn allows(&self, action: Action, name: &str) -> bool {
+        if self.anonymous {
+            return true;
+        }
+        let patterns = match action {
+            Action::Admin => &self.admin,
+            Action::Publish => &self.publish,
+            Action::Consume => &self.consume,
+        };
+        patterns.iter().any(|p| p.matches(name))
+    }
+
+    /// Whether `action` is granted on every name (a `*` grant): needed for
+    /// calls that are not about one named object (definitions export).
+    pub fn allows_all(&self, action: Action) -> bool {
+        self.allows(action, "") && self.allows(action, "*")
+    }
+
+    /// Whether any grant of any action could match `name` (listing shows
+    /// only such names).
+    pub fn sees(&self, name: &str) -> bool {
+        [Action::Admin, Action::Publish, Action::Consume]
+            .into_iter()
+            .any(|a| self.allows(a, name))
+    }
+
+    /// [`Principal::allows`] as a result.
+    pub fn check(&self, action: Action, name: &str) -> Result<(), AuthError> {
+        if self.allows(action, name) {
+            Ok(())
+        } else {
+            Err(AuthError::PermissionDenied {
+                principal: self.name.clone(),
+                action: action.name(),
+                name: name.to_string(),
+            })
+        }
+    }
+}
+
+type Digest32 = [u8; 32];
+
+fn sha256(bytes: &[u8]) -> Digest32 {
+    Sha256::digest(bytes).into()
+}
+
+fn parse_digest(text: &str) -> Result<Digest32, String> {
+    let hex: String = text.chars().filter(|c| *c != ':').collect();
+    if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(format!("{text:?} is not a SHA-256 digest (64 hex digits)"));
+    }
+    let mut out = [0u8; 32];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).map_err(|e| e.to_string())?;
+    }
+    Ok(out)
+}
+
+/// Lower-case hex of a SHA-256 digest.
+pub fn hex_sha256(bytes: &[u8]) -> String {
+    sha256(bytes).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Hashes a client secret for the configuration file (argon2id, random
+/// salt, PHC string).
+pub fn hash_secret(secret: &str) -> Result<String, String> {
+    let salt = SaltString::generate(&mut argon2::password_hash::rand_core::OsRng);
+    argon2::Argon2::default()
+        .hash_password(secret.as_bytes(), &salt)
+        .map(|h| h.to_string())
+        .map_err(|e| e.to_string())
+}
+
+/// A new random bearer token (32 bytes, hex) and the digest to configure.
+pub fn new_token() -> (String, String) {
+    use argon2::password_hash::rand_core::RngCore;
+    let mut raw = [0u8; 32];
+    argon2::password_hash::rand_core::OsRng.fill_bytes(&mut raw);
+    let token: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+    let digest = hex_sha256(token.as_bytes());
+    (token, digest)
+}
+
+struct ClientEntry {
+    phc: String,
+    principal: Arc<Principal>,
+}
+
+/// Checks credentials against the configured principals.
+pub struct Authenticator {
+    enabled: bool,
+    clients: HashMap<String, ClientEntry>,
+    tokens: HashMap<Digest32, Arc<Principal>>,
+    certs: HashMap<Digest32, Arc<Principal>>,
+    /// Verified (client id, SHA-256 of the secret) pairs: argon2 is slow on
+    /// purpose, and a client presents the same secret on every call.
+    verified: Mutex<HashSet<(String, Digest32)>>,
+    anonymous: Arc<Principal>,
+}
+
+impl std::fmt::Debug for Authenticator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Authenticator")
+            .field("enabled", &self.enabled)
+            .field("clients", &self.clients.len())
+            .field("tokens", &self.tokens.len())
+            .field("certs", &self.certs.len())
+            .finish()
+    }
+}
+
+impl Authenticator {
+    /// Authentication off: everyone is the anonymous principal.
+    pub fn disabled() -> Authenticator {
+        Authenticator {
+            enabled: false,
+            clients: HashMap::new(),
+            tokens: HashMap::new(),
+            certs: HashMap::new(),
+            verified: Mutex::new(HashSet::new()),
+            anonymous: Principal::anonymous(),
+        }
+    }
+
+    /// Builds the authenticator from the configured principals, validating
+    /// all of them (unique names, client ids, tokens and certificates;
+    /// parsable hashes and patterns; at least one credential each). An
+    /// empty list turns authentication off.
+    pub fn new(principals: &[PrincipalConfig]) -> Result<Authenticator, AuthConfigError> {
+        let mut a = Authenticator::disabled();
+        a.enabled = !principals.is_empty();
+        let mut names = HashSet::new();
+        for (index, p) in principals.iter().enumerate() {
+            let err = |key: &'static str, reason: String| AuthConfigError {
+                index,
+                name: p.name.clone(),
+                key,
+                reason,
+            };
+            if p.name.trim().is_empty() {
+                return Err(err("name", "is empty".into()));
+            }
+            if !names.insert(p.name.as_str()) {
+                return Err(err("name", "is used by an earlier principal".into()));
+            }
+            let patterns = |key: &'static str, list: &[String]| {
+                list.iter()
+                    .map(|t| Pattern::parse(t).map_err(|r| err(key, r)))
+                    .collect::<Result<Vec<_>, _>>()
+            };
+            let principal = Arc::new(Principal {
+                name: p.name.clone(),
+                admin: patterns("admin", &p.admin)?,
+                publish: patterns("publish", &p.publish)?,
+                consume: patterns("consume", &p.consume)?,
+                anonymous: false,
+            });
+            match (&p.client_id, &p.secret_hash) {
+                (Some(id), Some(phc)) => {
+                    if id.is_empty() {
+                        return Err(err("client_id", "is empty".into()));
+                    }
+                    PasswordHash::new(phc).map_err(|e| {
+                        err(
+                            "secret_hash",
+                            format!("is not a PHC hash string ({e}); make one with `letterbox auth hash-secret`"),
+                        )
+                    })?;
+                    if a.clients.contains_key(id) {
+                        return Err(err(
+                            "client_id",
+                            format!("{id:?} is used by an earlier principal"),
+                        ));
+                    }
+                    a.clients.insert(
+                        id.clone(),
+                        ClientEntry {
+                            phc: phc.clone(),
+                            principal: Arc::clone(&principal),
+                        },
+                    );
+                }
+                (Some(_), None) => {
+                    return Err(err("secret_hash", "is missing (client_id needs it)".into()));
+                }
+                (None, Some(_)) => {
+                    return Err(err("client_id", "is missing (secret_hash needs it)".into()));
+                }
+                (None, None) => {}
+            }
+            for t in &p.token_sha256 {
+                let d = parse_digest(t).map_err(|r| err("token_sha256", r))?;
+                if a.tokens.insert(d, Arc::clone(&principal)).is_some() {
+                    return Err(err("token_sha256", format!("{t} is configured twice")));
+                }
+            }
+            for c in &p.cert_sha256 {
+                let d = parse_digest(c).map_err(|r| err("cert_sha256", r))?;
+                if a.certs.insert(d, Arc::clone(&principal)).is_some() {
+                    return Err(err("cert_sha256", format!("{c} is configured twice")));
+                }
+            }
+            if p.client_id.is_none() && p.token_sha256.is_empty() && p.cert_sha256.is_empty() {
+                return Err(err(
+                    "name",
+                    "has no credential (client_id + secret_hash, token_sha256 or cert_sha256)"
+                        .into(),
+                ));
+            }
+        }
+        Ok(a)
+    }
+
+    /// Whether any principal is configured.
+    pub fn is_enabled(&self) -> bool {
+        self.enabled
+    }
+
+    /// Whether some principal is known by a client certificate.
+    pub fn uses_certificates(&self) -> bool {
+        !self.certs.is_empty()
+    }
+
+    /// Who presents these credentials (and, if any, this client
+    /// certificate, DER). With authentication off, the anonymous
+    /// principal. A certificate of a known principal is enough; otherwise
+    /// the credentials must be valid.
+    pub fn authenticate(
+        &self,
+        creds: Credentials<'_>,
+        certificate: Option<&[u8]>,
+    ) -> Result<Arc<Principal>, AuthError> {
+        if !self.enabled {
+            return Ok(Arc::clone(&self.anonymous));
+        }
+        if let Some(p) = certificate.and_then(|der| self.certs.get(&sha256(der))) {
+            return Ok(Arc::clone(p));
+        }
+        match creds {
+            Credentials::None => Err(AuthError::Unauthenticated(
+                "credentials required: a bearer token or a client id and secret in the authorization header".into(),
+            )),
+            Credentials::Bearer(token) => self
+                .tokens
+                .get(&sha256(token.as_bytes()))
+                .cloned()
+                .ok_or_else(|| AuthError::Unauthenticated("unknown bearer token".into())),
+            Credentials::ClientSecret { id, secret } => self.client(id, secret),
+        }
+    }
+
+    fn client(&self, id: &str, secret: &str) -> Result<Arc<Principal>, AuthError> {
+        let refused = || AuthError::Unauthenticated(format!("bad client id or secret for {id:?}"));
+        let entry = self.clients.get(id).ok_or_else(refused)?;
+        let key = (id.to_string(), sha256(secret.as_bytes()));
+        let cached = self
+            .verified
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&key);
+        if !cached {
+            let hash = PasswordHash::new(&entry.phc).map_err(|_| refused())?;
+            argon2::Argon2::default()
+                .verify_password(secret.as_bytes(), &hash)
+                .map_err(|_| refused())?;
+            self.verified
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(key);
+        }
+        Ok(Arc::clone(&entry.principal))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn principal(name: &str) -> PrincipalConfig {
+        PrincipalConfig {
+            name: name.into(),
+            token_sha256: vec![hex_sha256(format!("token-of-{name}").as_bytes())],
+            ..PrincipalConfig::default()
+        }
+    }
+
+    #[test]
+    fn patterns_match_like_globs() {
+        let p = |t: &str| Pattern::parse(t).unwrap();
+        assert!(p("*").matches(""));
+        assert!(p("*").matches("orders"));
+        assert!(p("orders.*").matches("orders.eu"));
+        assert!(!p("orders.*").matches("orders"));
+        assert!(p("o?ders").matches("orders"));
+        assert!(p("*-dlq").matches("orders-dlq"));
+        assert!(!p("*-dlq").matches("orders-dlq2"));
+        assert!(p("a*b*c").matches("aXXbYYc"));
+        assert!(!p("a*b*c").matches("aXXbYY"));
+        assert!(p("exact").matches("exact"));
+        assert!(!p("exact").matches("exactly"));
+        assert!(Pattern::parse("").is_err());
+    }
+
+    #[test]
+    fn grants_are_per_action_and_name() {
+        let mut c = principal("orders");
+        c.publish = vec!["orders".into()];
+        c.consume = vec!["orders".into(), "orders-*".into()];
+        let a = Authenticator::new(&[c]).unwrap();
+        let p = a
+            .authenticate(Credentials::Bearer("token-of-orders"), None)
+            .unwrap();
+        assert_eq!(p.name(), "orders");
+        assert!(p.allows(Action::Publish, "orders"));
+        assert!(!p.allows(Action::Publish, "orders-dlq"));
+        assert!(p.allows(Action::Consume, "orders-dlq"));
+        assert!(!p.allows(Action::Admin, "orders"));
+        assert!(p.sees("orders-dlq"));
+        assert!(!p.sees("billing"));
+        assert_eq!(
+            p.check(Action::Admin, "orders"),
+            Err(AuthError::PermissionDenied {
+                principal: "orders".into(),
+                action: "admin",
+                name: "orders".into()
+            })
+        );
+    }
+
+    #[test]
+    fn disabled_means_anonymous_may_do_everything() {
+        let a = Authenticator::new(&[]).unwrap();
+        assert!(!a.is_enabled());
+        let p = a.authenticate(Credentials::None, None).unwrap();
+        assert!(p.allows(Action::Admin, "anything"));
+        assert!(p.allows_all(Action::Admin));
+    }
+
+    #[test]
+    fn client_secrets_are_checked_against_their_hash() {
+        let mut c = principal("app");
+        c.client_id = Some("app-id".into());
+        c.secret_hash = Some(hash_secret("s3cret").unwrap());
+        let a = Authenticator::new(&[c]).unwrap();
+        let ok = |secret| {
+            a.authenticate(
+                Credentials::ClientSecret {
+                    id: "app-id",
+                    secret,
+                },
+                None,
+            )
+        };
+        assert_eq!(ok("s3cret").unwrap().name(), "app");
+        // Second time from the cache.
+        assert_eq!(ok("s3cret").unwrap().name(), "app");
+        assert!(matches!(ok("wrong"), Err(AuthError::Unauthenticated(_))));
+        assert!(matches!(
+            a.authenticate(
+                Credentials::ClientSecret {
+                    id: "other",
+                    secret: "s3cret"
+                },
+                None
+            ),
+            Err(AuthError::Unauthenticated(_))
+        ));
+        assert!(matches!(
+            a.authenticate(Credentials::None, None),
+            Err(AuthError::Unauthenticated(_))
+        ));
+        assert!(matches!(
+            a.authenticate(Credentials::Bearer("nope"), None),
+            Err(AuthError::Unauthenticated(_))
+        ));
+    }
+
+    #[test]
+    fn certificates_are_known_by_fingerprint() {
+        let der = b"not really a certificate, but bytes all the same";
+        let mut c = principal("edge");
+        c.cert_sha256 = vec![hex_sha256(der)];
+        let a = Authenticator::new(&[c]).unwrap();
+        assert!(a.uses_certificates());
+        assert_eq!(
+            a.authenticate(Credentials::None, Some(der)).unwrap().name(),
+            "edge"
+        );
+        assert!(a.authenticate(Credentials::None, Some(b"other")).is_err());
+    }
+
+    #[test]
+    fn bad_configurations_name_the_principal_and_key() {
+        let cases: Vec<(PrincipalConfig, &str)> = vec![
+            (
+                PrincipalConfig {
+                    name: "x".into(),
+                    ..Default::default()
+                },
+                "name",
+            ),
+            (
+                PrincipalConfig {
+                    name: "x".into(),
+                    client_id: Some("id".into()),
+                    ..Default::default()
+                },
+                "secret_hash",
+            ),
+            (
+                PrincipalConfig {
+                    name: "x".into(),
+                    client_id: Some("id".into()),
+                    secret_hash: Some("plain-text".into()),
+                    ..Default::default()
+                },
+                "secret_hash",
+            ),
+            (
+                PrincipalConfig {
+                    name: "x".into(),
+                    token_sha256: vec!["abc".into()],
+                    ..Default::default()
+                },
+                "token_sha256",
+            ),
+            (
+                PrincipalConfig {
+                    admin: vec![String::new()],
+                    ..principal("x")
+                },
+                "admin",
+            ),
+        ];
+        for (c, key) in cases {
+            let e = Authenticator::new(&[c]).unwrap_err();
+            assert_eq!(e.key, key, "{e}");
+            assert!(e.to_string().contains("principals[0] (x)"), "{e}");
+        }
+        let dup = Authenticator::new(&[principal("a"), principal("a")]).unwrap_err();
+        assert_eq!(dup.key, "name");
+        assert_eq!(dup.index, 1);
+    }
+}
