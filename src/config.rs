@@ -1,12 +1,25 @@
-//! Server configuration from flags and `LETTERBOX_*` environment variables
-//! (a flag wins over its variable, which wins over the default), validated
-//! before anything starts.
+//! Server configuration from flags, `LETTERBOX_*` environment variables
+//! and a TOML file (`--config`): a flag wins over its variable, which wins
+//! over the file, which wins over the default. The whole configuration is
+//! validated before anything starts; errors name the flag or the file's
+//! key.
+//!
+//! The file's keys are the flags' names with `_` for `-`
+//! (`max_message_size = "10MiB"`, `listen = "0.0.0.0:50051"`), plus
+//! `[[principals]]` tables (see `crate::auth::PrincipalConfig`), which
+//! only the file can give.
 
+use std::ffi::OsString;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
-use crate::server::ServerConfig;
+use clap::parser::ValueSource;
+use clap::{ArgMatches, Args, Command};
+
+use crate::auth::{Authenticator, PrincipalConfig};
+use crate::server::{Limits, ServerConfig, TlsConfig};
 pub use crate::units::{ByteSize, Millis};
 
 /// Log output format.
@@ -69,6 +82,56 @@ pub struct ServeArgs {
     /// Page cache of the embedded database.
     #[arg(long, env = "LETTERBOX_CACHE_SIZE", default_value = "256MiB")]
     pub cache_size: ByteSize,
+    /// A TOML configuration file: any of these settings (keys spelled
+    /// with `_`), and the `[[principals]]` who may connect.
+    #[arg(long, env = "LETTERBOX_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Serve gRPC over TLS with this certificate chain (PEM); needs
+    /// `--tls-key`.
+    #[arg(long, env = "LETTERBOX_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of `--tls-cert`.
+    #[arg(long, env = "LETTERBOX_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+    /// CA certificates (PEM) that sign client certificates: clients may
+    /// authenticate with a certificate (mTLS).
+    #[arg(long, env = "LETTERBOX_TLS_CLIENT_CA")]
+    pub tls_client_ca: Option<PathBuf>,
+    /// Refuse TLS connections without a valid client certificate.
+    #[arg(long, env = "LETTERBOX_TLS_REQUIRE_CLIENT_CERT")]
+    pub tls_require_client_cert: bool,
+    /// Allow listening on a non-loopback address with no principals
+    /// configured (anyone who can connect may do everything).
+    #[arg(long, env = "LETTERBOX_ALLOW_REMOTE_WITHOUT_AUTH")]
+    pub allow_remote_without_auth: bool,
+    /// Most concurrent calls (HTTP/2 streams) on one connection.
+    #[arg(long, env = "LETTERBOX_MAX_CONCURRENT_STREAMS", default_value = "1024")]
+    pub max_concurrent_streams: u32,
+    /// Most calls one connection has served at once; more wait their turn.
+    #[arg(
+        long,
+        env = "LETTERBOX_MAX_CALLS_PER_CONNECTION",
+        default_value = "1024"
+    )]
+    pub max_calls_per_connection: usize,
+    /// Longest time a unary call may take, long polls included (a
+    /// client's shorter deadline wins); streams are not cut.
+    #[arg(long, env = "LETTERBOX_REQUEST_TIMEOUT", default_value = "60s")]
+    pub request_timeout: Millis,
+    /// Principals, from the configuration file only.
+    #[arg(skip)]
+    pub principals: Vec<PrincipalConfig>,
+}
+
+fn read_pem(flag: &str, path: &Path) -> Result<Vec<u8>, String> {
+    let bytes = std::fs::read(path).map_err(|e| format!("{flag}: {}: {e}", path.display()))?;
+    if !bytes.windows(11).any(|w| w == b"-----BEGIN ") {
+        return Err(format!(
+            "{flag}: {} is not a PEM file (no -----BEGIN line)",
+            path.display()
+        ));
+    }
+    Ok(bytes)
 }
 
 impl ServeArgs {
@@ -105,6 +168,253 @@ impl ServeArgs {
         c.store.apply_interval = self.apply_interval.0.max(Duration::from_millis(1));
         c.store.cache_bytes = self.cache_size.0;
         c.shutdown_grace = self.shutdown_grace.0;
+        c.tls = self.tls()?;
+        let auth = Authenticator::new(&self.principals).map_err(|e| format!("--config: {e}"))?;
+        if auth.uses_certificates() && self.tls_client_ca.is_none() {
+            return Err(
+                "--config: principals with cert_sha256 need --tls-client-ca (client certificates are not asked for without it)".into(),
+            );
+        }
+        if !auth.is_enabled() && !self.listen.ip().is_loopback() && !self.allow_remote_without_auth
+        {
+            return Err(format!(
+                "--listen / LETTERBOX_LISTEN: {} is not a loopback address and no principals are configured, so anyone who can connect could use every queue; configure principals in the --config file, or pass --allow-remote-without-auth",
+                self.listen
+            ));
+        }
+        c.auth = Arc::new(auth);
+        if self.max_concurrent_streams == 0 {
+            return Err("--max-concurrent-streams: must be at least 1".into());
+        }
+        if self.max_calls_per_connection == 0 {
+            return Err("--max-calls-per-connection: must be at least 1".into());
+        }
+        if self.request_timeout.0 < Duration::from_secs(1) {
+            return Err("--request-timeout: must be at least 1s".into());
+        }
+        c.limits = Limits {
+            max_concurrent_streams: self.max_concurrent_streams,
+            concurrency_per_connection: self.max_calls_per_connection,
+            request_timeout: self.request_timeout.0,
+        };
         Ok(c)
+    }
+
+    fn tls(&self) -> Result<Option<TlsConfig>, String> {
+        let (cert, key) = match (&self.tls_cert, &self.tls_key) {
+            (Some(c), Some(k)) => (c, k),
+            (None, None) => {
+                if self.tls_client_ca.is_some() || self.tls_require_client_cert {
+                    return Err(
+                        "--tls-client-ca / --tls-require-client-cert: need --tls-cert and --tls-key"
+                            .into(),
+                    );
+                }
+                return Ok(None);
+            }
+            (Some(_), None) => return Err("--tls-cert: needs --tls-key".into()),
+            (None, Some(_)) => return Err("--tls-key: needs --tls-cert".into()),
+        };
+        if self.tls_require_client_cert && self.tls_client_ca.is_none() {
+            return Err("--tls-require-client-cert: needs --tls-client-ca".into());
+        }
+        Ok(Some(TlsConfig {
+            cert_pem: read_pem("--tls-cert", cert)?,
+            key_pem: read_pem("--tls-key", key)?,
+            client_ca_pem: self
+                .tls_client_ca
+                .as_deref()
+                .map(|p| read_pem("--tls-client-ca", p))
+                .transpose()?,
+            require_client_cert: self.tls_require_client_cert,
+        }))
+    }
+}
+
+/// Settings from a configuration file, ready to be merged.
+#[derive(Debug, Default)]
+pub struct FileSettings {
+    /// `--key=value` arguments for the settings that neither a flag nor a
+    /// variable gave; appended to the command line and parsed again.
+    pub args: Vec<OsString>,
+    /// The `[[principals]]`.
+    pub principals: Vec<PrincipalConfig>,
+}
+
+/// Reads the TOML file at `path`. `given` are the matches of the command
+/// line as parsed so far: a setting given there (by flag or variable) is
+/// left alone. Every value is checked with its flag's parser; errors name
+/// the file and the key.
+pub fn read_config_file(path: &Path, given: &ArgMatches) -> Result<FileSettings, String> {
+    let at = path.display();
+    let text = std::fs::read_to_string(path).map_err(|e| format!("--config {at}: {e}"))?;
+    let table: toml::Table = text
+        .parse()
+        .map_err(|e: toml::de::Error| format!("--config {at}: {e}"))?;
+    let cmd = ServeArgs::augment_args(Command::new("serve"));
+    let mut out = FileSettings::default();
+    for (key, value) in table {
+        if key == "principals" {
+            out.principals = value
+                .try_into()
+                .map_err(|e: toml::de::Error| format!("--config {at}: principals: {e}"))?;
+            continue;
+        }
+        let id = key.replace('-', "_");
+        let arg = cmd
+            .get_arguments()
+            .find(|a| a.get_id().as_str() == id && a.get_long().is_some() && id != "config")
+            .ok_or_else(|| format!("--config {at}: unknown key `{key}`"))?;
+        if matches!(
+            given.value_source(&id),
+            Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+        ) {
+            continue;
+        }
+        let long = arg.get_long().unwrap_or_default();
+        let flag = matches!(arg.get_action(), clap::ArgAction::SetTrue);
+        let text = match (&value, flag) {
+            (toml::Value::Boolean(true), true) => {
+                out.args.push(format!("--{long}").into());
+                continue;
+            }
+            (toml::Value::Boolean(false), true) => continue,
+            (_, true) => {
+                return Err(format!("--config {at}: key `{key}`: must be true or false"));
+            }
+            (toml::Value::String(s), false) => s.clone(),
+            (toml::Value::Integer(n), false) => n.to_string(),
+            _ => {
+                return Err(format!(
+                    "--config {at}: key `{key}`: must be a string or an integer"
+                ));
+            }
+        };
+        // The flag's own parser checks the value.
+        Command::new("serve")
+            .no_binary_name(true)
+            .arg(arg.clone())
+            .try_get_matches_from([format!("--{long}={text}")])
+            .map_err(|e| {
+                let detail = e.to_string();
+                let first = detail.lines().next().unwrap_or_default();
+                let first = first.strip_prefix("error: ").unwrap_or(first);
+                format!("--config {at}: key `{key}`: {first}")
+            })?;
+        out.args.push(format!("--{long}={text}").into());
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::FromArgMatches;
+
+    fn parse(argv: &[&str], file: &str) -> Result<ServeArgs, String> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("letterbox.toml");
+        std::fs::write(&path, file).unwrap();
+        let cmd = || ServeArgs::augment_args(Command::new("serve"));
+        let mut full: Vec<OsString> = vec!["serve".into()];
+        full.extend(argv.iter().map(OsString::from));
+        let given = cmd()
+            .try_get_matches_from(&full)
+            .map_err(|e| e.to_string())?;
+        let settings = read_config_file(&path, &given)?;
+        full.extend(settings.args);
+        let m = cmd()
+            .try_get_matches_from(&full)
+            .map_err(|e| e.to_string())?;
+        let mut args = ServeArgs::from_arg_matches(&m).map_err(|e| e.to_string())?;
+        args.principals = settings.principals;
+        Ok(args)
+    }
+
+    #[test]
+    fn the_file_fills_what_flags_leave_unset() {
+        let a = parse(
+            &["--max-message-size", "2MiB"],
+            "max_message_size = \"1MiB\"\ncheckpoint-interval = \"5s\"\nmax_concurrent_streams = 7\ntls_require_client_cert = false\n",
+        )
+        .unwrap();
+        assert_eq!(a.max_message_size, ByteSize(2 << 20), "the flag wins");
+        assert_eq!(a.checkpoint_interval, Millis(Duration::from_secs(5)));
+        assert_eq!(a.max_concurrent_streams, 7);
+        assert!(!a.tls_require_client_cert);
+    }
+
+    #[test]
+    fn principals_come_from_the_file() {
+        let a = parse(
+            &[],
+            r#"
+[[principals]]
+name = "orders"
+token_sha256 = ["9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"]
+publish = ["orders"]
+"#,
+        )
+        .unwrap();
+        assert_eq!(a.principals.len(), 1);
+        assert_eq!(a.principals[0].publish, vec!["orders".to_string()]);
+        let c = a.server_config().unwrap();
+        assert!(c.auth.is_enabled());
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let e = parse(&[], "max_mesage_size = 1\n").unwrap_err();
+        assert!(e.contains("unknown key `max_mesage_size`"), "{e}");
+        let e = parse(&[], "max_message_size = \"lots\"\n").unwrap_err();
+        assert!(e.contains("key `max_message_size`"), "{e}");
+        let e = parse(&[], "allow_remote_without_auth = \"yes\"\n").unwrap_err();
+        assert!(e.contains("key `allow_remote_without_auth`"), "{e}");
+        let e = parse(&[], "[[principals]]\nname = \"x\"\ncolour = 1\n").unwrap_err();
+        assert!(e.contains("principals") && e.contains("colour"), "{e}");
+        let e = parse(&[], "listen = [1]\n").unwrap_err();
+        assert!(e.contains("key `listen`"), "{e}");
+        let e = parse(&[], "not toml at all").unwrap_err();
+        assert!(e.contains("--config"), "{e}");
+        let a = parse(&[], "[[principals]]\nname = \"x\"\n").unwrap();
+        let e = a.server_config().unwrap_err();
+        assert!(e.contains("principals[0] (x)"), "{e}");
+    }
+
+    #[test]
+    fn remote_listening_needs_auth_or_an_explicit_flag() {
+        let a = parse(&["--listen", "0.0.0.0:0"], "").unwrap();
+        let e = a.server_config().unwrap_err();
+        assert!(e.contains("--allow-remote-without-auth"), "{e}");
+        let a = parse(
+            &["--listen", "0.0.0.0:0"],
+            "allow_remote_without_auth = true\n",
+        )
+        .unwrap();
+        assert!(a.server_config().is_ok());
+        let a = parse(&["--listen", "[::1]:0"], "").unwrap();
+        assert!(a.server_config().is_ok());
+    }
+
+    #[test]
+    fn tls_settings_are_checked_together() {
+        let e = parse(&["--tls-cert", "/nonexistent.pem"], "")
+            .unwrap()
+            .server_config()
+            .unwrap_err();
+        assert!(e.contains("--tls-key"), "{e}");
+        let e = parse(
+            &["--tls-cert", "/nonexistent.pem", "--tls-key", "/k.pem"],
+            "",
+        )
+        .unwrap()
+        .server_config()
+        .unwrap_err();
+        assert!(e.contains("--tls-cert: /nonexistent.pem"), "{e}");
+        let e = parse(&["--tls-client-ca", "/ca.pem"], "")
+            .unwrap()
+            .server_config()
+            .unwrap_err();
+        assert!(e.contains("need --tls-cert"), "{e}");
     }
 }

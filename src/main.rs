@@ -10,10 +10,10 @@
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use letterbox::cli;
 use letterbox::clock::SystemClock;
-use letterbox::config::{LogFormat, ServeArgs};
+use letterbox::config::{LogFormat, ServeArgs, read_config_file};
 use letterbox::server::{Server, ServerError};
 use tracing_subscriber::EnvFilter;
 
@@ -37,8 +37,75 @@ struct Cli {
 enum Command {
     /// Run the server.
     Serve(ServeArgs),
+    /// Make credentials for the configuration file.
+    #[command(subcommand)]
+    Auth(AuthCmd),
     #[command(flatten)]
     Client(cli::Command),
+}
+
+#[derive(Debug, Subcommand)]
+enum AuthCmd {
+    /// Hash a client secret read from standard input (one line) for a
+    /// principal's `secret_hash`.
+    HashSecret,
+    /// Make a random bearer token: prints the token (give it to the
+    /// client) and its digest (put it in `token_sha256`).
+    NewToken,
+}
+
+fn auth_command(cmd: &AuthCmd) -> ExitCode {
+    match cmd {
+        AuthCmd::HashSecret => {
+            let mut line = String::new();
+            if let Err(e) = std::io::stdin().read_line(&mut line) {
+                eprintln!("letterbox: reading the secret: {e}");
+                return ExitCode::from(1);
+            }
+            let secret = line.trim_end_matches(['\r', '\n']);
+            if secret.is_empty() {
+                eprintln!("letterbox: the secret is empty (give it on standard input)");
+                return ExitCode::from(2);
+            }
+            match letterbox::auth::hash_secret(secret) {
+                Ok(h) => {
+                    println!("{h}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("letterbox: {e}");
+                    ExitCode::from(1)
+                }
+            }
+        }
+        AuthCmd::NewToken => {
+            let (token, digest) = letterbox::auth::new_token();
+            println!("token:        {token}");
+            println!("token_sha256: {digest}");
+            ExitCode::SUCCESS
+        }
+    }
+}
+
+/// Parses the command line; for `serve`, merges the configuration file
+/// below flags and variables.
+fn parse_command_line() -> Result<Cli, clap::Error> {
+    let mut argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let matches = Cli::command().try_get_matches_from(&argv)?;
+    let mut cli = Cli::from_arg_matches(&matches)?;
+    if let (Command::Serve(args), Some(("serve", given))) = (&cli.command, matches.subcommand())
+        && let Some(path) = &args.config
+    {
+        let settings = read_config_file(path, given)
+            .map_err(|e| Cli::command().error(clap::error::ErrorKind::ValueValidation, e))?;
+        argv.extend(settings.args);
+        let matches = Cli::command().try_get_matches_from(&argv)?;
+        cli = Cli::from_arg_matches(&matches)?;
+        if let Command::Serve(args) = &mut cli.command {
+            args.principals = settings.principals;
+        }
+    }
+    Ok(cli)
 }
 
 fn init_logs(filter: &str, format: LogFormat) -> Result<(), String> {
@@ -108,6 +175,14 @@ async fn serve(args: ServeArgs) -> ExitCode {
             }
         }
     }
+    if config.auth.is_enabled() {
+        tracing::info!("authentication on: every call needs a principal's credentials");
+    } else {
+        tracing::warn!(
+            addr = %config.listen,
+            "authentication off (no principals configured): every caller may do everything; listening on loopback only unless --allow-remote-without-auth"
+        );
+    }
     let report = server.open_report();
     tracing::info!(
         data_dir = %config.data_dir.display(),
@@ -136,8 +211,12 @@ async fn serve(args: ServeArgs) -> ExitCode {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match parse_command_line() {
+        Ok(c) => c,
+        Err(e) => e.exit(),
+    };
     match cli.command {
+        Command::Auth(cmd) => auth_command(&cmd),
         Command::Serve(args) => {
             if let Err(e) = init_logs(&args.log, args.log_format) {
                 eprintln!("letterbox: {e}");
@@ -168,5 +247,15 @@ fn main() -> ExitCode {
             };
             runtime.block_on(cli::run(cli.common, cmd))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        Cli::command().debug_assert();
     }
 }

@@ -19,7 +19,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
 
-use crate::client::{Client, ClientConfig, ClientError, ErrorKind};
+use crate::client::{Client, ClientConfig, ClientError, Credentials, ErrorKind, TlsSettings};
 
 /// Flags shared by every client command.
 #[derive(Debug, Clone, Args)]
@@ -35,6 +35,76 @@ pub struct Common {
     /// Print JSON instead of tables.
     #[arg(long, global = true)]
     pub json: bool,
+    /// Bearer token, for a server with authentication on.
+    #[arg(long, global = true, env = "LETTERBOX_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// Client id (with `--client-secret`), for a server with
+    /// authentication on.
+    #[arg(long, global = true, env = "LETTERBOX_CLIENT_ID")]
+    pub client_id: Option<String>,
+    /// Client secret of `--client-id`.
+    #[arg(
+        long,
+        global = true,
+        env = "LETTERBOX_CLIENT_SECRET",
+        hide_env_values = true
+    )]
+    pub client_secret: Option<String>,
+    /// CA certificate (PEM) to trust for an `https://` server.
+    #[arg(long, global = true, env = "LETTERBOX_CA_CERT")]
+    pub ca_cert: Option<std::path::PathBuf>,
+    /// Client certificate (PEM) for mTLS, with `--client-key`.
+    #[arg(long, global = true, env = "LETTERBOX_CLIENT_CERT")]
+    pub client_cert: Option<std::path::PathBuf>,
+    /// Private key (PEM) of `--client-cert`.
+    #[arg(long, global = true, env = "LETTERBOX_CLIENT_KEY")]
+    pub client_key: Option<std::path::PathBuf>,
+}
+
+impl Common {
+    /// The client settings these flags describe.
+    pub fn client_config(&self) -> Result<ClientConfig, ClientError> {
+        let mut config = ClientConfig::new(self.server.clone());
+        config.retry.max_attempts = 2;
+        config.credentials = match (&self.token, &self.client_id, &self.client_secret) {
+            (Some(t), None, None) => Some(Credentials::Token(t.clone())),
+            (None, Some(id), Some(secret)) => Some(Credentials::ClientSecret {
+                id: id.clone(),
+                secret: secret.clone(),
+            }),
+            (None, None, None) => None,
+            (Some(_), _, _) => {
+                return Err(usage(
+                    "--token: give either a token or --client-id with --client-secret",
+                ));
+            }
+            (None, Some(_), None) => return Err(usage("--client-id: needs --client-secret")),
+            (None, None, Some(_)) => return Err(usage("--client-secret: needs --client-id")),
+        };
+        let read = |flag: &str, p: &std::path::Path| {
+            std::fs::read(p).map_err(|e| usage(format!("{flag}: {}: {e}", p.display())))
+        };
+        if self.ca_cert.is_some()
+            || self.client_cert.is_some()
+            || self.server.starts_with("https://")
+        {
+            let identity_pem = match (&self.client_cert, &self.client_key) {
+                (Some(c), Some(k)) => Some((read("--client-cert", c)?, read("--client-key", k)?)),
+                (None, None) => None,
+                _ => return Err(usage("--client-cert and --client-key go together")),
+            };
+            config.tls = Some(TlsSettings {
+                ca_pem: self
+                    .ca_cert
+                    .as_deref()
+                    .map(|p| read("--ca-cert", p))
+                    .transpose()?,
+                identity_pem,
+                domain: None,
+            });
+        }
+        Ok(config)
+    }
 }
 
 /// The client commands.
@@ -65,8 +135,10 @@ pub enum Command {
 
 /// Runs a client command.
 pub async fn run(common: Common, command: Command) -> ExitCode {
-    let mut config = ClientConfig::new(common.server.clone());
-    config.retry.max_attempts = 2;
+    let config = match common.client_config() {
+        Ok(c) => c,
+        Err(e) => return fail(&e),
+    };
     let client = match Client::with_config(config).await {
         Ok(c) => c,
         Err(e) => return fail(&e),

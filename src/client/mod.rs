@@ -33,7 +33,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tonic::Code;
-use tonic::transport::{Channel, Endpoint};
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::Interceptor;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 pub use crate::pb;
 use crate::pb::admin_service_client::AdminServiceClient;
@@ -67,6 +70,91 @@ impl Default for RetryPolicy {
     }
 }
 
+/// Credentials the client presents on every call.
+#[derive(Clone)]
+pub enum Credentials {
+    /// A bearer token.
+    Token(String),
+    /// A client id and secret.
+    ClientSecret {
+        /// The client id.
+        id: String,
+        /// The secret.
+        secret: String,
+    },
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Credentials::Token(_) => f.write_str("Token(..)"),
+            Credentials::ClientSecret { id, .. } => write!(f, "ClientSecret({id:?}, ..)"),
+        }
+    }
+}
+
+impl Credentials {
+    fn header(&self) -> Result<MetadataValue<Ascii>> {
+        use base64::Engine as _;
+        let text = match self {
+            Credentials::Token(t) => format!("Bearer {t}"),
+            Credentials::ClientSecret { id, secret } => format!(
+                "Basic {}",
+                base64::engine::general_purpose::STANDARD.encode(format!("{id}:{secret}"))
+            ),
+        };
+        text.parse().map_err(|_| {
+            ClientError::new(
+                ErrorKind::InvalidArgument,
+                "credentials must be printable ASCII",
+            )
+        })
+    }
+}
+
+/// TLS settings of the connection (PEM contents). The endpoint must be
+/// `https://`.
+#[derive(Clone, Default)]
+pub struct TlsSettings {
+    /// CA certificates to trust for the server's certificate (the system's
+    /// roots are not used).
+    pub ca_pem: Option<Vec<u8>>,
+    /// Client certificate and key (mTLS).
+    pub identity_pem: Option<(Vec<u8>, Vec<u8>)>,
+    /// Name to check the server's certificate against, when not the
+    /// endpoint's host.
+    pub domain: Option<String>,
+}
+
+impl std::fmt::Debug for TlsSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsSettings")
+            .field("ca", &self.ca_pem.is_some())
+            .field("identity", &self.identity_pem.is_some())
+            .field("domain", &self.domain)
+            .finish()
+    }
+}
+
+/// Adds the `authorization` header to every call.
+#[derive(Clone, Debug)]
+pub struct AuthHeader(Option<MetadataValue<Ascii>>);
+
+impl Interceptor for AuthHeader {
+    fn call(
+        &mut self,
+        mut req: tonic::Request<()>,
+    ) -> std::result::Result<tonic::Request<()>, tonic::Status> {
+        if let Some(v) = &self.0 {
+            req.metadata_mut().insert("authorization", v.clone());
+        }
+        Ok(req)
+    }
+}
+
+/// The transport under the generated clients.
+pub(crate) type Transport = InterceptedService<Channel, AuthHeader>;
+
 /// Client settings.
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
@@ -78,6 +166,10 @@ pub struct ClientConfig {
     pub request_timeout: Duration,
     /// Retries on UNAVAILABLE.
     pub retry: RetryPolicy,
+    /// Credentials for a server with authentication on.
+    pub credentials: Option<Credentials>,
+    /// TLS, for an `https://` endpoint.
+    pub tls: Option<TlsSettings>,
 }
 
 impl ClientConfig {
@@ -88,6 +180,8 @@ impl ClientConfig {
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(30),
             retry: RetryPolicy::default(),
+            credentials: None,
+            tls: None,
         }
     }
 }
@@ -102,8 +196,8 @@ impl ClientConfig {
 /// safe to retry.
 #[derive(Clone, Debug)]
 pub struct Client {
-    admin: AdminServiceClient<Channel>,
-    msg: MessagingServiceClient<Channel>,
+    admin: AdminServiceClient<Transport>,
+    msg: MessagingServiceClient<Transport>,
     config: Arc<ClientConfig>,
 }
 
@@ -115,7 +209,7 @@ impl Client {
 
     /// Connects with the given settings.
     pub async fn with_config(config: ClientConfig) -> Result<Client> {
-        let endpoint = Endpoint::from_shared(config.endpoint.clone())
+        let mut endpoint = Endpoint::from_shared(config.endpoint.clone())
             .map_err(|e| {
                 ClientError::new(
                     ErrorKind::InvalidArgument,
@@ -124,6 +218,26 @@ impl Client {
             })?
             .connect_timeout(config.connect_timeout)
             .tcp_nodelay(true);
+        if let Some(tls) = &config.tls {
+            let mut t = ClientTlsConfig::new();
+            if let Some(ca) = &tls.ca_pem {
+                t = t.ca_certificate(Certificate::from_pem(ca));
+            }
+            if let Some((cert, key)) = &tls.identity_pem {
+                t = t.identity(Identity::from_pem(cert, key));
+            }
+            if let Some(d) = &tls.domain {
+                t = t.domain_name(d.clone());
+            }
+            endpoint = endpoint.tls_config(t)?;
+        }
+        let auth = AuthHeader(
+            config
+                .credentials
+                .as_ref()
+                .map(Credentials::header)
+                .transpose()?,
+        );
         let mut attempt = 1;
         let channel = loop {
             match endpoint.connect().await {
@@ -138,8 +252,10 @@ impl Client {
         };
         let limit = 256 << 20;
         Ok(Client {
-            admin: AdminServiceClient::new(channel.clone()).max_decoding_message_size(limit),
-            msg: MessagingServiceClient::new(channel).max_decoding_message_size(limit),
+            admin: AdminServiceClient::with_interceptor(channel.clone(), auth.clone())
+                .max_decoding_message_size(limit),
+            msg: MessagingServiceClient::with_interceptor(channel, auth)
+                .max_decoding_message_size(limit),
             config: Arc::new(config),
         })
     }

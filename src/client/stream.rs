@@ -10,7 +10,6 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Code;
-use tonic::transport::Channel;
 
 use super::{ClientError, ErrorKind, Result, pb};
 use crate::pb::messaging_service_client::MessagingServiceClient;
@@ -113,7 +112,7 @@ impl Drop for Subscription {
 
 impl Subscription {
     pub(super) async fn open(
-        mut client: MessagingServiceClient<Channel>,
+        mut client: MessagingServiceClient<super::Transport>,
         queue: &str,
         credit: u32,
         ack_timeout: Option<Duration>,

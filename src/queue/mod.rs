@@ -248,6 +248,13 @@ impl Broker {
         self.clock.now_ms()
     }
 
+    /// The name of the queue an ack token was issued for, if the token
+    /// parses and the queue still exists.
+    pub fn token_queue(&self, token: &str) -> Option<String> {
+        let t = token::AckToken::parse("ack_token", token).ok()?;
+        self.lock().queues.get(&t.qid).map(|q| q.name.clone())
+    }
+
     /// Reads a message's stored state; its absence is a broken invariant.
     pub(crate) fn meta(&self, qid: u32, pos: u64) -> Result<MetaRecord> {
         self.store.get_meta(qid, pos)?.ok_or_else(|| {

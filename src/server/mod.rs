@@ -6,6 +6,7 @@
 //! the storage fails, then drains in-flight calls, stops the sweeper and
 //! closes the store (apply and checkpoint).
 
+mod access;
 mod convert;
 mod publish_stream;
 mod redrive;
@@ -21,7 +22,9 @@ use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tonic::transport::server::TcpIncoming;
+use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 
+use crate::auth::Authenticator;
 use crate::clock::Clock;
 use crate::pb::admin_service_server::AdminServiceServer;
 use crate::pb::messaging_service_server::MessagingServiceServer;
@@ -46,6 +49,58 @@ pub struct ServerConfig {
     /// How long a graceful shutdown waits for calls in flight (and for
     /// clients to close their connections) before closing them.
     pub shutdown_grace: Duration,
+    /// Who may do what (authentication off by default).
+    pub auth: Arc<Authenticator>,
+    /// TLS for the gRPC listener, off when `None`.
+    pub tls: Option<TlsConfig>,
+    /// Connection and request limits.
+    pub limits: Limits,
+}
+
+/// TLS settings of the gRPC listener (PEM contents).
+#[derive(Clone)]
+pub struct TlsConfig {
+    /// The server's certificate chain.
+    pub cert_pem: Vec<u8>,
+    /// The server's private key.
+    pub key_pem: Vec<u8>,
+    /// CA certificates that sign client certificates; with it, clients
+    /// may present certificates (mTLS).
+    pub client_ca_pem: Option<Vec<u8>>,
+    /// Refuse connections without a valid client certificate.
+    pub require_client_cert: bool,
+}
+
+impl std::fmt::Debug for TlsConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsConfig")
+            .field("client_ca", &self.client_ca_pem.is_some())
+            .field("require_client_cert", &self.require_client_cert)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Limits on connections and requests (message sizes, batch sizes and
+/// name lengths are the engine's, see `BrokerOptions` and `validate`).
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Most concurrent HTTP/2 streams (calls) per connection.
+    pub max_concurrent_streams: u32,
+    /// Most calls one connection has served at once; more wait.
+    pub concurrency_per_connection: usize,
+    /// Longest time a unary call may take, long polls included (a client's
+    /// shorter `grpc-timeout` wins). Streams are not cut.
+    pub request_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_concurrent_streams: 1024,
+            concurrency_per_connection: 1024,
+            request_timeout: Duration::from_secs(60),
+        }
+    }
 }
 
 impl ServerConfig {
@@ -58,6 +113,9 @@ impl ServerConfig {
             store: StoreOptions::default(),
             max_request_bytes: broker.max_message_size + (4 << 20),
             shutdown_grace: Duration::from_secs(10),
+            auth: Arc::new(Authenticator::disabled()),
+            tls: None,
+            limits: Limits::default(),
             broker,
         }
     }
@@ -87,6 +145,25 @@ pub enum ServerError {
     /// The storage stopped after an I/O error (fail-stop).
     #[error("storage failed, the server stopped: {0}")]
     StorageFailed(String),
+}
+
+/// Names reported by `grpc.health.v1.Health`: the server as a whole ("")
+/// and each service. All are SERVING from the first answer, which comes
+/// only after recovery, until shutdown begins.
+const SERVICE_NAMES: [&str; 3] = [
+    "",
+    "letterbox.v1.AdminService",
+    "letterbox.v1.MessagingService",
+];
+
+fn tls_config(tls: &TlsConfig) -> ServerTlsConfig {
+    let mut c = ServerTlsConfig::new().identity(Identity::from_pem(&tls.cert_pem, &tls.key_pem));
+    if let Some(ca) = &tls.client_ca_pem {
+        c = c
+            .client_ca_root(Certificate::from_pem(ca))
+            .client_auth_optional(!tls.require_client_cert);
+    }
+    c
 }
 
 /// A started server.
@@ -167,6 +244,12 @@ impl Server {
         let sweeper = tokio::spawn(Arc::clone(&broker).sweep(async move {
             let _ = sweeper_stopped.await;
         }));
+        let (health, health_service) = tonic_health::server::health_reporter();
+        for name in SERVICE_NAMES {
+            health
+                .set_service_status(name, tonic_health::ServingStatus::Serving)
+                .await;
+        }
         let mut failure = broker.store().failure();
         let (drain_tx, drain_rx) = tokio::sync::oneshot::channel::<()>();
         let b = Arc::clone(&broker);
@@ -179,15 +262,38 @@ impl Server {
                 _ = failure.wait_for(Option::is_some) => tracing::error!("storage failed: stopping"),
             }
             b.begin_shutdown();
+            // Health checkers stop sending new work while calls drain.
+            for name in SERVICE_NAMES {
+                health
+                    .set_service_status(name, tonic_health::ServingStatus::NotServing)
+                    .await;
+            }
             let _ = drain_tx.send(());
             tokio::time::sleep(grace).await;
         };
         let sessions = tokio_util::task::TaskTracker::new();
-        let service = Service::new(Arc::clone(&broker), sessions.clone());
+        let service = Service::new(
+            Arc::clone(&broker),
+            sessions.clone(),
+            Arc::clone(&config.auth),
+        );
         let limit = config.max_request_bytes;
         let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-        let serving = tonic::transport::Server::builder()
+        let reflection = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(crate::pb::FILE_DESCRIPTOR_SET)
+            .build_v1()
+            .map_err(|e| ServerError::StorageFailed(format!("reflection: {e}")))?;
+        let mut builder = tonic::transport::Server::builder();
+        if let Some(tls) = &config.tls {
+            builder = builder.tls_config(tls_config(tls))?;
+        }
+        let serving = builder
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
+            .max_concurrent_streams(config.limits.max_concurrent_streams)
+            .concurrency_limit_per_connection(config.limits.concurrency_per_connection)
+            .timeout(config.limits.request_timeout)
+            .add_service(health_service)
+            .add_service(reflection)
             .add_service(
                 AdminServiceServer::new(service.clone())
                     .max_decoding_message_size(limit)

@@ -9,8 +9,11 @@ use futures_util::stream::FuturesOrdered;
 use tokio::sync::mpsc;
 use tonic::{Status, Streaming};
 
+use super::access::allow;
 use super::convert;
+use super::service::publish_target;
 use super::status::to_status;
+use crate::auth::{Action, Principal};
 use crate::pb;
 use crate::queue::model::Published;
 use crate::queue::{Broker, Publishing, QueueError};
@@ -60,10 +63,22 @@ fn answer(
     }
 }
 
+/// A publish the caller may not make: answered with its status, the stream
+/// goes on.
+fn refused(sequence: u64, s: &Status) -> pb::PublishStreamResponse {
+    pb::PublishStreamResponse {
+        sequence,
+        results: Vec::new(),
+        code: s.code() as i32,
+        error: s.message().to_string(),
+    }
+}
+
 /// Runs one publish stream until the client closes it and every publish
-/// is answered.
+/// is answered. Each publish is authorized for `principal` on its own.
 pub(crate) async fn session(
     broker: Arc<Broker>,
+    principal: Arc<Principal>,
     mut inbound: Streaming<pb::PublishStreamRequest>,
     tx: Tx,
 ) {
@@ -82,8 +97,16 @@ pub(crate) async fn session(
             msg = inbound.message(), if reading && pending.len() < MAX_IN_FLIGHT => match msg {
                 Ok(Some(req)) => {
                     let sequence = req.sequence;
-                    let begun = begin(&broker, req.publish);
+                    let target = req.publish.as_ref().map(publish_target).unwrap_or_default();
+                    let denied = allow(&principal, Action::Publish, target).err();
+                    let begun = match &denied {
+                        None => begin(&broker, req.publish),
+                        Some(_) => Err(QueueError::FailedPrecondition(String::new())),
+                    };
                     pending.push_back(async move {
+                        if let Some(s) = denied {
+                            return Ok(refused(sequence, &s));
+                        }
                         let r = match begun {
                             Ok(p) => p.done().await,
                             Err(e) => Err(e),

@@ -8,8 +8,10 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::task::TaskTracker;
 use tonic::{Request, Response, Status, Streaming};
 
+use super::access::{allow, allow_any, allow_tokens, caller};
 use super::status::to_status;
 use super::{convert, publish_stream, redrive, subscribe};
+use crate::auth::{Action, Authenticator, Principal};
 use crate::pb;
 use crate::pb::admin_service_server::AdminService;
 use crate::pb::messaging_service_server::MessagingService;
@@ -20,18 +22,39 @@ use crate::queue::model::{Nack, QueueRemovals, ReceiveOptions};
 #[derive(Debug, Clone)]
 pub struct Service {
     broker: Arc<Broker>,
+    /// Who may do what.
+    auth: Arc<Authenticator>,
     /// Subscription sessions, awaited at shutdown.
     sessions: TaskTracker,
 }
 
 impl Service {
-    /// Serves `broker`; subscription sessions are spawned on `sessions`.
-    pub fn new(broker: Arc<Broker>, sessions: TaskTracker) -> Service {
-        Service { broker, sessions }
+    /// Serves `broker` to the callers `auth` admits; subscription
+    /// sessions are spawned on `sessions`.
+    pub fn new(broker: Arc<Broker>, sessions: TaskTracker, auth: Arc<Authenticator>) -> Service {
+        Service {
+            broker,
+            auth,
+            sessions,
+        }
+    }
+
+    fn caller<T>(&self, req: &Request<T>) -> Result<Arc<Principal>, Status> {
+        caller(&self.auth, req)
     }
 }
 
 type Rpc<T> = Result<Response<T>, Status>;
+
+/// The queue or exchange a publish names (the engine reports a request
+/// that names both or neither).
+pub(crate) fn publish_target(r: &pb::PublishRequest) -> &str {
+    if r.queue.is_empty() {
+        &r.exchange
+    } else {
+        &r.queue
+    }
+}
 
 fn page_token(t: &str) -> Option<&str> {
     (!t.is_empty()).then_some(t)
@@ -43,7 +66,9 @@ impl AdminService for Service {
         &self,
         req: Request<pb::CreateQueueRequest>,
     ) -> Rpc<pb::CreateQueueResponse> {
+        let p = self.caller(&req)?;
         let r = req.into_inner();
+        allow(&p, Action::Admin, &r.name)?;
         tracing::debug!(queue = %r.name, "create queue");
         let input = convert::config_input(r.config).map_err(to_status)?;
         let (q, created) = self
@@ -58,10 +83,10 @@ impl AdminService for Service {
     }
 
     async fn get_queue(&self, req: Request<pb::GetQueueRequest>) -> Rpc<pb::GetQueueResponse> {
-        let q = self
-            .broker
-            .get_queue(&req.into_inner().name)
-            .map_err(to_status)?;
+        let p = self.caller(&req)?;
+        let name = req.into_inner().name;
+        allow_any(&p, &name)?;
+        let q = self.broker.get_queue(&name).map_err(to_status)?;
         Ok(Response::new(pb::GetQueueResponse {
             queue: Some(convert::queue_pb(q)),
         }))
@@ -71,13 +96,18 @@ impl AdminService for Service {
         &self,
         req: Request<pb::ListQueuesRequest>,
     ) -> Rpc<pb::ListQueuesResponse> {
+        let p = self.caller(&req)?;
         let r = req.into_inner();
         let (queues, next) = self
             .broker
             .list_queues(&r.prefix, r.page_size, page_token(&r.page_token))
             .map_err(to_status)?;
         Ok(Response::new(pb::ListQueuesResponse {
-            queues: queues.into_iter().map(convert::queue_pb).collect(),
+            queues: queues
+                .into_iter()
+                .filter(|q| p.sees(&q.name))
+                .map(convert::queue_pb)
+                .collect(),
             next_page_token: next.unwrap_or_default(),
         }))
     }
@@ -86,7 +116,9 @@ impl AdminService for Service {
         &self,
         req: Request<pb::UpdateQueueRequest>,
     ) -> Rpc<pb::UpdateQueueResponse> {
+        let p = self.caller(&req)?;
         let r = req.into_inner();
+        allow(&p, Action::Admin, &r.name)?;
         tracing::debug!(queue = %r.name, "update queue");
         let input = convert::config_input(r.config).map_err(to_status)?;
         let removals = QueueRemovals {
@@ -108,7 +140,9 @@ impl AdminService for Service {
         &self,
         req: Request<pb::DeleteQueueRequest>,
     ) -> Rpc<pb::DeleteQueueResponse> {
+        let p = self.caller(&req)?;
         let r = req.into_inner();
+        allow(&p, Action::Admin, &r.name)?;
         tracing::debug!(queue = %r.name, force = r.force, "delete queue");
         let n = self
             .broker
@@ -124,7 +158,9 @@ impl AdminService for Service {
         &self,
         req: Request<pb::PurgeQueueRequest>,
     ) -> Rpc<pb::PurgeQueueResponse> {
+        let p = self.caller(&req)?;
         let r = req.into_inner();
+        allow(&p, Action::Admin, &r.name)?;
         tracing::debug!(queue = %r.name, "purge queue");
         let n = self.broker.purge_queue(&r.name).await.map_err(to_status)?;
         Ok(Response::new(pb::PurgeQueueResponse {
@@ -136,7 +172,9 @@ impl AdminService for Service {
         &self,
         req: Request<pb::GetQueueStatsRequest>,
     ) -> Rpc<pb::GetQueueStatsResponse> {
+        let p = self.caller(&req)?;
         let name = req.into_inner().name;
+        allow_any(&p, &name)?;
         let s = self.broker.stats(&name).map_err(to_status)?;
         Ok(Response::new(pb::GetQueueStatsResponse {
             name,
@@ -145,7 +183,9 @@ impl AdminService for Service {
     }
 
     async fn browse(&self, req: Request<pb::BrowseRequest>) -> Rpc<pb::BrowseResponse> {
+        let p = self.caller(&req)?;
         let r = req.into_inner();
+        allow(&p, Action::Consume, &r.queue)?;
         let page = self
             .broker
             .browse(&r.queue, r.max_messages, &r.page_token)
@@ -160,7 +200,9 @@ impl AdminService for Service {
         &self,
         req: Request<pb::ListGroupsRequest>,
     ) -> Rpc<pb::ListGroupsResponse> {
+        let p = self.caller(&req)?;
         let r = req.into_inner();
+        allow_any(&p, &r.queue)?;
         let only = convert::group_state_from("state", r.state).map_err(to_status)?;
         let (groups, next) = self
             .broker
@@ -173,7 +215,9 @@ impl AdminService for Service {
     }
 
     async fn skip_head(&self, req: Request<pb::SkipHeadRequest>) -> Rpc<pb::SkipHeadResponse> {
+        let p = self.caller(&req)?;
         let r = req.into_inner();
+        allow(&p, Action::Admin, &r.queue)?;
         tracing::info!(queue = %r.queue, group = %r.group_id, "skip group head");
         let id = self
             .broker
@@ -187,7 +231,9 @@ impl AdminService for Service {
         &self,
         req: Request<pb::CreateExchangeRequest>,
     ) -> Rpc<pb::CreateExchangeResponse> {
+        let p = self.caller(&req)?;
         let name = req.into_inner().name;
+        allow(&p, Action::Admin, &name)?;
         let (x, created) = self
             .broker
             .create_exchange(&name)
@@ -203,10 +249,10 @@ impl AdminService for Service {
         &self,
         req: Request<pb::GetExchangeRequest>,
     ) -> Rpc<pb::GetExchangeResponse> {
-        let x = self
-            .broker
-            .get_exchange(&req.into_inner().name)
-            .map_err(to_status)?;
+        let p = self.caller(&req)?;
+        let name = req.into_inner().name;
+        allow_any(&p, &name)?;
+        let x = self.broker.get_exchange(&name).map_err(to_status)?;
         Ok(Response::new(pb::GetExchangeResponse {
             exchange: Some(convert::exchange_pb(x)),
         }))
@@ -216,13 +262,18 @@ impl AdminService for Service {
         &self,
         req: Request<pb::ListExchangesRequest>,
     ) -> Rpc<pb::ListExchangesResponse> {
+        let p = self.caller(&req)?;
         let r = req.into_inner();
         let (xs, next) = self
             .broker
             .list_exchanges(r.page_size, page_token(&r.page_token))
             .map_err(to_status)?;
         Ok(Response::new(pb::ListExchangesResponse {
-            exchanges: xs.into_iter().map(convert::exchange_pb).collect(),
+            exchanges: xs
+                .into_iter()
+                .filter(|x| p.sees(&x.name))
+                .map(convert::exchange_pb)
+                .collect(),
             next_page_token: next.unwrap_or_default(),
         }))
     }
@@ -231,16 +282,22 @@ impl AdminService for Service {
         &self,
         req: Request<pb::DeleteExchangeRequest>,
     ) -> Rpc<pb::DeleteExchangeResponse> {
+        let p = self.caller(&req)?;
+        let name = req.into_inner().name;
+        allow(&p, Action::Admin, &name)?;
         self.broker
-            .delete_exchange(&req.into_inner().name)
+            .delete_exchange(&name)
             .await
             .map_err(to_status)?;
         Ok(Response::new(pb::DeleteExchangeResponse {}))
     }
 
     async fn bind(&self, req: Request<pb::BindRequest>) -> Rpc<pb::BindResponse> {
+        let p = self.caller(&req)?;
         let r = req.into_inner();
         let b = r.binding.unwrap_or_default();
+        allow(&p, Action::Admin, &r.exchange)?;
+        allow(&p, Action::Admin, &b.queue)?;
         let x = self
             .broker
             .bind(&r.exchange, &b.queue, b.filter.into_iter().collect())
@@ -252,7 +309,10 @@ impl AdminService for Service {
     }
 
     async fn unbind(&self, req: Request<pb::UnbindRequest>) -> Rpc<pb::UnbindResponse> {
+        let p = self.caller(&req)?;
         let r = req.into_inner();
+        allow(&p, Action::Admin, &r.exchange)?;
+        allow(&p, Action::Admin, &r.queue)?;
         let x = self
             .broker
             .unbind(&r.exchange, &r.queue)
@@ -266,15 +326,33 @@ impl AdminService for Service {
     type RedriveStream = ReceiverStream<Result<pb::RedriveResponse, Status>>;
 
     async fn redrive(&self, req: Request<pb::RedriveRequest>) -> Rpc<Self::RedriveStream> {
+        let p = self.caller(&req)?;
         let r = req.into_inner();
+        allow(&p, Action::Admin, &r.queue)?;
+        if r.target.is_empty() {
+            // Back to the queues that dead-lettered them.
+            let dlq = self.broker.get_queue(&r.queue).map_err(to_status)?;
+            for source in &dlq.dead_letter_sources {
+                allow(&p, Action::Publish, source)?;
+            }
+        } else {
+            allow(&p, Action::Publish, &r.target)?;
+        }
         tracing::info!(queue = %r.queue, target = %r.target, dry_run = r.dry_run, "redrive");
         Ok(Response::new(self.start_redrive(r)?))
     }
 
     async fn export_definitions(
         &self,
-        _req: Request<pb::ExportDefinitionsRequest>,
+        req: Request<pb::ExportDefinitionsRequest>,
     ) -> Rpc<pb::ExportDefinitionsResponse> {
+        let p = self.caller(&req)?;
+        if !p.allows_all(Action::Admin) {
+            return Err(Status::permission_denied(format!(
+                "principal {:?} needs admin on \"*\" to export definitions",
+                p.name()
+            )));
+        }
         let defs = self.broker.export_definitions();
         let json =
             serde_json::to_string_pretty(&defs).map_err(|e| Status::internal(e.to_string()))?;
@@ -285,6 +363,13 @@ impl AdminService for Service {
         &self,
         req: Request<pb::ImportDefinitionsRequest>,
     ) -> Rpc<pb::ImportDefinitionsResponse> {
+        let p = self.caller(&req)?;
+        if !p.allows_all(Action::Admin) {
+            return Err(Status::permission_denied(format!(
+                "principal {:?} needs admin on \"*\" to import definitions",
+                p.name()
+            )));
+        }
         let r = self
             .broker
             .import_definitions_json(&req.into_inner().json)
@@ -301,7 +386,9 @@ impl AdminService for Service {
         &self,
         req: Request<pb::ReleaseGroupRequest>,
     ) -> Rpc<pb::ReleaseGroupResponse> {
+        let p = self.caller(&req)?;
         let r = req.into_inner();
+        allow(&p, Action::Admin, &r.queue)?;
         tracing::info!(queue = %r.queue, group = %r.group_id, "release group");
         let id = self
             .broker
@@ -343,9 +430,11 @@ impl MessagingService for Service {
         &self,
         req: Request<Streaming<pb::PublishStreamRequest>>,
     ) -> Rpc<Self::PublishStreamStream> {
+        let p = self.caller(&req)?;
         let (tx, rx) = mpsc::channel(64);
         self.sessions.spawn(publish_stream::session(
             Arc::clone(&self.broker),
+            p,
             req.into_inner(),
             tx,
         ));
@@ -358,6 +447,7 @@ impl MessagingService for Service {
         &self,
         req: Request<Streaming<pb::SubscribeRequest>>,
     ) -> Rpc<Self::SubscribeStream> {
+        let p = self.caller(&req)?;
         let mut inbound = req.into_inner();
         let first = inbound
             .message()
@@ -368,10 +458,12 @@ impl MessagingService for Service {
                 "the first message of a Subscribe stream must be `open`",
             ));
         };
+        allow(&p, Action::Consume, &open.queue)?;
         subscribe::check_open(&self.broker, &open).map_err(to_status)?;
         let (tx, rx) = mpsc::channel(4);
         self.sessions.spawn(subscribe::session(
             Arc::clone(&self.broker),
+            p,
             open,
             inbound,
             tx,
@@ -380,7 +472,9 @@ impl MessagingService for Service {
     }
 
     async fn publish(&self, req: Request<pb::PublishRequest>) -> Rpc<pb::PublishResponse> {
+        let p = self.caller(&req)?;
         let r = req.into_inner();
+        allow(&p, Action::Publish, publish_target(&r))?;
         tracing::debug!(queue = %r.queue, messages = r.messages.len(), "publish");
         let msgs = r.messages.into_iter().map(convert::new_message).collect();
         let results = match (r.queue.is_empty(), r.exchange.is_empty()) {
@@ -406,7 +500,9 @@ impl MessagingService for Service {
     }
 
     async fn receive(&self, req: Request<pb::ReceiveRequest>) -> Rpc<pb::ReceiveResponse> {
+        let p = self.caller(&req)?;
         let r = req.into_inner();
+        allow(&p, Action::Consume, &r.queue)?;
         let opts = ReceiveOptions {
             max_messages: r.max_messages,
             wait: r.wait_ms,
@@ -425,7 +521,9 @@ impl MessagingService for Service {
     }
 
     async fn ack(&self, req: Request<pb::AckRequest>) -> Rpc<pb::AckResponse> {
+        let p = self.caller(&req)?;
         let tokens = req.into_inner().ack_tokens;
+        allow_tokens(&p, &self.broker, tokens.iter().map(String::as_str))?;
         let results = self.broker.ack(&tokens).await.map_err(to_status)?;
         Ok(Response::new(pb::AckResponse {
             results: tokens
@@ -437,6 +535,7 @@ impl MessagingService for Service {
     }
 
     async fn nack(&self, req: Request<pb::NackRequest>) -> Rpc<pb::NackResponse> {
+        let p = self.caller(&req)?;
         let items: Vec<Nack> = req
             .into_inner()
             .items
@@ -448,6 +547,7 @@ impl MessagingService for Service {
                 dead_letter: i.dead_letter,
             })
             .collect();
+        allow_tokens(&p, &self.broker, items.iter().map(|i| i.token.as_str()))?;
         let results = self.broker.nack(&items).await.map_err(to_status)?;
         Ok(Response::new(pb::NackResponse {
             results: items
@@ -462,12 +562,14 @@ impl MessagingService for Service {
         &self,
         req: Request<pb::ExtendLeaseRequest>,
     ) -> Rpc<pb::ExtendLeaseResponse> {
+        let p = self.caller(&req)?;
         let items: Vec<(String, u64)> = req
             .into_inner()
             .items
             .into_iter()
             .map(|i| (i.ack_token, i.timeout_ms))
             .collect();
+        allow_tokens(&p, &self.broker, items.iter().map(|(t, _)| t.as_str()))?;
         let results = self.broker.extend(&items).await.map_err(to_status)?;
         Ok(Response::new(pb::ExtendLeaseResponse {
             results: items

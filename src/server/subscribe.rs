@@ -17,8 +17,10 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tonic::{Status, Streaming};
 
+use super::access::allow_tokens;
 use super::convert;
 use super::status::to_status;
+use crate::auth::Principal;
 use crate::pb;
 use crate::pb::subscribe_request::Kind as In;
 use crate::pb::subscribe_response::Kind as Out;
@@ -51,6 +53,7 @@ pub(crate) fn check_open(broker: &Broker, open: &pb::SubscribeOpen) -> Result<()
 /// Runs one subscription until the client goes away or the server stops.
 pub(crate) async fn session(
     broker: Arc<Broker>,
+    principal: Arc<Principal>,
     open: pb::SubscribeOpen,
     mut inbound: Streaming<pb::SubscribeRequest>,
     tx: Tx,
@@ -114,7 +117,7 @@ pub(crate) async fn session(
         tokio::select! {
             msg = inbound.message() => match msg {
                 Ok(Some(req)) => {
-                    if let Err(why) = handle(&broker, req, &mut credit, &mut unsettled, &tx).await {
+                    if let Err(why) = handle(&broker, &principal, req, &mut credit, &mut unsettled, &tx).await {
                         break why;
                     }
                 }
@@ -152,11 +155,43 @@ fn prune_expired(broker: &Broker, unsettled: &mut HashMap<String, u64>) {
 /// Handles one client message; `Err` ends the session.
 async fn handle(
     broker: &Broker,
+    principal: &Principal,
     req: pb::SubscribeRequest,
     credit: &mut u32,
     unsettled: &mut HashMap<String, u64>,
     tx: &Tx,
 ) -> Result<(), String> {
+    // Tokens of other queues need the caller's grant on those queues too.
+    let (request_id, tokens): (u64, Vec<&str>) = match &req.kind {
+        Some(In::Ack(a)) => (
+            a.request_id,
+            a.ack_tokens.iter().map(String::as_str).collect(),
+        ),
+        Some(In::Nack(n)) => (
+            n.request_id,
+            n.items.iter().map(|i| i.ack_token.as_str()).collect(),
+        ),
+        Some(In::Extend(e)) => (
+            e.request_id,
+            e.items.iter().map(|i| i.ack_token.as_str()).collect(),
+        ),
+        _ => (0, Vec::new()),
+    };
+    if let Err(status) = allow_tokens(principal, broker, tokens) {
+        let settled = pb::StreamSettled {
+            request_id,
+            results: Vec::new(),
+            code: status.code() as i32,
+            error: status.message().to_string(),
+        };
+        let msg = pb::SubscribeResponse {
+            kind: Some(Out::Settled(settled)),
+        };
+        return tx
+            .send(Ok(msg))
+            .await
+            .map_err(|_| "client went away".to_string());
+    }
     // (request id, outcome, tokens, whether a success keeps the delivery held)
     let (request_id, result, tokens, keeps): (
         u64,

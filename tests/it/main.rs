@@ -13,3 +13,4 @@ mod fifo;
 mod harness;
 mod messaging;
 mod redrive;
+mod security;
