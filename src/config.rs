@@ -118,6 +118,11 @@ pub struct ServeArgs {
     /// client's shorter deadline wins); streams are not cut.
     #[arg(long, env = "LETTERBOX_REQUEST_TIMEOUT", default_value = "60s")]
     pub request_timeout: Millis,
+    /// Serve Prometheus metrics at `http://ADDR/metrics` (off unless
+    /// set; metrics carry queue names, so prefer loopback or a private
+    /// network).
+    #[arg(long, env = "LETTERBOX_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
     /// Principals, from the configuration file only.
     #[arg(skip)]
     pub principals: Vec<PrincipalConfig>,
@@ -183,6 +188,7 @@ impl ServeArgs {
             ));
         }
         c.auth = Arc::new(auth);
+        c.metrics_listen = self.metrics_listen;
         if self.max_concurrent_streams == 0 {
             return Err("--max-concurrent-streams: must be at least 1".into());
         }

@@ -136,6 +136,15 @@ async fn shutdown_signal() {
     }
 }
 
+/// Prints a line on standard output for whoever started the server. A
+/// reader that went away (a closed pipe) is not an error of the server.
+fn announce(line: &str) {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
 async fn serve(args: ServeArgs) -> ExitCode {
     let config = match args.server_config() {
         Ok(c) => c,
@@ -192,8 +201,12 @@ async fn serve(args: ServeArgs) -> ExitCode {
     );
     // The first line of standard output is the bound address: scripts and
     // tests started with port 0 read it.
-    println!("letterbox listening on {}", server.local_addr());
+    announce(&format!("letterbox listening on {}", server.local_addr()));
     tracing::info!(addr = %server.local_addr(), "serving gRPC");
+    if let Some(m) = server.metrics_addr() {
+        announce(&format!("letterbox metrics on http://{m}/metrics"));
+        tracing::info!(addr = %m, "serving metrics");
+    }
     match server.serve(shutdown_signal()).await {
         Ok(()) => {
             tracing::info!("stopped cleanly");

@@ -74,7 +74,9 @@ pub(crate) fn caller<T>(auth: &Authenticator, req: &Request<T>) -> Result<Arc<Pr
         Presented::Bearer(t) => Credentials::Bearer(t),
         Presented::Basic(id, secret) => Credentials::ClientSecret { id, secret },
     };
-    auth.authenticate(creds, leaf).map_err(auth_status)
+    let p = auth.authenticate(creds, leaf).map_err(auth_status)?;
+    tracing::Span::current().record("principal", p.name());
+    Ok(p)
 }
 
 /// `action` on `name`, or PERMISSION_DENIED.

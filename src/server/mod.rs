@@ -8,6 +8,7 @@
 
 mod access;
 mod convert;
+mod metrics;
 mod publish_stream;
 mod redrive;
 mod service;
@@ -55,6 +56,8 @@ pub struct ServerConfig {
     pub tls: Option<TlsConfig>,
     /// Connection and request limits.
     pub limits: Limits,
+    /// Address of the Prometheus endpoint (`/metrics`), off when `None`.
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 /// TLS settings of the gRPC listener (PEM contents).
@@ -116,6 +119,7 @@ impl ServerConfig {
             auth: Arc::new(Authenticator::disabled()),
             tls: None,
             limits: Limits::default(),
+            metrics_listen: None,
             broker,
         }
     }
@@ -171,6 +175,7 @@ pub struct Server {
     broker: Arc<Broker>,
     listener: TcpListener,
     addr: SocketAddr,
+    metrics: Option<(TcpListener, SocketAddr)>,
     config: ServerConfig,
     report: OpenReport,
 }
@@ -206,10 +211,20 @@ impl Server {
             addr: config.listen,
             source,
         })?;
+        let metrics = match config.metrics_listen {
+            Some(at) => {
+                let bind_err = |source| ServerError::Bind { addr: at, source };
+                let l = TcpListener::bind(at).await.map_err(bind_err)?;
+                let bound = l.local_addr().map_err(bind_err)?;
+                Some((l, bound))
+            }
+            None => None,
+        };
         Ok(Server {
             broker: Arc::new(broker),
             listener,
             addr,
+            metrics,
             config,
             report,
         })
@@ -218,6 +233,11 @@ impl Server {
     /// The bound address.
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The bound address of the metrics endpoint, if it is on.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics.as_ref().map(|(_, a)| *a)
     }
 
     /// What recovery found.
@@ -238,8 +258,24 @@ impl Server {
             broker,
             listener,
             config,
+            metrics,
+            report,
             ..
         } = self;
+        let (stop_metrics, metrics_stopped) = tokio::sync::oneshot::channel::<()>();
+        let metrics_task = metrics.map(|(l, _)| {
+            let registry = metrics::registry(Arc::clone(&broker), report.elapsed, report.replayed);
+            tokio::spawn(async move {
+                let served = axum::serve(l, metrics::router(registry))
+                    .with_graceful_shutdown(async move {
+                        let _ = metrics_stopped.await;
+                    })
+                    .await;
+                if let Err(e) = served {
+                    tracing::error!(error = %e, "metrics endpoint failed");
+                }
+            })
+        });
         let (stop_sweeper, sweeper_stopped) = tokio::sync::oneshot::channel::<()>();
         let sweeper = tokio::spawn(Arc::clone(&broker).sweep(async move {
             let _ = sweeper_stopped.await;
@@ -288,6 +324,16 @@ impl Server {
             builder = builder.tls_config(tls_config(tls))?;
         }
         let serving = builder
+            // A span per call (at debug level: free unless enabled), with
+            // the method, and the caller once known; handlers' events carry
+            // it.
+            .trace_fn(|req| {
+                tracing::debug_span!(
+                    "call",
+                    method = %req.uri().path(),
+                    principal = tracing::field::Empty
+                )
+            })
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
             .max_concurrent_streams(config.limits.max_concurrent_streams)
             .concurrency_limit_per_connection(config.limits.concurrency_per_connection)
@@ -322,6 +368,10 @@ impl Server {
         }
         let _ = stop_sweeper.send(());
         let _ = sweeper.await;
+        let _ = stop_metrics.send(());
+        if let Some(t) = metrics_task {
+            let _ = t.await;
+        }
         let failed = broker.store().failure().borrow().clone();
         match Arc::try_unwrap(broker) {
             Ok(b) => {

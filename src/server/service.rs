@@ -7,6 +7,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::task::TaskTracker;
 use tonic::{Request, Response, Status, Streaming};
+use tracing::Instrument as _;
 
 use super::access::{allow, allow_any, allow_tokens, caller};
 use super::status::to_status;
@@ -410,14 +411,17 @@ impl Service {
         let spec = convert::redrive_spec(&r).map_err(to_status)?;
         let end = self.broker.start_redrive(&spec).map_err(to_status)?;
         let (tx, rx) = mpsc::channel(4);
-        self.sessions.spawn(redrive::run(
-            Arc::clone(&self.broker),
-            spec,
-            end,
-            r.limit,
-            r.rate_per_second,
-            tx,
-        ));
+        self.sessions.spawn(
+            redrive::run(
+                Arc::clone(&self.broker),
+                spec,
+                end,
+                r.limit,
+                r.rate_per_second,
+                tx,
+            )
+            .instrument(tracing::Span::current()),
+        );
         Ok(ReceiverStream::new(rx))
     }
 }
@@ -432,12 +436,10 @@ impl MessagingService for Service {
     ) -> Rpc<Self::PublishStreamStream> {
         let p = self.caller(&req)?;
         let (tx, rx) = mpsc::channel(64);
-        self.sessions.spawn(publish_stream::session(
-            Arc::clone(&self.broker),
-            p,
-            req.into_inner(),
-            tx,
-        ));
+        self.sessions.spawn(
+            publish_stream::session(Arc::clone(&self.broker), p, req.into_inner(), tx)
+                .instrument(tracing::Span::current()),
+        );
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 
@@ -461,13 +463,10 @@ impl MessagingService for Service {
         allow(&p, Action::Consume, &open.queue)?;
         subscribe::check_open(&self.broker, &open).map_err(to_status)?;
         let (tx, rx) = mpsc::channel(4);
-        self.sessions.spawn(subscribe::session(
-            Arc::clone(&self.broker),
-            p,
-            open,
-            inbound,
-            tx,
-        ));
+        self.sessions.spawn(
+            subscribe::session(Arc::clone(&self.broker), p, open, inbound, tx)
+                .instrument(tracing::Span::current()),
+        );
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 
@@ -487,6 +486,10 @@ impl MessagingService for Service {
             )),
         }
         .map_err(to_status)?;
+        tracing::debug!(
+            message_ids = ?results.iter().map(|p| p.message_id.as_str()).collect::<Vec<_>>(),
+            "published"
+        );
         Ok(Response::new(pb::PublishResponse {
             results: results
                 .into_iter()
@@ -514,7 +517,11 @@ impl MessagingService for Service {
             .receive(&r.queue, opts)
             .await
             .map_err(to_status)?;
-        tracing::debug!(queue = %r.queue, delivered = got.len(), "receive");
+        tracing::debug!(
+            queue = %r.queue,
+            message_ids = ?got.iter().map(|d| d.message_id.as_str()).collect::<Vec<_>>(),
+            "receive"
+        );
         Ok(Response::new(pb::ReceiveResponse {
             deliveries: got.into_iter().map(convert::delivery_pb).collect(),
         }))

@@ -43,3 +43,93 @@ fn the_proto_passes_buf_lint_and_format() {
         "{text}"
     );
 }
+
+/// GET over plain HTTP/1.1; returns the status line and the body.
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> (String, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).await.unwrap();
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap();
+    (head.lines().next().unwrap().to_string(), body.to_string())
+}
+
+/// The value of one sample line (`name{labels} value`), if present.
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|l| {
+        l.strip_prefix(series)?
+            .strip_prefix(' ')?
+            .trim()
+            .parse()
+            .ok()
+    })
+}
+
+#[tokio::test]
+async fn prometheus_metrics_move_with_the_queues() {
+    use letterbox::clock::SystemClock;
+    use letterbox::server::{Server, ServerConfig};
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = ServerConfig::new(dir.path().join("data"), "127.0.0.1:0".parse().unwrap());
+    config.store.min_free_bytes = 0;
+    config.store.segment_size = 1 << 20;
+    config.metrics_listen = Some("127.0.0.1:0".parse().unwrap());
+    let server = Server::start(config, std::sync::Arc::new(SystemClock))
+        .await
+        .unwrap();
+    let addr = server.local_addr();
+    let metrics = server.metrics_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(server.serve(async {
+        let _ = stopped.await;
+    }));
+
+    let mut c = crate::harness::connect(addr).await;
+    c.create("jobs-dlq", crate::harness::config()).await;
+    c.create("jobs", crate::harness::with_dlq("jobs-dlq", 1))
+        .await;
+    let (status, before) = http_get(metrics, "/metrics").await;
+    assert!(status.contains("200"), "{status}");
+    assert_eq!(
+        sample(&before, "letterbox_queue_ready{queue=\"jobs\"}"),
+        Some(0.0)
+    );
+    assert!(before.trim_end().ends_with("# EOF"), "OpenMetrics text");
+
+    c.publish("jobs", &["a", "b", "c"]).await;
+    let got = c.receive("jobs", 1).await;
+    c.nack(&got[0].ack_token, "broken").await;
+    let (_, after) = http_get(metrics, "/metrics").await;
+    let v = |series: &str| {
+        sample(&after, series).unwrap_or_else(|| panic!("{series} missing:\n{after}"))
+    };
+    assert_eq!(v("letterbox_queue_ready{queue=\"jobs\"}"), 2.0);
+    assert_eq!(v("letterbox_queue_published_total{queue=\"jobs\"}"), 3.0);
+    assert_eq!(v("letterbox_queue_nacked_total{queue=\"jobs\"}"), 1.0);
+    assert_eq!(
+        v("letterbox_queue_dead_lettered_total{queue=\"jobs\"}"),
+        1.0
+    );
+    assert_eq!(v("letterbox_queue_ready{queue=\"jobs-dlq\"}"), 1.0);
+    assert_eq!(
+        v("letterbox_queue_dead_letter_depth{queue=\"jobs\",dead_letter_queue=\"jobs-dlq\"}"),
+        1.0
+    );
+    assert!(v("letterbox_commit_seconds_count") >= 4.0);
+    assert!(v("letterbox_log_syncs_total") >= 1.0);
+    assert!(v("letterbox_log_sync_batch_records_count") >= 1.0);
+    assert!(v("letterbox_recovery_seconds") >= 0.0);
+    assert_eq!(v("letterbox_storage_failed"), 0.0);
+    let (missing, _) = http_get(metrics, "/nothing").await;
+    assert!(missing.contains("404"), "{missing}");
+
+    drop(c);
+    stop.send(()).unwrap();
+    task.await.unwrap().unwrap();
+}
