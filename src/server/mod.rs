@@ -390,3 +390,6 @@ impl Server {
         }
     }
 }
+
+#[cfg(test)]
+mod hostile_tests;

@@ -1206,4 +1206,6 @@ fn compact(inner: &Inner) -> Result<()> {
 }
 
 #[cfg(test)]
+mod hostile_tests;
+#[cfg(test)]
 mod tests;
