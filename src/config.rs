@@ -69,6 +69,20 @@ pub struct ServeArgs {
     /// Page cache of the embedded database.
     #[arg(long, env = "LETTERBOX_CACHE_SIZE", default_value = "256MiB")]
     pub cache_size: ByteSize,
+    /// Address for the Anypoint MQ compatible REST API (off unless given;
+    /// port 0 picks a free port, printed on the second line of standard
+    /// output).
+    #[arg(long, env = "LETTERBOX_ANYPOINT_LISTEN")]
+    pub anypoint_listen: Option<SocketAddr>,
+    /// Unit of the `ttl` of the Anypoint lock-TTL PATCH calls (the
+    /// specification says seconds; the rest of the API is milliseconds).
+    #[arg(
+        long,
+        env = "LETTERBOX_ANYPOINT_LOCK_TTL_UNIT",
+        value_enum,
+        default_value = "ms"
+    )]
+    pub anypoint_lock_ttl_unit: crate::anypoint::LockTtlUnit,
 }
 
 impl ServeArgs {
@@ -105,6 +119,9 @@ impl ServeArgs {
         c.store.apply_interval = self.apply_interval.0.max(Duration::from_millis(1));
         c.store.cache_bytes = self.cache_size.0;
         c.shutdown_grace = self.shutdown_grace.0;
+        c.anypoint_listen = self.anypoint_listen;
+        c.anypoint.lock_ttl_unit = self.anypoint_lock_ttl_unit;
+        c.anypoint.max_body_bytes = 10 * max_msg + (4 << 20);
         Ok(c)
     }
 }

@@ -7,6 +7,7 @@
 //! running (fail-stop: restart to recover from disk). Client commands: 0
 //! success, 1 refused by the server, 2 bad usage, 3 server unreachable.
 
+use std::io::Write as _;
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -119,6 +120,12 @@ async fn serve(args: ServeArgs) -> ExitCode {
     // tests started with port 0 read it.
     println!("letterbox listening on {}", server.local_addr());
     tracing::info!(addr = %server.local_addr(), "serving gRPC");
+    // With the Anypoint MQ facade on, its address is the second line.
+    if let Some(addr) = server.anypoint_addr() {
+        // A reader that stopped after the first line is no reason to fail.
+        let _ = writeln!(std::io::stdout(), "letterbox anypoint listening on {addr}");
+        tracing::info!(%addr, "serving the Anypoint MQ REST API");
+    }
     match server.serve(shutdown_signal()).await {
         Ok(()) => {
             tracing::info!("stopped cleanly");

@@ -929,14 +929,22 @@ async fn lease_holder_names_the_queue_and_message_of_a_current_lease_only() {
         .lease_holder("lockId", "not-a-token")
         .expect_err("malformed")
         .to_string();
-    assert!(err.contains("lockId") && err.contains("not-a-token"), "{err}");
+    assert!(
+        err.contains("lockId") && err.contains("not-a-token"),
+        "{err}"
+    );
     // A lease that ran out (before any sweep) is no longer held.
     env.clock.advance(10 * SECOND);
     assert_eq!(env.b().lease_holder("lockId", &token).expect("ok"), None);
     env.advance(0).await;
     let d = env.receive("q", 1).await.remove(0);
     let token2 = d.ack_token.clone().expect("token");
-    assert!(env.b().lease_holder("lockId", &token2).expect("ok").is_some());
+    assert!(
+        env.b()
+            .lease_holder("lockId", &token2)
+            .expect("ok")
+            .is_some()
+    );
     env.ack(&d).await;
     assert_eq!(env.b().lease_holder("lockId", &token2).expect("ok"), None);
 }

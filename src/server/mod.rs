@@ -22,6 +22,8 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tonic::transport::server::TcpIncoming;
 
+use crate::anypoint::AnypointOptions;
+use crate::auth::Authenticator;
 use crate::clock::Clock;
 use crate::pb::admin_service_server::AdminServiceServer;
 use crate::pb::messaging_service_server::MessagingServiceServer;
@@ -46,6 +48,12 @@ pub struct ServerConfig {
     /// How long a graceful shutdown waits for calls in flight (and for
     /// clients to close their connections) before closing them.
     pub shutdown_grace: Duration,
+    /// Who may do what (authentication off by default).
+    pub auth: Arc<Authenticator>,
+    /// Address of the Anypoint MQ REST facade, if it is on.
+    pub anypoint_listen: Option<SocketAddr>,
+    /// Settings of the Anypoint MQ REST facade.
+    pub anypoint: AnypointOptions,
 }
 
 impl ServerConfig {
@@ -58,6 +66,12 @@ impl ServerConfig {
             store: StoreOptions::default(),
             max_request_bytes: broker.max_message_size + (4 << 20),
             shutdown_grace: Duration::from_secs(10),
+            auth: Arc::new(Authenticator::disabled()),
+            anypoint_listen: None,
+            anypoint: AnypointOptions {
+                max_body_bytes: 10 * broker.max_message_size + (4 << 20),
+                ..AnypointOptions::default()
+            },
             broker,
         }
     }
@@ -94,6 +108,7 @@ pub struct Server {
     broker: Arc<Broker>,
     listener: TcpListener,
     addr: SocketAddr,
+    anypoint: Option<(TcpListener, SocketAddr)>,
     config: ServerConfig,
     report: OpenReport,
 }
@@ -129,10 +144,20 @@ impl Server {
             addr: config.listen,
             source,
         })?;
+        let anypoint = match config.anypoint_listen {
+            Some(at) => {
+                let bind = |source| ServerError::Bind { addr: at, source };
+                let l = TcpListener::bind(at).await.map_err(bind)?;
+                let a = l.local_addr().map_err(bind)?;
+                Some((l, a))
+            }
+            None => None,
+        };
         Ok(Server {
             broker: Arc::new(broker),
             listener,
             addr,
+            anypoint,
             config,
             report,
         })
@@ -141,6 +166,11 @@ impl Server {
     /// The bound address.
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The bound address of the Anypoint MQ REST facade, if it is on.
+    pub fn anypoint_addr(&self) -> Option<SocketAddr> {
+        self.anypoint.as_ref().map(|(_, a)| *a)
     }
 
     /// What recovery found.
@@ -160,6 +190,7 @@ impl Server {
         let Server {
             broker,
             listener,
+            anypoint,
             config,
             ..
         } = self;
@@ -168,7 +199,8 @@ impl Server {
             let _ = sweeper_stopped.await;
         }));
         let mut failure = broker.store().failure();
-        let (drain_tx, drain_rx) = tokio::sync::oneshot::channel::<()>();
+        let drain = tokio_util::sync::CancellationToken::new();
+        let drain_tx = drain.clone();
         let b = Arc::clone(&broker);
         let grace = config.shutdown_grace;
         // Resolves when the server must stop now: the shutdown request (or
@@ -179,9 +211,29 @@ impl Server {
                 _ = failure.wait_for(Option::is_some) => tracing::error!("storage failed: stopping"),
             }
             b.begin_shutdown();
-            let _ = drain_tx.send(());
+            drain_tx.cancel();
             tokio::time::sleep(grace).await;
         };
+        // The Anypoint MQ REST facade, on the same engine, drained with
+        // gRPC (its long polls end when the engine begins shutting down).
+        let rest = anypoint.map(|(l, at)| {
+            let app = crate::anypoint::router(
+                Arc::clone(&broker),
+                Arc::clone(&config.auth),
+                config.anypoint.clone(),
+            );
+            let stop = drain.clone();
+            (
+                drain.clone(),
+                tokio::spawn(async move {
+                    if let Err(e) =
+                        crate::anypoint::serve(l, app, async move { stop.cancelled().await }).await
+                    {
+                        tracing::error!(addr = %at, error = %e, "anypoint listener failed");
+                    }
+                }),
+            )
+        });
         let sessions = tokio_util::task::TaskTracker::new();
         let service = Service::new(Arc::clone(&broker), sessions.clone());
         let limit = config.max_request_bytes;
@@ -199,7 +251,7 @@ impl Server {
                     .max_encoding_message_size(usize::MAX),
             )
             .serve_with_incoming_shutdown(incoming, async move {
-                let _ = drain_rx.await;
+                drain.cancelled().await;
             });
         let served = tokio::select! {
             r = serving => r,
@@ -208,6 +260,16 @@ impl Server {
                 Ok(())
             }
         };
+        if let Some((stop, mut rest)) = rest {
+            // Calls in flight finish within the grace period (the drain
+            // began already unless gRPC stopped on its own).
+            stop.cancel();
+            if tokio::time::timeout(grace, &mut rest).await.is_err() {
+                tracing::warn!("anypoint calls still open after the grace period; closing them");
+                rest.abort();
+                let _ = rest.await;
+            }
+        }
         // Subscription sessions return their unsettled deliveries before
         // the store closes.
         sessions.close();
