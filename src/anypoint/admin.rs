@@ -55,6 +55,10 @@ pub(super) fn routes() -> Router<Arc<Api>> {
             axum::routing::delete(purge_queue),
         )
         .route(
+            &format!("{ADMIN}/destinations/queues/{{queue}}/fallback"),
+            put(fallback),
+        )
+        .route(
             &format!("{ADMIN}/destinations/exchanges/{{exchange}}"),
             put(put_exchange)
                 .get(get_exchange)
@@ -393,6 +397,18 @@ async fn patch_queue_v2(
     done(patch_queue(&api, p, &headers, body, true).await)
 }
 
+/// `PUT .../queues/{queue}/fallback`: cross-region failover has no
+/// meaning on one local server: 501, as the Admin API answers what a
+/// broker does not implement.
+async fn fallback(headers: HeaderMap, State(api): State<Arc<Api>>) -> Response {
+    done(api.caller(&headers).and_then(|_| {
+        Err(ApiError::new(
+            StatusCode::NOT_IMPLEMENTED,
+            "cross-region failover (fallback queues) is not supported by Letterbox",
+        ))
+    }))
+}
+
 async fn delete_queue(
     State(api): State<Arc<Api>>,
     p: Result<Path<Named>, PathRejection>,
@@ -660,8 +676,23 @@ fn binding_json(exchange: &str, queue: &str, filter: Option<&[(String, String)]>
     Value::Object(m)
 }
 
-fn with_rules(params: &[(String, String)]) -> bool {
-    param(params, "inclusion") == Some("all")
+/// `inclusion` of a binding read: `all` shows routing rules, `minimal`
+/// (the default) does not.
+fn with_rules(params: &[(String, String)]) -> Result<bool, ApiError> {
+    match param(params, "inclusion") {
+        None | Some("minimal") => Ok(false),
+        Some("all") => Ok(true),
+        Some(other) => Err(ApiError::bad(format!(
+            "inclusion {other:?} must be all or minimal"
+        ))),
+    }
+}
+
+/// A page of a listing, by `offset` and `limit` (20).
+fn page<T>(items: Vec<T>, params: &[(String, String)]) -> Result<Vec<T>, ApiError> {
+    let offset = count_param(params, "offset", 0)?;
+    let limit = count_param(params, "limit", 20)?;
+    Ok(items.into_iter().skip(offset).take(limit).collect())
 }
 
 /// `GET .../bindings/exchanges/{exchange}`: the queues bound to it.
@@ -674,13 +705,16 @@ async fn exchange_bindings(
     done((|| {
         let (_, _, _, name) = path(p)?;
         api.allowed(&headers, Action::Admin, &name)?;
-        let rules = with_rules(&query(q.as_deref()));
+        let params = query(q.as_deref());
+        let rules = with_rules(&params)?;
         let x = api.broker.get_exchange(&name).map_err(admin_err)?;
-        let out: Vec<Value> = x
+        let all: Vec<Value> = x
             .bindings
             .iter()
+            .filter(|(q, _)| q.starts_with(param(&params, "startsWith").unwrap_or("")))
             .map(|(q, f)| binding_json(&name, q, rules.then_some(f.as_slice())))
             .collect();
+        let out = page(all, &params)?;
         if out.is_empty() {
             return Ok(no_content());
         }
@@ -698,11 +732,14 @@ async fn queue_bindings(
     done((|| {
         let (_, _, _, name) = path(p)?;
         api.allowed(&headers, Action::Admin, &name)?;
-        let rules = with_rules(&query(q.as_deref()));
+        let params = query(q.as_deref());
+        let rules = with_rules(&params)?;
         api.broker.get_queue(&name).map_err(admin_err)?;
-        let out: Vec<Value> = api
+        let prefix = param(&params, "startsWith").unwrap_or("");
+        let all: Vec<Value> = api
             .all_exchanges()?
             .iter()
+            .filter(|x| x.name.starts_with(prefix))
             .filter_map(|x| {
                 x.bindings
                     .iter()
@@ -710,6 +747,7 @@ async fn queue_bindings(
                     .map(|(q, f)| binding_json(&x.name, q, rules.then_some(f.as_slice())))
             })
             .collect();
+        let out = page(all, &params)?;
         if out.is_empty() {
             return Ok(no_content());
         }
@@ -786,7 +824,7 @@ async fn get_binding(
     done((|| {
         let (_, _, _, exchange, queue) = path(p)?;
         api.binding_admin(&headers, &exchange, &queue)?;
-        let rules = with_rules(&query(q.as_deref()));
+        let rules = with_rules(&query(q.as_deref()))?;
         let f = api.binding(&exchange, &queue)?;
         Ok(json_response(
             StatusCode::OK,

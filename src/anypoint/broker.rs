@@ -42,11 +42,11 @@ pub(super) fn routes() -> Router<Arc<Api>> {
             &format!("{BASE}/messages"),
             put(publish_batch).get(consume).delete(ack_batch),
         )
-        // `locks` is a batch resource, and (with PUT, or DELETE with an
-        // object body) also a message id like any other.
+        // A static segment: a message whose id is `locks` is published and
+        // acknowledged through the batch calls.
         .route(
             &format!("{BASE}/messages/locks"),
-            patch(extend_batch).delete(locks_delete).put(publish_locks),
+            patch(extend_batch).delete(nack_batch),
         )
         .route(
             &format!("{BASE}/messages/{{id}}"),
@@ -111,12 +111,20 @@ async fn authorize(
             "client_id and client_secret are required (form fields, with grant_type=client_credentials)",
         ));
     };
-    if let Some(g) = get("grant_type")
-        && g != "client_credentials"
-    {
-        return Err(ApiError::bad(format!(
-            "grant_type {g:?} is not supported: use client_credentials"
-        )));
+    match get("grant_type") {
+        Some(g) if g == "client_credentials" => {}
+        Some(g) => {
+            return Err(ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                format!("grant_type {g:?} is not supported: use client_credentials"),
+            ));
+        }
+        None => {
+            return Err(ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "grant_type=client_credentials is required",
+            ));
+        }
     }
     // argon2 is slow on purpose: off the async workers.
     let auth = Arc::clone(&api.auth);
@@ -148,7 +156,19 @@ async fn authorize(
 
 impl Api {
     /// Publishes into a queue, or through an exchange of that name.
-    async fn publish(&self, dest: &str, msgs: Vec<NewMessage>) -> Result<Vec<Published>, ApiError> {
+    async fn publish(
+        &self,
+        dest: &str,
+        mut msgs: Vec<NewMessage>,
+    ) -> Result<Vec<Published>, ApiError> {
+        let queue = match self.broker.get_queue(dest) {
+            Ok(q) => Some(q),
+            Err(QueueError::NotFound { .. }) => None,
+            Err(e) => return Err(ApiError::from_queue(e)),
+        };
+        if !queue.as_ref().is_some_and(|q| q.config.kind.is_fifo()) {
+            msgs.iter_mut().for_each(message::ungroup);
+        }
         // The engine's own size check, first, so that a body too large is
         // answered 413 (the engine refuses it as RESOURCE_EXHAUSTED, like
         // a full queue).
@@ -162,22 +182,25 @@ impl Api {
                 });
             }
         }
-        match self.broker.publish(dest, msgs.clone()).await {
-            Err(QueueError::NotFound { kind: "queue", .. }) => self
+        if queue.is_some() {
+            return self
                 .broker
-                .publish_to_exchange(dest, msgs)
+                .publish(dest, msgs)
                 .await
-                .map_err(|e| match e {
-                    QueueError::NotFound {
-                        kind: "exchange", ..
-                    } => ApiError::new(
-                        StatusCode::NOT_FOUND,
-                        format!("Destination not found: {dest}"),
-                    ),
-                    other => ApiError::from_queue(other),
-                }),
-            r => r.map_err(ApiError::from_queue),
+                .map_err(ApiError::from_queue);
         }
+        self.broker
+            .publish_to_exchange(dest, msgs)
+            .await
+            .map_err(|e| match e {
+                QueueError::NotFound {
+                    kind: "exchange", ..
+                } => ApiError::new(
+                    StatusCode::NOT_FOUND,
+                    format!("Destination not found: {dest}"),
+                ),
+                other => ApiError::from_queue(other),
+            })
     }
 }
 
@@ -215,17 +238,6 @@ async fn publish_one(
 ) -> Result<Response, ApiError> {
     let (_, _, dest, id) = path(p)?;
     publish_single(&api, dest, id, &headers, body).await
-}
-
-/// `PUT .../messages/locks`: publish the message whose id is `locks`.
-async fn publish_locks(
-    State(api): State<Arc<Api>>,
-    p: Result<Path<Dest>, PathRejection>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    let (_, _, dest) = path(p)?;
-    publish_single(&api, dest, "locks".into(), &headers, body).await
 }
 
 async fn publish_single(
@@ -354,9 +366,14 @@ async fn consume(
     let params = query(q.as_deref());
     let wait = int_param(&params, "pollingTime", 0, limits::MAX_WAIT)?.unwrap_or(10_000);
     let batch = int_param(&params, "batchSize", 1, MAX_BATCH as u64)?.unwrap_or(1);
-    let ack_timeout = match int_param(&params, "lockTtl", 0, u64::MAX)? {
+    // The specification allows locks up to 24 hours, the rest of the
+    // Anypoint MQ documentation (and the engine) 12: longer ones are
+    // granted for 12 hours, so that clients that ask for more work as they
+    // do against Anypoint MQ.
+    let (min_lock, max_lock, _) = limits::ACK_TIMEOUT;
+    let ack_timeout = match int_param(&params, "lockTtl", 0, 86_400_000)? {
         None | Some(0) => None,
-        Some(ms) => Some(lock_ms("lockTtl", ms)?),
+        Some(ms) => Some(ms.clamp(min_lock, max_lock)),
     };
     let visibility = match param(&params, "payloadVisibility") {
         None | Some("full") => Visibility::Full,
@@ -399,11 +416,11 @@ enum Op {
     Extend,
 }
 
-/// One lock to settle; `ttl` (extend) in the request's unit.
+/// One lock to settle; `ttl_ms`: the new lock length of an extension.
 struct Item {
     message_id: String,
     lock_id: String,
-    ttl: Option<u64>,
+    ttl_ms: u64,
 }
 
 /// The outcome of one item: a success text, or an error.
@@ -418,23 +435,27 @@ fn expired(lock: &str) -> ApiError {
 }
 
 impl Api {
-    /// The lock length of an extension, in milliseconds.
-    fn extension_ms(&self, ttl: u64) -> Result<u64, ApiError> {
+    /// The lock length of an extension, in milliseconds, from the `ttl`
+    /// field `field` of a request.
+    fn extension_ms(&self, field: &str, ttl: &Value) -> Result<u64, ApiError> {
+        let ttl = message::integer(field, ttl)?;
         let ms = match self.opts.lock_ttl_unit {
             LockTtlUnit::Milliseconds => Some(ttl),
             LockTtlUnit::Seconds => ttl.checked_mul(1_000),
         };
         match ms {
-            Some(0) => Err(ApiError::bad("ttl must be at least 1")),
-            Some(ms) => lock_ms("ttl", ms),
-            None => Err(ApiError::bad(format!("ttl {ttl} s is out of range"))),
+            Some(0) => Err(ApiError::bad(format!("{field} must be at least 1"))),
+            Some(ms) => lock_ms(field, ms),
+            None => Err(ApiError::bad(format!("{field} {ttl} s is out of range"))),
         }
     }
 
     /// Settles locks of messages in the queue `dest`: each lock must be a
     /// current lease of that queue and of the message the item names.
     async fn settle(&self, dest: &str, op: Op, items: Vec<Item>) -> Result<Vec<Outcome>, ApiError> {
-        validate::batch("items", items.len()).map_err(ApiError::from_queue)?;
+        if !items.is_empty() {
+            validate::batch("items", items.len()).map_err(ApiError::from_queue)?;
+        }
         if let Err(e) = self.broker.get_queue(dest) {
             return Err(match e {
                 QueueError::NotFound { .. } => not_a_queue(self, dest, "messages are settled"),
@@ -446,13 +467,9 @@ impl Api {
         // (index of the outcome, token, extension ms)
         let mut todo: Vec<(usize, String, u64)> = Vec::new();
         for item in items {
-            let checked = self.check_lock(dest, &item).and_then(|()| match item.ttl {
-                Some(ttl) => self.extension_ms(ttl),
-                None => Ok(0),
-            });
-            let result = match checked {
-                Ok(ms) => {
-                    todo.push((outcomes.len(), item.lock_id.clone(), ms));
+            let result = match self.check_lock(dest, &item) {
+                Ok(()) => {
+                    todo.push((outcomes.len(), item.lock_id.clone(), item.ttl_ms));
                     Ok(String::new())
                 }
                 Err(e) => Err(e),
@@ -564,7 +581,7 @@ fn batch(outcomes: Vec<Outcome>) -> Response {
 fn string_field(v: &Value, at: &str, name: &str) -> Result<String, ApiError> {
     match v.get(name) {
         Some(Value::String(s)) => Ok(s.clone()),
-        None | Some(Value::Null) => Err(ApiError::bad(format!("{at}{name} is required"))),
+        None => Err(ApiError::bad(format!("{at}{name} is required"))),
         Some(other) => Err(ApiError::bad(format!(
             "{at}{name} must be a string, not {}",
             message::kind(other)
@@ -572,43 +589,43 @@ fn string_field(v: &Value, at: &str, name: &str) -> Result<String, ApiError> {
     }
 }
 
-fn ttl_field(v: &Value, at: &str) -> Result<u64, ApiError> {
-    match v.get("ttl") {
-        None | Some(Value::Null) => Err(ApiError::bad(format!("{at}ttl is required"))),
-        Some(t) => message::integer(&format!("{at}ttl"), t),
+impl Api {
+    /// The lock length of an extension request's `ttl`.
+    fn ttl_field(&self, v: &Value, at: &str) -> Result<u64, ApiError> {
+        match v.get("ttl") {
+            None => Err(ApiError::bad(format!("{at}ttl is required"))),
+            Some(t) => self.extension_ms(&format!("{at}ttl"), t),
+        }
     }
-}
 
-/// The items of a batch settle body: `[{messageId, lockId[, ttl]}, ...]`.
-fn batch_items(v: Value, with_ttl: bool) -> Result<Vec<Item>, ApiError> {
-    let Value::Array(list) = v else {
-        return Err(ApiError::bad(format!(
-            "a batch takes a JSON array of {{messageId, lockId{}}} objects, not {}",
-            if with_ttl { ", ttl" } else { "" },
-            message::kind(&v)
-        )));
-    };
-    list.iter()
-        .enumerate()
-        .map(|(i, v)| {
-            let at = format!("[{i}].");
-            if !v.is_object() {
-                return Err(ApiError::bad(format!(
-                    "[{i}] must be an object, not {}",
-                    message::kind(v)
-                )));
-            }
-            Ok(Item {
-                message_id: string_field(v, &at, "messageId")?,
-                lock_id: string_field(v, &at, "lockId")?,
-                ttl: if with_ttl {
-                    Some(ttl_field(v, &at)?)
-                } else {
-                    None
-                },
+    /// The items of a batch settle body: `[{messageId, lockId[, ttl]},
+    /// ...]`, every one well formed (else the request is refused).
+    fn batch_items(&self, v: Value, with_ttl: bool) -> Result<Vec<Item>, ApiError> {
+        let Value::Array(list) = v else {
+            return Err(ApiError::bad(format!(
+                "a batch takes a JSON array of {{messageId, lockId{}}} objects, not {}",
+                if with_ttl { ", ttl" } else { "" },
+                message::kind(&v)
+            )));
+        };
+        list.iter()
+            .enumerate()
+            .map(|(i, v)| {
+                let at = format!("[{i}].");
+                if !v.is_object() {
+                    return Err(ApiError::bad(format!(
+                        "[{i}] must be an object, not {}",
+                        message::kind(v)
+                    )));
+                }
+                Ok(Item {
+                    message_id: string_field(v, &at, "messageId")?,
+                    lock_id: string_field(v, &at, "lockId")?,
+                    ttl_ms: if with_ttl { self.ttl_field(v, &at)? } else { 0 },
+                })
             })
-        })
-        .collect()
+            .collect()
+    }
 }
 
 /// `DELETE .../messages/{id}` with `{"lockId": ...}`: acknowledge.
@@ -621,23 +638,18 @@ async fn ack_one(
     let (_, _, dest, id) = path(p)?;
     api.allowed(&headers, Action::Consume, &dest)?;
     let v = json_body(&body_bytes(body)?)?;
-    ack_single(&api, &dest, id, &v).await
-}
-
-async fn ack_single(api: &Api, dest: &str, id: String, v: &Value) -> Result<Response, ApiError> {
     if !v.is_object() {
         return Err(ApiError::bad(format!(
             "an ack takes {{\"lockId\": ...}}, not {}",
-            message::kind(v)
+            message::kind(&v)
         )));
     }
-    let lock_id = string_field(v, "", "lockId")?;
     let item = Item {
         message_id: id,
-        lock_id,
-        ttl: None,
+        lock_id: string_field(&v, "", "lockId")?,
+        ttl_ms: 0,
     };
-    single(api.settle(dest, Op::Ack, vec![item]).await?)
+    single(api.settle(&dest, Op::Ack, vec![item]).await?)
 }
 
 /// `DELETE .../messages` with `[{messageId, lockId}, ...]`: acknowledge a
@@ -650,7 +662,7 @@ async fn ack_batch(
 ) -> Result<Response, ApiError> {
     let (_, _, dest) = path(p)?;
     api.allowed(&headers, Action::Consume, &dest)?;
-    let items = batch_items(json_body(&body_bytes(body)?)?, false)?;
+    let items = api.batch_items(json_body(&body_bytes(body)?)?, false)?;
     Ok(batch(api.settle(&dest, Op::Ack, items).await?))
 }
 
@@ -665,14 +677,14 @@ async fn nack_one(
     let item = Item {
         message_id: id,
         lock_id: lock,
-        ttl: None,
+        ttl_ms: 0,
     };
     single(api.settle(&dest, Op::Nack, vec![item]).await?)
 }
 
-/// `DELETE .../messages/locks`: with an array, release a batch of locks;
-/// with an object, acknowledge the message whose id is `locks`.
-async fn locks_delete(
+/// `DELETE .../messages/locks` with `[{messageId, lockId}, ...]`: release
+/// a batch of locks.
+async fn nack_batch(
     State(api): State<Arc<Api>>,
     p: Result<Path<Dest>, PathRejection>,
     headers: HeaderMap,
@@ -680,11 +692,7 @@ async fn locks_delete(
 ) -> Result<Response, ApiError> {
     let (_, _, dest) = path(p)?;
     api.allowed(&headers, Action::Consume, &dest)?;
-    let v = json_body(&body_bytes(body)?)?;
-    if v.is_object() {
-        return ack_single(&api, &dest, "locks".into(), &v).await;
-    }
-    let items = batch_items(v, false)?;
+    let items = api.batch_items(json_body(&body_bytes(body)?)?, false)?;
     Ok(batch(api.settle(&dest, Op::Nack, items).await?))
 }
 
@@ -707,8 +715,8 @@ async fn extend_one(
     }
     let item = Item {
         message_id: id,
+        ttl_ms: api.ttl_field(&v, "")?,
         lock_id: lock,
-        ttl: Some(ttl_field(&v, "")?),
     };
     single(api.settle(&dest, Op::Extend, vec![item]).await?)
 }
@@ -722,6 +730,6 @@ async fn extend_batch(
 ) -> Result<Response, ApiError> {
     let (_, _, dest) = path(p)?;
     api.allowed(&headers, Action::Consume, &dest)?;
-    let items = batch_items(json_body(&body_bytes(body)?)?, true)?;
+    let items = api.batch_items(json_body(&body_bytes(body)?)?, true)?;
     Ok(batch(api.settle(&dest, Op::Extend, items).await?))
 }

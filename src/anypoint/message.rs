@@ -71,7 +71,7 @@ pub(crate) fn integer(field: &str, v: &Value) -> Result<u64, ApiError> {
 
 fn optional_string(field: &str, v: Option<&Value>) -> Result<Option<String>, ApiError> {
     match v {
-        None | Some(Value::Null) => Ok(None),
+        None => Ok(None),
         Some(Value::String(s)) => Ok(Some(s.clone())),
         Some(other) => Err(ApiError::bad(format!(
             "{field} must be a string, not {}",
@@ -82,7 +82,7 @@ fn optional_string(field: &str, v: Option<&Value>) -> Result<Option<String>, Api
 
 /// A message of a publish request. `at` prefixes field names in errors
 /// (`messages[2].`, or empty); `path_id` is the id in the path of a
-/// single publish (a `headers.messageId` must then agree with it).
+/// single publish (it wins over a `headers.messageId`).
 pub(crate) fn new_message(
     v: &Value,
     at: &str,
@@ -101,7 +101,7 @@ pub(crate) fn new_message(
     };
     let empty = Map::new();
     let headers = match obj.get("headers") {
-        None | Some(Value::Null) => &empty,
+        None => &empty,
         Some(Value::Object(h)) => h,
         Some(other) => {
             return Err(ApiError::bad(format!(
@@ -111,14 +111,10 @@ pub(crate) fn new_message(
         }
     };
     let header_id = optional_string(&format!("{at}headers.messageId"), headers.get("messageId"))?;
+    // The path names the message of a single publish.
     let message_id = match (header_id, path_id) {
-        (Some(h), Some(p)) if h != p => {
-            return Err(ApiError::bad(format!(
-                "{at}headers.messageId {h:?} differs from the message id {p:?} in the path"
-            )));
-        }
-        (Some(h), _) => h,
-        (None, Some(p)) => p.to_string(),
+        (_, Some(p)) => p.to_string(),
+        (Some(h), None) => h,
         (None, None) => {
             return Err(ApiError::bad(format!(
                 "{at}headers.messageId is required: Anypoint MQ clients choose their message ids"
@@ -131,7 +127,7 @@ pub(crate) fn new_message(
     )?;
     let millis = |name: &str| -> Result<Option<u64>, ApiError> {
         match headers.get(name) {
-            None | Some(Value::Null) => Ok(None),
+            None => Ok(None),
             Some(v) => integer(&format!("{at}headers.{name}"), v).map(Some),
         }
     };
@@ -140,7 +136,7 @@ pub(crate) fn new_message(
     let mut properties = Vec::new();
     let mut typed = Vec::new();
     match obj.get("properties") {
-        None | Some(Value::Null) => {}
+        None => {}
         Some(Value::Object(props)) => {
             for (k, v) in props {
                 if k == META_PROPERTY {
@@ -197,6 +193,29 @@ pub(crate) fn new_message(
     })
 }
 
+/// Turns a message's group into a header kept in [`META_PROPERTY`] (and
+/// returned to consumers): a standard queue (and so an exchange, which
+/// only standard queues are bound to) has no groups, and Anypoint MQ
+/// clients may send `messageGroupId` to any destination.
+pub(crate) fn ungroup(m: &mut NewMessage) {
+    let Some(group) = m.group_id.take() else {
+        return;
+    };
+    let mut meta = match m.properties.iter().position(|(k, _)| k == META_PROPERTY) {
+        Some(i) => {
+            let (_, text) = m.properties.remove(i);
+            match serde_json::from_str::<Value>(&text) {
+                Ok(Value::Object(o)) => o,
+                _ => Map::new(),
+            }
+        }
+        None => Map::new(),
+    };
+    meta.insert("messageGroupId".into(), Value::String(group));
+    m.properties
+        .push((META_PROPERTY.to_string(), Value::Object(meta).to_string()));
+}
+
 /// An instant (ms since the epoch) in RFC 1123 form, as HTTP dates are:
 /// `Sat, 01 Jan 2022 02:08:22 GMT`.
 pub(crate) fn rfc1123(ms: u64) -> String {
@@ -211,6 +230,7 @@ pub(crate) fn rfc1123(ms: u64) -> String {
 struct Meta {
     json: Vec<String>,
     delivery_delay: Option<u64>,
+    group: Option<String>,
 }
 
 fn meta(props: &[(String, String)]) -> Option<Meta> {
@@ -228,6 +248,10 @@ fn meta(props: &[(String, String)]) -> Option<Meta> {
     Some(Meta {
         json,
         delivery_delay: m.get("deliveryDelay").and_then(Value::as_u64),
+        group: m
+            .get("messageGroupId")
+            .and_then(Value::as_str)
+            .map(str::to_string),
     })
 }
 
@@ -261,7 +285,10 @@ pub(crate) fn delivery(d: Delivery, visibility: Visibility) -> Value {
             .to_string()
             .into(),
     );
-    if let Some(g) = d.group_id {
+    if let Some(g) = d
+        .group_id
+        .or_else(|| meta.as_ref().and_then(|m| m.group.clone()))
+    {
         headers.insert("messageGroupId".into(), g.into());
     }
     if let Some(delay) = meta.as_ref().and_then(|m| m.delivery_delay) {
@@ -372,13 +399,65 @@ mod tests {
             let e = new_message(&v, "messages[3].", None).expect_err("invalid");
             assert!(e.message.contains(needle), "{v}: {}", e.message);
         }
-        let e = new_message(
+        let m = new_message(
             &json!({"headers": {"messageId": "a"}, "body": ""}),
             "",
             Some("b"),
         )
-        .expect_err("mismatch");
-        assert!(e.message.contains("differs"), "{}", e.message);
+        .expect("valid");
+        assert_eq!(
+            m.message_id.as_deref(),
+            Some("b"),
+            "the path names the message"
+        );
+        let e = new_message(
+            &json!({"headers": {"messageId": "a"}, "properties": null, "body": ""}),
+            "",
+            None,
+        )
+        .expect_err("null is not an object");
+        assert!(
+            e.message.contains("properties must be an object, not null"),
+            "{}",
+            e.message
+        );
+    }
+
+    #[test]
+    fn a_group_on_a_standard_destination_is_a_header() {
+        let mut m = new_message(
+            &json!({"headers": {"messageId": "a", "messageGroupId": "g", "deliveryDelay": 5}, "body": ""}),
+            "",
+            None,
+        )
+        .expect("valid");
+        ungroup(&mut m);
+        assert_eq!(m.group_id, None);
+        let d = Delivery {
+            queue: "q".into(),
+            message_id: "a".into(),
+            body: Bytes::new(),
+            properties: m.properties.clone(),
+            ack_token: None,
+            delivery_count: 1,
+            published_at: 0,
+            first_delivered_at: 0,
+            enqueued_at: 0,
+            expires_at: 0,
+            lease_deadline: 0,
+            group_id: None,
+            dead_letters: Vec::new(),
+            attempts: Vec::new(),
+        };
+        let v = delivery(d, Visibility::Full);
+        assert_eq!(
+            (
+                &v["headers"]["messageGroupId"],
+                &v["headers"]["deliveryDelay"]
+            ),
+            (&json!("g"), &json!("5"))
+        );
+        assert_eq!(v["properties"], json!({}));
     }
 
     #[test]

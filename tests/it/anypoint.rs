@@ -506,7 +506,7 @@ async fn batch_nack_and_batch_lock_ttl_answer_per_item() {
             &format!("{}/messages/locks", Rest::dest("q")),
             Some(json!([
                 {"messageId": "a", "lockId": a, "ttl": 50_000},
-                {"messageId": "b", "lockId": b, "ttl": 50_000_000},
+                {"messageId": "b", "lockId": "not-a-lock", "ttl": 50_000},
             ])),
         )
         .await
@@ -517,7 +517,21 @@ async fn batch_nack_and_batch_lock_ttl_answer_per_item() {
         ext[1]["statusMessage"]
             .as_str()
             .unwrap()
-            .contains("12 hours")
+            .contains("not-a-lock is not a lock id")
+    );
+    // A ttl beyond 12 hours makes the request invalid.
+    rest.call(
+        Method::PATCH,
+        &format!("{}/messages/locks", Rest::dest("q")),
+        Some(json!([
+            {"messageId": "a", "lockId": a, "ttl": 1_000},
+            {"messageId": "b", "lockId": b, "ttl": 50_000_000},
+        ])),
+    )
+    .await
+    .failure(
+        400,
+        "[1].ttl 50000000 ms is more than 43200000 ms (12 hours)",
     );
     s.advance(20_000).await;
     // b ran out after 10 s and is ready again; a holds its 50 s lock.
@@ -914,6 +928,58 @@ async fn long_polls_wait_for_a_message_and_end_at_shutdown() {
 }
 
 #[tokio::test]
+async fn lock_lengths_and_groups_on_standard_queues() {
+    let s = facade().await;
+    let rest = client_of(&s).await;
+    rest.put_queue("q", json!({"defaultLockTtl": 30_000})).await;
+    let grouped =
+        |id: &str| json!({"headers": {"messageId": id, "messageGroupId": "g-1"}, "body": id});
+    rest.publish_batch("q", json!([grouped("a"), grouped("b"), grouped("c")]))
+        .await
+        .expect(200);
+    let mut grpc = s.clients().await;
+    let deadline = |grpc: &mut Clients, id: &'static str| {
+        let mut grpc = grpc.clone();
+        async move {
+            grpc.browse("q")
+                .await
+                .into_iter()
+                .find(|m| m.message_id == id)
+                .unwrap()
+                .lease_deadline_unix_ms
+        }
+    };
+    // No lockTtl (or 0): the queue's default lock.
+    let a = rest
+        .consume("q", "pollingTime=0&lockTtl=0")
+        .await
+        .expect(200);
+    assert_eq!(id(&a[0]), "a");
+    assert_eq!(
+        a[0]["headers"]["messageGroupId"], "g-1",
+        "a standard queue keeps a group as a header"
+    );
+    assert_eq!(deadline(&mut grpc, "a").await, T0 + 30_000);
+    // The specification allows 24 hours; a lock lasts at most 12.
+    rest.consume("q", "pollingTime=0&lockTtl=86400000")
+        .await
+        .expect(200);
+    assert_eq!(deadline(&mut grpc, "b").await, T0 + 12 * 60 * MINUTE);
+    // Below a second: one second.
+    rest.consume("q", "pollingTime=0&lockTtl=1")
+        .await
+        .expect(200);
+    assert_eq!(deadline(&mut grpc, "c").await, T0 + 1_000);
+    // A PATCH ttl below a second is a second too; 0 is refused.
+    rest.extend("q", "a", &lock(&a[0]), 5).await.expect(200);
+    assert_eq!(deadline(&mut grpc, "a").await, T0 + 1_000);
+    rest.extend("q", "a", &lock(&a[0]), 0)
+        .await
+        .failure(400, "ttl must be at least 1");
+    s.stop().await;
+}
+
+#[tokio::test]
 async fn errors_follow_the_shapes_and_codes_of_the_specs() {
     let s = InProc::start_with(|c| {
         c.anypoint_listen = Some("127.0.0.1:0".parse().unwrap());
@@ -941,7 +1007,7 @@ async fn errors_follow_the_shapes_and_codes_of_the_specs() {
             None,
         )
         .await;
-    r.failure(400, "grant_type \"password\"");
+    r.failure(401, "grant_type \"password\"");
     rest.authorize("app", "x").await.expect(200);
     // Destinations.
     rest.consume("nope", "pollingTime=0")
@@ -959,7 +1025,7 @@ async fn errors_follow_the_shapes_and_codes_of_the_specs() {
         ("pollingTime=20001", "pollingTime"),
         ("batchSize=11", "batchSize"),
         ("batchSize=0", "batchSize"),
-        ("lockTtl=86400000", "12 hours"),
+        ("lockTtl=86400001", "lockTtl"),
         ("payloadVisibility=some", "payloadVisibility"),
     ] {
         rest.consume("q", query).await.failure(400, needle);
