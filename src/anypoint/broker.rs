@@ -40,7 +40,10 @@ pub(super) fn routes() -> Router<Arc<Api>> {
         .route("/mq/admin/api/v1/authorize", post(authorize))
         .route(
             &format!("{BASE}/messages"),
-            put(publish_batch).get(consume).delete(ack_batch),
+            put(publish_batch)
+                .get(consume)
+                .head(no_head)
+                .delete(ack_batch),
         )
         // A static segment: a message whose id is `locks` is published and
         // acknowledged through the batch calls.
@@ -56,6 +59,21 @@ pub(super) fn routes() -> Router<Arc<Api>> {
             &format!("{BASE}/messages/{{id}}/locks/{{lock}}"),
             patch(extend_one).delete(nack_one),
         )
+}
+
+/// `HEAD .../messages`: refused. Served as a GET (axum's default) it would
+/// lock messages and return none of them.
+async fn no_head() -> Response {
+    let mut r = ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "HEAD is not an operation of .../messages: a consume is a GET",
+    )
+    .into_response();
+    r.headers_mut().insert(
+        header::ALLOW,
+        header::HeaderValue::from_static("GET,PUT,DELETE"),
+    );
+    r
 }
 
 /// Path parameters, or a 400 naming what is wrong with them.

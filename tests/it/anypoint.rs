@@ -1122,6 +1122,17 @@ async fn errors_follow_the_shapes_and_codes_of_the_specs() {
     rest.call(Method::POST, &format!("{}/messages", Rest::dest("q")), None)
         .await
         .failure(405, "POST is not an operation");
+    // A HEAD of the messages would lock them unseen: refused.
+    rest.publish("q", "h", msg("h", "x")).await.expect(201);
+    let head = rest
+        .call(
+            Method::HEAD,
+            &format!("{}/messages?pollingTime=0", Rest::dest("q")),
+            None,
+        )
+        .await;
+    assert_eq!(head.status, 405);
+    assert_eq!(grpc.stats("q").await.in_flight, 0, "nothing was locked");
     s.stop().await;
 }
 
