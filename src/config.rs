@@ -123,6 +123,20 @@ pub struct ServeArgs {
     /// network).
     #[arg(long, env = "LETTERBOX_METRICS_LISTEN")]
     pub metrics_listen: Option<SocketAddr>,
+    /// Address for the Anypoint MQ compatible REST API (off unless given;
+    /// port 0 picks a free port, printed on the second line of standard
+    /// output).
+    #[arg(long, env = "LETTERBOX_ANYPOINT_LISTEN")]
+    pub anypoint_listen: Option<SocketAddr>,
+    /// Unit of the `ttl` of the Anypoint lock-TTL PATCH calls (the
+    /// specification says seconds; the rest of the API is milliseconds).
+    #[arg(
+        long,
+        env = "LETTERBOX_ANYPOINT_LOCK_TTL_UNIT",
+        value_enum,
+        default_value = "ms"
+    )]
+    pub anypoint_lock_ttl_unit: crate::anypoint::LockTtlUnit,
     /// Principals, from the configuration file only.
     #[arg(skip)]
     pub principals: Vec<PrincipalConfig>,
@@ -187,6 +201,7 @@ impl ServeArgs {
                 self.listen
             ));
         }
+        let auth_on = auth.is_enabled();
         c.auth = Arc::new(auth);
         c.metrics_listen = self.metrics_listen;
         if self.max_concurrent_streams == 0 {
@@ -203,6 +218,18 @@ impl ServeArgs {
             concurrency_per_connection: self.max_calls_per_connection,
             request_timeout: self.request_timeout.0,
         };
+        if let Some(a) = self.anypoint_listen
+            && !auth_on
+            && !a.ip().is_loopback()
+            && !self.allow_remote_without_auth
+        {
+            return Err(format!(
+                "--anypoint-listen / LETTERBOX_ANYPOINT_LISTEN: {a} is not a loopback address and no principals are configured; configure principals in the --config file, or pass --allow-remote-without-auth"
+            ));
+        }
+        c.anypoint_listen = self.anypoint_listen;
+        c.anypoint.lock_ttl_unit = self.anypoint_lock_ttl_unit;
+        c.anypoint.max_body_bytes = 10 * max_msg + (4 << 20);
         Ok(c)
     }
 

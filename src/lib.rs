@@ -11,11 +11,14 @@
 //!   mapping; `serve` runs them.
 //! - [`pb`]: the generated protobuf types of `letterbox.v1`.
 //! - [`cli`]: the command-line client, over [`client`] only.
+//! - [`anypoint`]: the optional Anypoint MQ compatible REST facade (Broker
+//!   API, an Admin and Stats subset) over the same engine.
 //! - [`auth`]: principals, credentials and grants (who may do what).
 //! - [`clock`]: wall-clock time, injectable for tests.
 //! - [`client`]: the Rust client library (over [`pb`] only): calls,
 //!   batching publisher, subscriptions, the subscriber with its strategies,
 //!   ack modes and circuit breaker.
+pub mod anypoint;
 pub mod auth;
 pub mod cli;
 pub mod client;

@@ -203,6 +203,11 @@ async fn serve(args: ServeArgs) -> ExitCode {
     // tests started with port 0 read it.
     announce(&format!("letterbox listening on {}", server.local_addr()));
     tracing::info!(addr = %server.local_addr(), "serving gRPC");
+    // With the Anypoint MQ facade on, its address is the second line.
+    if let Some(addr) = server.anypoint_addr() {
+        announce(&format!("letterbox anypoint listening on {addr}"));
+        tracing::info!(%addr, "serving the Anypoint MQ REST API");
+    }
     if let Some(m) = server.metrics_addr() {
         announce(&format!("letterbox metrics on http://{m}/metrics"));
         tracing::info!(addr = %m, "serving metrics");

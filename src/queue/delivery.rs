@@ -11,7 +11,7 @@ use crate::storage::Key;
 use crate::storage::records::LeaseRecord;
 
 use super::error::{QueueError, Result};
-use super::model::{AttemptOutcome, Delivery, Nack, ReceiveOptions, Settled};
+use super::model::{AttemptOutcome, Delivery, LeasedMessage, Nack, ReceiveOptions, Settled};
 use super::state::{EntryState, QueueState};
 use super::token::AckToken;
 use super::{Broker, Change, State, durable, persist, validate};
@@ -215,6 +215,8 @@ impl Broker {
                 delivery_count: p.meta.delivery_count,
                 published_at: payload.published_at,
                 first_delivered_at: p.meta.first_delivered_at,
+                enqueued_at: p.meta.enqueued_at,
+                expires_at: p.meta.expires_at,
                 lease_deadline: p.deadline,
                 group_id: p.meta.group.clone(),
                 dead_letters: persist::dead_letters(&p.meta),
@@ -380,6 +382,34 @@ impl Broker {
 }
 
 impl Broker {
+    /// The message whose current, unexpired lease `token` is: its queue,
+    /// its id and the deadline; `None` when the token is well formed but
+    /// not (or no longer) a current lease. Lets a caller that names the
+    /// queue and message besides the token (the Anypoint REST paths) check
+    /// that they agree before settling, and authorize on the queue. A
+    /// message's queue and id never change while it is leased, so the
+    /// answer stays true until the lease ends.
+    pub fn lease_holder(&self, field: &str, token: &str) -> Result<Option<LeasedMessage>> {
+        let t = AckToken::parse(field, token)?;
+        let now = self.now();
+        let st = self.lock();
+        if current_lease(&st, &t, now).is_err() {
+            return Ok(None);
+        }
+        let Some(q) = st.queues.get(&t.qid) else {
+            return Ok(None);
+        };
+        let Some(e) = q.msgs.get(&t.pos) else {
+            return Ok(None);
+        };
+        let meta = self.meta(t.qid, t.pos)?;
+        Ok(Some(LeasedMessage {
+            queue: q.name.clone(),
+            message_id: meta.message_id,
+            deadline: e.due,
+        }))
+    }
+
     /// A receiver that changes whenever messages may have become
     /// deliverable in the queue (publish, nack, expiry, a delay ending) or
     /// the engine starts shutting down. Subscribe before trying to receive,

@@ -298,6 +298,10 @@ pub struct Delivery {
     pub published_at: u64,
     /// First delivery from this queue.
     pub first_delivered_at: u64,
+    /// When it entered this queue (published, dead-lettered or redriven).
+    pub enqueued_at: u64,
+    /// When its time to live runs out.
+    pub expires_at: u64,
     /// Lease deadline (0 for auto-ack).
     pub lease_deadline: u64,
     /// FIFO group.
@@ -306,6 +310,17 @@ pub struct Delivery {
     pub dead_letters: Vec<DeadLetter>,
     /// Recent failed attempts.
     pub attempts: Vec<Attempt>,
+}
+
+/// The message a current lease is on (see [`crate::queue::Broker::lease_holder`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeasedMessage {
+    /// The queue the message is in.
+    pub queue: String,
+    /// Its id.
+    pub message_id: String,
+    /// The lease deadline.
+    pub deadline: u64,
 }
 
 /// One delivery to reject.

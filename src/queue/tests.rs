@@ -838,3 +838,113 @@ async fn fifo_refuses_per_message_delays_and_standard_refuses_groups() {
     assert!(err.contains("messages[0].group_id"), "{err}");
     assert_eq!(env.stats("f").total + env.stats("s").total, 0);
 }
+
+#[tokio::test]
+async fn fifo_dedups_client_message_ids_over_the_window_even_after_consumption() {
+    let mut env = Env::new();
+    // The default window: 5 minutes, Anypoint MQ's FIFO dedup rule.
+    env.create("f", fifo(QueueConfigInput::default())).await;
+    let m = |id: &str, body: &'static str| NewMessage {
+        message_id: Some(id.into()),
+        body: Bytes::from_static(body.as_bytes()),
+        group_id: Some("g".into()),
+        ..Default::default()
+    };
+    let first = env
+        .b()
+        .publish("f", vec![m("order-1", "first"), m("order-1", "again")])
+        .await
+        .expect("publish");
+    assert!(!first[0].duplicate && first[1].duplicate);
+    let d = env.receive("f", 10).await;
+    assert_eq!(d.len(), 1, "the repeat in the batch was not stored");
+    assert_eq!(body(&d[0]), "first");
+    env.ack(&d[0]).await;
+    assert_eq!(env.stats("f").total, 0);
+    env.crash();
+    env.advance(4 * MINUTE).await;
+    let again = env
+        .b()
+        .publish("f", vec![m("order-1", "late repeat")])
+        .await
+        .expect("publish");
+    assert!(
+        again[0].duplicate,
+        "consumed, crashed, but still within 5 minutes"
+    );
+    assert_eq!(again[0].message_id, "order-1");
+    assert_eq!(env.stats("f").total, 0, "nothing stored");
+    env.advance(MINUTE).await;
+    let later = env
+        .b()
+        .publish("f", vec![m("order-1", "new")])
+        .await
+        .expect("publish");
+    assert!(!later[0].duplicate, "the window ran out");
+    assert_eq!(body(&env.receive("f", 1).await[0]), "new");
+}
+
+#[tokio::test]
+async fn lease_holder_names_the_queue_and_message_of_a_current_lease_only() {
+    let env = Env::new();
+    env.create(
+        "q",
+        QueueConfigInput {
+            ack_timeout: Some(10 * SECOND),
+            message_ttl: Some(HOUR),
+            ..Default::default()
+        },
+    )
+    .await;
+    env.b()
+        .publish(
+            "q",
+            vec![NewMessage {
+                message_id: Some("m-1".into()),
+                body: Bytes::from_static(b"x"),
+                ..Default::default()
+            }],
+        )
+        .await
+        .expect("publish");
+    env.clock.advance(5);
+    let d = env.receive("q", 1).await.remove(0);
+    assert_eq!((d.enqueued_at, d.expires_at), (T0, T0 + HOUR));
+    let token = d.ack_token.clone().expect("token");
+    let held = env
+        .b()
+        .lease_holder("lockId", &token)
+        .expect("well formed")
+        .expect("current");
+    assert_eq!(
+        held,
+        LeasedMessage {
+            queue: "q".into(),
+            message_id: "m-1".into(),
+            deadline: T0 + 5 + 10 * SECOND,
+        }
+    );
+    let err = env
+        .b()
+        .lease_holder("lockId", "not-a-token")
+        .expect_err("malformed")
+        .to_string();
+    assert!(
+        err.contains("lockId") && err.contains("not-a-token"),
+        "{err}"
+    );
+    // A lease that ran out (before any sweep) is no longer held.
+    env.clock.advance(10 * SECOND);
+    assert_eq!(env.b().lease_holder("lockId", &token).expect("ok"), None);
+    env.advance(0).await;
+    let d = env.receive("q", 1).await.remove(0);
+    let token2 = d.ack_token.clone().expect("token");
+    assert!(
+        env.b()
+            .lease_holder("lockId", &token2)
+            .expect("ok")
+            .is_some()
+    );
+    env.ack(&d).await;
+    assert_eq!(env.b().lease_holder("lockId", &token2).expect("ok"), None);
+}

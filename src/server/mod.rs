@@ -25,6 +25,7 @@ use tokio::net::TcpListener;
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 
+use crate::anypoint::AnypointOptions;
 use crate::auth::Authenticator;
 use crate::clock::Clock;
 use crate::pb::admin_service_server::AdminServiceServer;
@@ -58,6 +59,10 @@ pub struct ServerConfig {
     pub limits: Limits,
     /// Address of the Prometheus endpoint (`/metrics`), off when `None`.
     pub metrics_listen: Option<SocketAddr>,
+    /// Address of the Anypoint MQ REST facade, if it is on.
+    pub anypoint_listen: Option<SocketAddr>,
+    /// Settings of the Anypoint MQ REST facade.
+    pub anypoint: AnypointOptions,
 }
 
 /// TLS settings of the gRPC listener (PEM contents).
@@ -120,6 +125,11 @@ impl ServerConfig {
             tls: None,
             limits: Limits::default(),
             metrics_listen: None,
+            anypoint_listen: None,
+            anypoint: AnypointOptions {
+                max_body_bytes: 10 * broker.max_message_size + (4 << 20),
+                ..AnypointOptions::default()
+            },
             broker,
         }
     }
@@ -176,6 +186,7 @@ pub struct Server {
     listener: TcpListener,
     addr: SocketAddr,
     metrics: Option<(TcpListener, SocketAddr)>,
+    anypoint: Option<(TcpListener, SocketAddr)>,
     config: ServerConfig,
     report: OpenReport,
 }
@@ -211,6 +222,15 @@ impl Server {
             addr: config.listen,
             source,
         })?;
+        let anypoint = match config.anypoint_listen {
+            Some(at) => {
+                let bind = |source| ServerError::Bind { addr: at, source };
+                let l = TcpListener::bind(at).await.map_err(bind)?;
+                let a = l.local_addr().map_err(bind)?;
+                Some((l, a))
+            }
+            None => None,
+        };
         let metrics = match config.metrics_listen {
             Some(at) => {
                 let bind_err = |source| ServerError::Bind { addr: at, source };
@@ -225,6 +245,7 @@ impl Server {
             listener,
             addr,
             metrics,
+            anypoint,
             config,
             report,
         })
@@ -233,6 +254,11 @@ impl Server {
     /// The bound address.
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The bound address of the Anypoint MQ REST facade, if it is on.
+    pub fn anypoint_addr(&self) -> Option<SocketAddr> {
+        self.anypoint.as_ref().map(|(_, a)| *a)
     }
 
     /// The bound address of the metrics endpoint, if it is on.
@@ -257,6 +283,7 @@ impl Server {
         let Server {
             broker,
             listener,
+            anypoint,
             config,
             metrics,
             report,
@@ -287,7 +314,8 @@ impl Server {
                 .await;
         }
         let mut failure = broker.store().failure();
-        let (drain_tx, drain_rx) = tokio::sync::oneshot::channel::<()>();
+        let drain = tokio_util::sync::CancellationToken::new();
+        let drain_tx = drain.clone();
         let b = Arc::clone(&broker);
         let grace = config.shutdown_grace;
         // Resolves when the server must stop now: the shutdown request (or
@@ -304,9 +332,29 @@ impl Server {
                     .set_service_status(name, tonic_health::ServingStatus::NotServing)
                     .await;
             }
-            let _ = drain_tx.send(());
+            drain_tx.cancel();
             tokio::time::sleep(grace).await;
         };
+        // The Anypoint MQ REST facade, on the same engine, drained with
+        // gRPC (its long polls end when the engine begins shutting down).
+        let rest = anypoint.map(|(l, at)| {
+            let app = crate::anypoint::router(
+                Arc::clone(&broker),
+                Arc::clone(&config.auth),
+                config.anypoint.clone(),
+            );
+            let stop = drain.clone();
+            (
+                drain.clone(),
+                tokio::spawn(async move {
+                    if let Err(e) =
+                        crate::anypoint::serve(l, app, async move { stop.cancelled().await }).await
+                    {
+                        tracing::error!(addr = %at, error = %e, "anypoint listener failed");
+                    }
+                }),
+            )
+        });
         let sessions = tokio_util::task::TaskTracker::new();
         let service = Service::new(
             Arc::clone(&broker),
@@ -351,7 +399,7 @@ impl Server {
                     .max_encoding_message_size(usize::MAX),
             )
             .serve_with_incoming_shutdown(incoming, async move {
-                let _ = drain_rx.await;
+                drain.cancelled().await;
             });
         let served = tokio::select! {
             r = serving => r,
@@ -360,6 +408,16 @@ impl Server {
                 Ok(())
             }
         };
+        if let Some((stop, mut rest)) = rest {
+            // Calls in flight finish within the grace period (the drain
+            // began already unless gRPC stopped on its own).
+            stop.cancel();
+            if tokio::time::timeout(grace, &mut rest).await.is_err() {
+                tracing::warn!("anypoint calls still open after the grace period; closing them");
+                rest.abort();
+                let _ = rest.await;
+            }
+        }
         // Subscription sessions return their unsettled deliveries before
         // the store closes.
         sessions.close();

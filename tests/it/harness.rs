@@ -45,6 +45,8 @@ pub struct TestServer {
     dir: tempfile::TempDir,
     child: Option<Child>,
     pub addr: SocketAddr,
+    /// The Anypoint MQ REST address, when started with `--anypoint-listen`.
+    pub anypoint: Option<SocketAddr>,
     args: Vec<String>,
 }
 
@@ -56,7 +58,7 @@ impl TestServer {
     pub async fn start_with(args: &[&str]) -> TestServer {
         let dir = tempfile::tempdir().expect("tempdir");
         let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-        let (child, addr) = spawn(
+        let (child, addr, anypoint) = spawn_full(
             &dir.path().join("data"),
             &dir.path().join("server.log"),
             &args,
@@ -66,6 +68,7 @@ impl TestServer {
             dir,
             child: Some(child),
             addr,
+            anypoint,
             args,
         }
     }
@@ -108,7 +111,7 @@ impl TestServer {
     /// Starts again on the same data directory (after `kill` or `stop`).
     pub async fn restart(&mut self) {
         assert!(self.child.is_none(), "stop or kill first");
-        let (child, addr) = spawn(
+        let (child, addr, anypoint) = spawn_full(
             &self.data_dir(),
             &self.dir.path().join("server.log"),
             &self.args,
@@ -116,6 +119,7 @@ impl TestServer {
         .expect("server restarts");
         self.child = Some(child);
         self.addr = addr;
+        self.anypoint = anypoint;
     }
 }
 
@@ -128,6 +132,16 @@ impl Drop for TestServer {
 /// Starts the binary; returns it and the address from its first line of
 /// output, or what it printed if it exited instead.
 pub fn spawn(data: &Path, log: &Path, args: &[String]) -> Result<(Child, SocketAddr), String> {
+    spawn_full(data, log, args).map(|(c, a, _)| (c, a))
+}
+
+/// [`spawn`], also reading the Anypoint MQ REST address from the second
+/// line when `args` turn it on.
+pub fn spawn_full(
+    data: &Path,
+    log: &Path,
+    args: &[String],
+) -> Result<(Child, SocketAddr, Option<SocketAddr>), String> {
     let log_file = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -155,10 +169,21 @@ pub fn spawn(data: &Path, log: &Path, args: &[String]) -> Result<(Child, SocketA
         .spawn()
         .expect("spawn letterbox");
     let stdout = child.stdout.take().expect("stdout");
+    let mut reader = BufReader::new(stdout);
     let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line).expect("read");
+    reader.read_line(&mut line).expect("read");
+    let anypoint = if args.iter().any(|a| a.starts_with("--anypoint-listen")) {
+        let mut second = String::new();
+        reader.read_line(&mut second).expect("read");
+        second
+            .trim()
+            .strip_prefix("letterbox anypoint listening on ")
+            .map(|a| a.parse().expect("address"))
+    } else {
+        None
+    };
     match line.trim().strip_prefix("letterbox listening on ") {
-        Some(addr) => Ok((child, addr.parse().expect("address"))),
+        Some(addr) => Ok((child, addr.parse().expect("address"), anypoint)),
         None => {
             let status = child.wait().expect("wait");
             Err(format!(
@@ -173,6 +198,8 @@ pub fn spawn(data: &Path, log: &Path, args: &[String]) -> Result<(Child, SocketA
 pub struct InProc {
     pub clock: Arc<ManualClock>,
     pub addr: SocketAddr,
+    /// The Anypoint MQ REST address, when the configuration turned it on.
+    pub anypoint: Option<SocketAddr>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<()>>,
     _dir: tempfile::TempDir,
@@ -182,6 +209,11 @@ pub const T0: u64 = 1_700_000_000_000;
 
 impl InProc {
     pub async fn start() -> InProc {
+        InProc::start_with(|_| {}).await
+    }
+
+    /// Starts with the test defaults changed by `change`.
+    pub async fn start_with(change: impl FnOnce(&mut ServerConfig)) -> InProc {
         let dir = tempfile::tempdir().expect("tempdir");
         let clock = Arc::new(ManualClock::new(T0));
         let mut config = ServerConfig::new(
@@ -191,8 +223,10 @@ impl InProc {
         config.store.segment_size = 1 << 20;
         config.store.min_free_bytes = 0;
         config.broker.sweep_interval = Duration::from_millis(10);
+        change(&mut config);
         let server = Server::start(config, clock.clone()).await.expect("start");
         let addr = server.local_addr();
+        let anypoint = server.anypoint_addr();
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(async move {
             server
@@ -205,6 +239,7 @@ impl InProc {
         InProc {
             clock,
             addr,
+            anypoint,
             stop: Some(tx),
             task: Some(task),
             _dir: dir,

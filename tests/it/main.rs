@@ -2,6 +2,7 @@
 #![allow(clippy::unwrap_used, missing_docs, unreachable_pub)]
 
 mod admin;
+mod anypoint;
 mod cli;
 mod client;
 mod clock;

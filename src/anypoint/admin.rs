@@ -1,0 +1,1008 @@
+//! The Admin API subset a developer needs locally, and the real-time
+//! queue Stats call.
+//!
+//! Admin: `/mq/admin/api/v1/organizations/{org}/environments/{env}/
+//! regions/{region}/...` (any ids): list destinations; create or replace
+//! (idempotent `PUT`), read, change (`PATCH`, v1 and v2) and delete
+//! queues; purge; exchanges; bindings and their routing rules (string
+//! equality, the one kind of filter Letterbox bindings have). Stats:
+//! `/mq/stats/api/v1/.../regions/{region}/queues?destinationIds=a,b`.
+//!
+//! Queues and exchanges share one namespace in Anypoint MQ
+//! (destinations); the facade refuses to create one under the name of the
+//! other. Errors are `{"message": ...}`, as in the Admin specification.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, PathRejection};
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, patch, put};
+use serde_json::{Map, Value, json};
+
+use super::error::ApiError;
+use super::message::{integer, kind};
+use super::{Api, body_bytes, json_body, json_response, param, query};
+use crate::auth::Action;
+use crate::queue::QueueError;
+use crate::queue::exchange::ExchangeInfo;
+use crate::queue::model::{QueueConfigInput, QueueInfo, QueueKind, QueueRemovals};
+use crate::queue::validate::limits;
+
+const ADMIN: &str = "/mq/admin/api/v1/organizations/{org}/environments/{env}/regions/{region}";
+const ADMIN_V2: &str = "/mq/admin/api/v2/organizations/{org}/environments/{env}/regions/{region}";
+const STATS: &str = "/mq/stats/api/v1/organizations/{org}/environments/{env}/regions/{region}";
+
+pub(super) fn routes() -> Router<Arc<Api>> {
+    Router::new()
+        .route(&format!("{ADMIN}/destinations"), get(list_destinations))
+        .route(
+            &format!("{ADMIN}/destinations/queues/{{queue}}"),
+            put(put_queue)
+                .get(get_queue)
+                .patch(patch_queue_v1)
+                .delete(delete_queue),
+        )
+        .route(
+            &format!("{ADMIN_V2}/destinations/queues/{{queue}}"),
+            patch(patch_queue_v2),
+        )
+        .route(
+            &format!("{ADMIN}/destinations/queues/{{queue}}/messages"),
+            axum::routing::delete(purge_queue),
+        )
+        .route(
+            &format!("{ADMIN}/destinations/queues/{{queue}}/fallback"),
+            put(fallback),
+        )
+        .route(
+            &format!("{ADMIN}/destinations/exchanges/{{exchange}}"),
+            put(put_exchange)
+                .get(get_exchange)
+                .patch(get_exchange_patch)
+                .delete(delete_exchange),
+        )
+        .route(
+            &format!("{ADMIN}/bindings/exchanges/{{exchange}}"),
+            get(exchange_bindings),
+        )
+        .route(
+            &format!("{ADMIN}/bindings/queues/{{queue}}"),
+            get(queue_bindings),
+        )
+        .route(
+            &format!("{ADMIN}/bindings/exchanges/{{exchange}}/queues/{{queue}}"),
+            put(put_binding).get(get_binding).delete(delete_binding),
+        )
+        .route(
+            &format!("{ADMIN}/bindings/exchanges/{{exchange}}/queues/{{queue}}/rules/routing"),
+            put(put_rules).delete(delete_rules),
+        )
+        .route(&format!("{STATS}/queues"), get(queue_stats))
+}
+
+type Region = (String, String, String);
+type Named = (String, String, String, String);
+type Pair = (String, String, String, String, String);
+
+/// The Admin API's answer to a result.
+fn done(r: Result<Response, ApiError>) -> Response {
+    r.unwrap_or_else(|e| e.admin().into_response())
+}
+
+fn path<T>(p: Result<Path<T>, PathRejection>) -> Result<T, ApiError> {
+    p.map(|Path(t)| t)
+        .map_err(|r| ApiError::bad(format!("bad path: {}", r.body_text())))
+}
+
+/// An engine error in the Admin API's words (`queue not found: q`).
+fn admin_err(e: QueueError) -> ApiError {
+    match e {
+        QueueError::NotFound { kind, name } => {
+            ApiError::new(StatusCode::NOT_FOUND, format!("{kind} not found: {name}"))
+        }
+        other => ApiError::from_queue(other),
+    }
+}
+
+fn no_content() -> Response {
+    StatusCode::NO_CONTENT.into_response()
+}
+
+/// A JSON object body; an empty body is an empty object.
+fn object_body(b: Result<Bytes, BytesRejection>) -> Result<Map<String, Value>, ApiError> {
+    let b = body_bytes(b)?;
+    if b.iter().all(u8::is_ascii_whitespace) {
+        return Ok(Map::new());
+    }
+    match json_body(&b)? {
+        Value::Object(m) => Ok(m),
+        other => Err(ApiError::bad(format!(
+            "the request body must be a JSON object, not {}",
+            kind(&other)
+        ))),
+    }
+}
+
+// ---- queues ----------------------------------------------------------------
+
+fn queue_json(q: &QueueInfo) -> Value {
+    let c = &q.config;
+    let mut m = Map::new();
+    m.insert("type".into(), "queue".into());
+    m.insert("queueId".into(), q.name.clone().into());
+    m.insert("fifo".into(), c.kind.is_fifo().into());
+    m.insert("encrypted".into(), false.into());
+    m.insert("defaultTtl".into(), c.message_ttl.into());
+    m.insert("defaultLockTtl".into(), c.ack_timeout.into());
+    m.insert("defaultDeliveryDelay".into(), c.delivery_delay.into());
+    m.insert("isFallback".into(), false.into());
+    if let Some(dl) = &c.dead_letter {
+        m.insert("deadLetterQueueId".into(), dl.queue.clone().into());
+        m.insert("maxDeliveries".into(), dl.max_deliveries.into());
+    }
+    if !q.dead_letter_sources.is_empty() {
+        m.insert(
+            "deadLetterSources".into(),
+            q.dead_letter_sources.clone().into(),
+        );
+    }
+    Value::Object(m)
+}
+
+/// The queue fields of an Admin request body.
+#[derive(Debug, Default)]
+struct QueueBody {
+    ttl: Option<u64>,
+    lock_ttl: Option<u64>,
+    delay: Option<u64>,
+    fifo: Option<bool>,
+    dlq: Option<String>,
+    max_deliveries: Option<u32>,
+}
+
+fn queue_body(m: &Map<String, Value>, name: &str) -> Result<QueueBody, ApiError> {
+    let num = |k: &str| -> Result<Option<u64>, ApiError> {
+        match m.get(k) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => integer(k, v).map(Some),
+        }
+    };
+    let flag = |k: &str| -> Result<Option<bool>, ApiError> {
+        match m.get(k) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(other) => Err(ApiError::bad(format!(
+                "{k} must be true or false, not {}",
+                kind(other)
+            ))),
+        }
+    };
+    match m.get("queueId") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(id)) if id == name => {}
+        Some(other) => {
+            return Err(ApiError::bad(format!(
+                "queueId {other} differs from the queue {name:?} of the path"
+            )));
+        }
+    }
+    if flag("isFallback")? == Some(true) {
+        return Err(ApiError::new(
+            StatusCode::NOT_IMPLEMENTED,
+            "fallback queues (cross-region failover) are not supported by Letterbox",
+        ));
+    }
+    // `encrypted` is accepted and has no effect: Letterbox does not
+    // encrypt messages at rest, and says so (`"encrypted": false`).
+    flag("encrypted")?;
+    let dlq = match m.get("deadLetterQueueId") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(other) => {
+            return Err(ApiError::bad(format!(
+                "deadLetterQueueId must be a string, not {}",
+                kind(other)
+            )));
+        }
+    };
+    let max_deliveries = match num("maxDeliveries")? {
+        None => None,
+        Some(n) => {
+            let (lo, hi, _) = limits::MAX_DELIVERIES;
+            match u32::try_from(n) {
+                Ok(n) if (lo..=hi).contains(&n) => Some(n),
+                _ => {
+                    return Err(ApiError::bad(format!(
+                        "maxDeliveries {n} must be between {lo} and {hi}"
+                    )));
+                }
+            }
+        }
+    };
+    Ok(QueueBody {
+        ttl: num("defaultTtl")?,
+        lock_ttl: num("defaultLockTtl")?,
+        delay: num("defaultDeliveryDelay")?,
+        fifo: flag("fifo")?,
+        dlq,
+        max_deliveries,
+    })
+}
+
+fn kind_of(fifo: Option<bool>) -> Option<QueueKind> {
+    fifo.map(|f| {
+        if f {
+            QueueKind::Fifo
+        } else {
+            QueueKind::Standard
+        }
+    })
+}
+
+impl Api {
+    fn refuse_exchange_name(&self, name: &str) -> Result<(), ApiError> {
+        if self.broker.get_exchange(name).is_ok() {
+            return Err(ApiError::bad(format!(
+                "an exchange named {name} exists: queues and exchanges share one namespace of destinations"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// `PUT .../destinations/queues/{queue}`: create the queue, or make an
+/// existing one's configuration exactly this (fields left out take their
+/// defaults, and no `deadLetterQueueId` means no dead letter queue).
+/// Idempotent.
+async fn put_queue(
+    State(api): State<Arc<Api>>,
+    p: Result<Path<Named>, PathRejection>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    done(
+        async {
+            let (_, _, _, name) = path(p)?;
+            api.allowed(&headers, Action::Admin, &name)?;
+            let b = queue_body(&object_body(body)?, &name)?;
+            api.refuse_exchange_name(&name)?;
+            let dead_letter = match (b.dlq, b.max_deliveries) {
+                (Some(q), n) => Some((q, n.unwrap_or(limits::MAX_DELIVERIES.2))),
+                (None, Some(_)) => {
+                    return Err(ApiError::bad(
+                        "maxDeliveries needs deadLetterQueueId (the queue to move messages to)",
+                    ));
+                }
+                (None, None) => None,
+            };
+            let input = QueueConfigInput {
+                kind: kind_of(b.fifo),
+                message_ttl: Some(b.ttl.unwrap_or(limits::TTL.2)),
+                ack_timeout: Some(b.lock_ttl.unwrap_or(limits::ACK_TIMEOUT.2)),
+                delivery_delay: Some(b.delay.unwrap_or(0)),
+                dead_letter: dead_letter.clone(),
+                ..QueueConfigInput::default()
+            };
+            let removals = QueueRemovals {
+                dead_letter: dead_letter.is_none(),
+                ..QueueRemovals::default()
+            };
+            let q = match api.broker.get_queue(&name) {
+                Ok(_) => api.broker.update_queue(&name, &input, removals).await,
+                Err(QueueError::NotFound { .. }) => {
+                    match api.broker.create_queue(&name, &input).await {
+                        Ok((q, _)) => Ok(q),
+                        // Created meanwhile by another call: replace.
+                        Err(QueueError::AlreadyExists { .. }) => {
+                            api.broker.update_queue(&name, &input, removals).await
+                        }
+                        Err(e) => Err(e),
+                    }
+                }
+                Err(e) => Err(e),
+            }
+            .map_err(admin_err)?;
+            Ok(json_response(StatusCode::OK, &queue_json(&q)))
+        }
+        .await,
+    )
+}
+
+async fn get_queue(
+    State(api): State<Arc<Api>>,
+    p: Result<Path<Named>, PathRejection>,
+    headers: HeaderMap,
+) -> Response {
+    done((|| {
+        let (_, _, _, name) = path(p)?;
+        api.allowed(&headers, Action::Admin, &name)?;
+        let q = api.broker.get_queue(&name).map_err(admin_err)?;
+        Ok(json_response(StatusCode::OK, &queue_json(&q)))
+    })())
+}
+
+/// `PATCH` v1: the given fields change; without `deadLetterQueueId` the
+/// dead letter queue is removed (as the Admin API documents). v2: only
+/// the given fields change.
+async fn patch_queue(
+    api: &Api,
+    p: Result<Path<Named>, PathRejection>,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+    v2: bool,
+) -> Result<Response, ApiError> {
+    let (_, _, _, name) = path(p)?;
+    api.allowed(headers, Action::Admin, &name)?;
+    let b = queue_body(&object_body(body)?, &name)?;
+    let current = api.broker.get_queue(&name).map_err(admin_err)?;
+    let existing = current.config.dead_letter.as_ref();
+    let (dead_letter, remove) = match (b.dlq, b.max_deliveries) {
+        (Some(q), n) => (
+            Some((
+                q,
+                n.or(existing.map(|d| d.max_deliveries))
+                    .unwrap_or(limits::MAX_DELIVERIES.2),
+            )),
+            false,
+        ),
+        (None, Some(n)) => match existing {
+            Some(d) if v2 => (Some((d.queue.clone(), n)), false),
+            _ => {
+                return Err(ApiError::bad(
+                    "maxDeliveries needs deadLetterQueueId (the queue to move messages to)",
+                ));
+            }
+        },
+        (None, None) => (None, !v2),
+    };
+    let input = QueueConfigInput {
+        kind: kind_of(b.fifo),
+        message_ttl: b.ttl,
+        ack_timeout: b.lock_ttl,
+        delivery_delay: b.delay,
+        dead_letter,
+        ..QueueConfigInput::default()
+    };
+    let removals = QueueRemovals {
+        dead_letter: remove,
+        ..QueueRemovals::default()
+    };
+    let q = api
+        .broker
+        .update_queue(&name, &input, removals)
+        .await
+        .map_err(admin_err)?;
+    Ok(json_response(StatusCode::OK, &queue_json(&q)))
+}
+
+async fn patch_queue_v1(
+    State(api): State<Arc<Api>>,
+    p: Result<Path<Named>, PathRejection>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    done(patch_queue(&api, p, &headers, body, false).await)
+}
+
+async fn patch_queue_v2(
+    State(api): State<Arc<Api>>,
+    p: Result<Path<Named>, PathRejection>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    done(patch_queue(&api, p, &headers, body, true).await)
+}
+
+/// `PUT .../queues/{queue}/fallback`: cross-region failover has no
+/// meaning on one local server: 501, as the Admin API answers what a
+/// broker does not implement.
+async fn fallback(headers: HeaderMap, State(api): State<Arc<Api>>) -> Response {
+    done(api.caller(&headers).and_then(|_| {
+        Err(ApiError::new(
+            StatusCode::NOT_IMPLEMENTED,
+            "cross-region failover (fallback queues) is not supported by Letterbox",
+        ))
+    }))
+}
+
+async fn delete_queue(
+    State(api): State<Arc<Api>>,
+    p: Result<Path<Named>, PathRejection>,
+    headers: HeaderMap,
+) -> Response {
+    done(
+        async {
+            let (_, _, _, name) = path(p)?;
+            api.allowed(&headers, Action::Admin, &name)?;
+            api.broker
+                .delete_queue(&name, false)
+                .await
+                .map_err(admin_err)?;
+            Ok(no_content())
+        }
+        .await,
+    )
+}
+
+async fn purge_queue(
+    State(api): State<Arc<Api>>,
+    p: Result<Path<Named>, PathRejection>,
+    headers: HeaderMap,
+) -> Response {
+    done(
+        async {
+            let (_, _, _, name) = path(p)?;
+            api.allowed(&headers, Action::Admin, &name)?;
+            api.broker.purge_queue(&name).await.map_err(admin_err)?;
+            Ok(no_content())
+        }
+        .await,
+    )
+}
+
+// ---- destinations ----------------------------------------------------------
+
+impl Api {
+    /// Every queue, in name order.
+    fn all_queues(&self, prefix: &str) -> Result<Vec<QueueInfo>, ApiError> {
+        let mut out = Vec::new();
+        let mut after: Option<String> = None;
+        loop {
+            let (page, next) = self
+                .broker
+                .list_queues(prefix, limits::MAX_RECEIVE, after.as_deref())
+                .map_err(admin_err)?;
+            out.extend(page);
+            match next {
+                Some(n) => after = Some(n),
+                None => return Ok(out),
+            }
+        }
+    }
+
+    /// Every exchange, in name order.
+    fn all_exchanges(&self) -> Result<Vec<ExchangeInfo>, ApiError> {
+        let mut out = Vec::new();
+        let mut after: Option<String> = None;
+        loop {
+            let (page, next) = self
+                .broker
+                .list_exchanges(limits::MAX_RECEIVE, after.as_deref())
+                .map_err(admin_err)?;
+            out.extend(page);
+            match next {
+                Some(n) => after = Some(n),
+                None => return Ok(out),
+            }
+        }
+    }
+}
+
+fn exchange_json(name: &str) -> Value {
+    json!({"type": "exchange", "exchangeId": name, "encrypted": false})
+}
+
+fn count_param(params: &[(String, String)], name: &str, default: usize) -> Result<usize, ApiError> {
+    match param(params, name) {
+        None => Ok(default),
+        Some(t) => t
+            .trim()
+            .parse::<usize>()
+            .map_err(|_| ApiError::bad(format!("{name} {t:?} must be a non-negative integer"))),
+    }
+}
+
+/// `GET .../destinations`: queues and exchanges in name order, filtered by
+/// `destinationType`, `startsWith` and `destinationIds`, paged by
+/// `offset` and `limit` (20); 204 when none.
+async fn list_destinations(
+    State(api): State<Arc<Api>>,
+    p: Result<Path<Region>, PathRejection>,
+    headers: HeaderMap,
+    RawQuery(q): RawQuery,
+) -> Response {
+    done((|| {
+        path(p)?;
+        let caller = api.caller(&headers)?;
+        let params = query(q.as_deref());
+        let (queues, exchanges) = match param(&params, "destinationType") {
+            None | Some("all") => (true, true),
+            Some("queue") => (true, false),
+            Some("exchange") => (false, true),
+            Some(other) => {
+                return Err(ApiError::bad(format!(
+                    "destinationType {other:?} must be all, queue or exchange"
+                )));
+            }
+        };
+        let minimal = match param(&params, "inclusion") {
+            None | Some("all") => false,
+            Some("minimal") => true,
+            Some(other) => {
+                return Err(ApiError::bad(format!(
+                    "inclusion {other:?} must be all or minimal"
+                )));
+            }
+        };
+        let prefix = param(&params, "startsWith").unwrap_or("");
+        let ids: Option<Vec<&str>> = param(&params, "destinationIds").map(|s| {
+            s.split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .collect()
+        });
+        let offset = count_param(&params, "offset", 0)?;
+        let limit = count_param(&params, "limit", 20)?;
+        let mut all: Vec<(String, Value)> = Vec::new();
+        if queues {
+            for q in api.all_queues(prefix)? {
+                let v = if minimal {
+                    json!({"type": "queue", "queueId": q.name})
+                } else {
+                    queue_json(&q)
+                };
+                all.push((q.name, v));
+            }
+        }
+        if exchanges {
+            for x in api.all_exchanges()? {
+                if x.name.starts_with(prefix) {
+                    all.push((x.name.clone(), exchange_json(&x.name)));
+                }
+            }
+        }
+        all.sort_by(|a, b| a.0.cmp(&b.0));
+        let page: Vec<Value> = all
+            .into_iter()
+            .filter(|(n, _)| caller.sees(n))
+            .filter(|(n, _)| ids.as_ref().is_none_or(|ids| ids.contains(&n.as_str())))
+            .skip(offset)
+            .take(limit)
+            .map(|(_, v)| v)
+            .collect();
+        if page.is_empty() {
+            return Ok(no_content());
+        }
+        Ok(json_response(StatusCode::OK, &Value::Array(page)))
+    })())
+}
+
+// ---- exchanges -------------------------------------------------------------
+
+/// `PUT .../destinations/exchanges/{exchange}`: create (idempotent).
+async fn put_exchange(
+    State(api): State<Arc<Api>>,
+    p: Result<Path<Named>, PathRejection>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    done(
+        async {
+            let (_, _, _, name) = path(p)?;
+            api.allowed(&headers, Action::Admin, &name)?;
+            let b = object_body(body)?;
+            if let Some(v) = b.get("encrypted")
+                && !v.is_boolean()
+            {
+                return Err(ApiError::bad(format!(
+                    "encrypted must be true or false, not {}",
+                    kind(v)
+                )));
+            }
+            if api.broker.get_queue(&name).is_ok() {
+                return Err(ApiError::bad(format!(
+                    "a queue named {name} exists: queues and exchanges share one namespace of destinations"
+                )));
+            }
+            api.broker
+                .create_exchange(&name)
+                .await
+                .map_err(admin_err)?;
+            Ok(json_response(StatusCode::OK, &exchange_json(&name)))
+        }
+        .await,
+    )
+}
+
+async fn get_exchange(
+    State(api): State<Arc<Api>>,
+    p: Result<Path<Named>, PathRejection>,
+    headers: HeaderMap,
+) -> Response {
+    done((|| {
+        let (_, _, _, name) = path(p)?;
+        api.allowed(&headers, Action::Admin, &name)?;
+        api.broker.get_exchange(&name).map_err(admin_err)?;
+        Ok(json_response(StatusCode::OK, &exchange_json(&name)))
+    })())
+}
+
+/// `PATCH` of an exchange: its only field, `encrypted`, has no effect, so
+/// this answers the exchange as it is.
+async fn get_exchange_patch(
+    State(api): State<Arc<Api>>,
+    p: Result<Path<Named>, PathRejection>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    if let Err(e) = object_body(body) {
+        return e.admin().into_response();
+    }
+    get_exchange(State(api), p, headers).await
+}
+
+async fn delete_exchange(
+    State(api): State<Arc<Api>>,
+    p: Result<Path<Named>, PathRejection>,
+    headers: HeaderMap,
+) -> Response {
+    done(
+        async {
+            let (_, _, _, name) = path(p)?;
+            api.allowed(&headers, Action::Admin, &name)?;
+            api.broker.delete_exchange(&name).await.map_err(admin_err)?;
+            Ok(no_content())
+        }
+        .await,
+    )
+}
+
+// ---- bindings --------------------------------------------------------------
+
+fn rules_json(filter: &[(String, String)]) -> Value {
+    Value::Array(
+        filter
+            .iter()
+            .map(|(k, v)| {
+                json!({"propertyName": k, "propertyType": "STRING", "matcherType": "EQ", "value": v})
+            })
+            .collect(),
+    )
+}
+
+fn binding_json(exchange: &str, queue: &str, filter: Option<&[(String, String)]>) -> Value {
+    let mut m = Map::new();
+    m.insert("exchangeId".into(), exchange.into());
+    m.insert("queueId".into(), queue.into());
+    if let Some(f) = filter
+        && !f.is_empty()
+    {
+        m.insert("routingRules".into(), rules_json(f));
+    }
+    Value::Object(m)
+}
+
+/// `inclusion` of a binding read: `all` shows routing rules, `minimal`
+/// (the default) does not.
+fn with_rules(params: &[(String, String)]) -> Result<bool, ApiError> {
+    match param(params, "inclusion") {
+        None | Some("minimal") => Ok(false),
+        Some("all") => Ok(true),
+        Some(other) => Err(ApiError::bad(format!(
+            "inclusion {other:?} must be all or minimal"
+        ))),
+    }
+}
+
+/// A page of a listing, by `offset` and `limit` (20).
+fn page<T>(items: Vec<T>, params: &[(String, String)]) -> Result<Vec<T>, ApiError> {
+    let offset = count_param(params, "offset", 0)?;
+    let limit = count_param(params, "limit", 20)?;
+    Ok(items.into_iter().skip(offset).take(limit).collect())
+}
+
+/// `GET .../bindings/exchanges/{exchange}`: the queues bound to it.
+async fn exchange_bindings(
+    State(api): State<Arc<Api>>,
+    p: Result<Path<Named>, PathRejection>,
+    headers: HeaderMap,
+    RawQuery(q): RawQuery,
+) -> Response {
+    done((|| {
+        let (_, _, _, name) = path(p)?;
+        api.allowed(&headers, Action::Admin, &name)?;
+        let params = query(q.as_deref());
+        let rules = with_rules(&params)?;
+        let x = api.broker.get_exchange(&name).map_err(admin_err)?;
+        let all: Vec<Value> = x
+            .bindings
+            .iter()
+            .filter(|(q, _)| q.starts_with(param(&params, "startsWith").unwrap_or("")))
+            .map(|(q, f)| binding_json(&name, q, rules.then_some(f.as_slice())))
+            .collect();
+        let out = page(all, &params)?;
+        if out.is_empty() {
+            return Ok(no_content());
+        }
+        Ok(json_response(StatusCode::OK, &Value::Array(out)))
+    })())
+}
+
+/// `GET .../bindings/queues/{queue}`: the exchanges bound to it.
+async fn queue_bindings(
+    State(api): State<Arc<Api>>,
+    p: Result<Path<Named>, PathRejection>,
+    headers: HeaderMap,
+    RawQuery(q): RawQuery,
+) -> Response {
+    done((|| {
+        let (_, _, _, name) = path(p)?;
+        api.allowed(&headers, Action::Admin, &name)?;
+        let params = query(q.as_deref());
+        let rules = with_rules(&params)?;
+        api.broker.get_queue(&name).map_err(admin_err)?;
+        let prefix = param(&params, "startsWith").unwrap_or("");
+        let all: Vec<Value> = api
+            .all_exchanges()?
+            .iter()
+            .filter(|x| x.name.starts_with(prefix))
+            .filter_map(|x| {
+                x.bindings
+                    .iter()
+                    .find(|(q, _)| *q == name)
+                    .map(|(q, f)| binding_json(&x.name, q, rules.then_some(f.as_slice())))
+            })
+            .collect();
+        let out = page(all, &params)?;
+        if out.is_empty() {
+            return Ok(no_content());
+        }
+        Ok(json_response(StatusCode::OK, &Value::Array(out)))
+    })())
+}
+
+impl Api {
+    /// The filter of a binding, or 404.
+    fn binding(&self, exchange: &str, queue: &str) -> Result<Vec<(String, String)>, ApiError> {
+        let x = self.broker.get_exchange(exchange).map_err(admin_err)?;
+        x.bindings
+            .into_iter()
+            .find(|(q, _)| q == queue)
+            .map(|(_, f)| f)
+            .ok_or_else(|| {
+                ApiError::new(
+                    StatusCode::NOT_FOUND,
+                    format!("binding not found: {exchange} -> {queue}"),
+                )
+            })
+    }
+
+    /// The caller may administer both ends of a binding.
+    fn binding_admin(
+        &self,
+        headers: &HeaderMap,
+        exchange: &str,
+        queue: &str,
+    ) -> Result<(), ApiError> {
+        let p = self.caller(headers)?;
+        p.check(Action::Admin, exchange)
+            .and_then(|()| p.check(Action::Admin, queue))
+            .map_err(ApiError::from_auth)
+    }
+}
+
+/// `PUT .../bindings/exchanges/{exchange}/queues/{queue}`: bind (an
+/// existing binding keeps its routing rules).
+async fn put_binding(
+    State(api): State<Arc<Api>>,
+    p: Result<Path<Pair>, PathRejection>,
+    headers: HeaderMap,
+) -> Response {
+    done(
+        async {
+            let (_, _, _, exchange, queue) = path(p)?;
+            api.binding_admin(&headers, &exchange, &queue)?;
+            let filter = match api.binding(&exchange, &queue) {
+                Ok(f) => f,
+                Err(e) if e.status == StatusCode::NOT_FOUND => Vec::new(),
+                Err(e) => return Err(e),
+            };
+            api.broker.get_queue(&queue).map_err(admin_err)?;
+            api.broker
+                .bind(&exchange, &queue, filter)
+                .await
+                .map_err(admin_err)?;
+            Ok(json_response(
+                StatusCode::OK,
+                &binding_json(&exchange, &queue, None),
+            ))
+        }
+        .await,
+    )
+}
+
+async fn get_binding(
+    State(api): State<Arc<Api>>,
+    p: Result<Path<Pair>, PathRejection>,
+    headers: HeaderMap,
+    RawQuery(q): RawQuery,
+) -> Response {
+    done((|| {
+        let (_, _, _, exchange, queue) = path(p)?;
+        api.binding_admin(&headers, &exchange, &queue)?;
+        let rules = with_rules(&query(q.as_deref()))?;
+        let f = api.binding(&exchange, &queue)?;
+        Ok(json_response(
+            StatusCode::OK,
+            &binding_json(&exchange, &queue, rules.then_some(f.as_slice())),
+        ))
+    })())
+}
+
+async fn delete_binding(
+    State(api): State<Arc<Api>>,
+    p: Result<Path<Pair>, PathRejection>,
+    headers: HeaderMap,
+) -> Response {
+    done(
+        async {
+            let (_, _, _, exchange, queue) = path(p)?;
+            api.binding_admin(&headers, &exchange, &queue)?;
+            api.broker
+                .unbind(&exchange, &queue)
+                .await
+                .map_err(admin_err)?;
+            Ok(no_content())
+        }
+        .await,
+    )
+}
+
+/// The filter of a routing-rules body: at most one rule, and only string
+/// equality (Letterbox bindings filter on equal property values); other
+/// matchers are 501, as the Admin API answers what a broker does not
+/// implement.
+fn routing_filter(b: &Map<String, Value>) -> Result<Vec<(String, String)>, ApiError> {
+    // The specification's example wraps the body in `value`.
+    let b = match b.get("value") {
+        Some(Value::Object(inner)) if !b.contains_key("routingRules") => inner,
+        _ => b,
+    };
+    let rules = match b.get("routingRules") {
+        Some(Value::Array(r)) => r,
+        Some(other) => {
+            return Err(ApiError::bad(format!(
+                "routingRules must be an array, not {}",
+                kind(other)
+            )));
+        }
+        None => return Err(ApiError::bad("routingRules is required")),
+    };
+    if rules.len() > 1 {
+        return Err(ApiError::bad(format!(
+            "routingRules holds {} rules: at most one routing rule is allowed per binding",
+            rules.len()
+        )));
+    }
+    let mut filter = Vec::new();
+    for (i, r) in rules.iter().enumerate() {
+        let field = |k: &str| -> Result<&str, ApiError> {
+            r.get(k)
+                .and_then(Value::as_str)
+                .filter(|s| !s.is_empty())
+                .ok_or_else(|| {
+                    ApiError::bad(format!("routingRules[{i}].{k} is required (a string)"))
+                })
+        };
+        let name = field("propertyName")?;
+        let ptype = field("propertyType")?;
+        let matcher = field("matcherType")?;
+        let value = r.get("value").unwrap_or(&Value::Null);
+        match (ptype, matcher, value) {
+            ("STRING", "EQ", Value::String(v)) if !v.is_empty() => {
+                filter.push((name.to_string(), v.clone()));
+            }
+            ("STRING", "EQ", _) => {
+                return Err(ApiError::bad(format!(
+                    "routingRules[{i}].value must be a non-empty string for STRING EQ"
+                )));
+            }
+            ("STRING", "PREFIX" | "ANY_OF" | "NONE_OF" | "EXISTS", _)
+            | ("NUMERIC", "EQ" | "LT" | "LE" | "GT" | "GE" | "RANGE" | "NONE_OF" | "EXISTS", _) => {
+                return Err(ApiError::new(
+                    StatusCode::NOT_IMPLEMENTED,
+                    format!(
+                        "routing rule {ptype} {matcher} is not supported by Letterbox: bindings filter on string equality only (STRING EQ)"
+                    ),
+                ));
+            }
+            _ => {
+                return Err(ApiError::bad(format!(
+                    "routingRules[{i}]: {ptype} {matcher} is not a routing rule (propertyType STRING or NUMERIC, with a matcherType of that type)"
+                )));
+            }
+        }
+    }
+    Ok(filter)
+}
+
+/// `PUT .../rules/routing`: replace the binding's routing rules (201).
+async fn put_rules(
+    State(api): State<Arc<Api>>,
+    p: Result<Path<Pair>, PathRejection>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    done(
+        async {
+            let (_, _, _, exchange, queue) = path(p)?;
+            api.binding_admin(&headers, &exchange, &queue)?;
+            let filter = routing_filter(&object_body(body)?)?;
+            api.binding(&exchange, &queue)?;
+            api.broker
+                .bind(&exchange, &queue, filter.clone())
+                .await
+                .map_err(admin_err)?;
+            Ok(json_response(
+                StatusCode::CREATED,
+                &json!({"exchangeId": exchange, "queueId": queue, "routingRules": rules_json(&filter)}),
+            ))
+        }
+        .await,
+    )
+}
+
+/// `DELETE .../rules/routing`: the binding routes every message again.
+async fn delete_rules(
+    State(api): State<Arc<Api>>,
+    p: Result<Path<Pair>, PathRejection>,
+    headers: HeaderMap,
+) -> Response {
+    done(
+        async {
+            let (_, _, _, exchange, queue) = path(p)?;
+            api.binding_admin(&headers, &exchange, &queue)?;
+            api.binding(&exchange, &queue)?;
+            api.broker
+                .bind(&exchange, &queue, Vec::new())
+                .await
+                .map_err(admin_err)?;
+            Ok(no_content())
+        }
+        .await,
+    )
+}
+
+// ---- stats -----------------------------------------------------------------
+
+/// `GET /mq/stats/api/v1/.../queues?destinationIds=a,b`: each existing
+/// queue's depth (`messages`, all of its messages) and in-flight count,
+/// exact and current; 204 when none of them exists.
+async fn queue_stats(
+    State(api): State<Arc<Api>>,
+    p: Result<Path<Region>, PathRejection>,
+    headers: HeaderMap,
+    RawQuery(q): RawQuery,
+) -> Response {
+    done((|| {
+        path(p)?;
+        let caller = api.caller(&headers)?;
+        let params = query(q.as_deref());
+        let ids = param(&params, "destinationIds").ok_or_else(|| {
+            ApiError::bad("destinationIds is required (comma-separated queue ids)")
+        })?;
+        let mut out = Vec::new();
+        for id in ids.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            caller
+                .check(Action::Admin, id)
+                .map_err(ApiError::from_auth)?;
+            match api.broker.stats(id) {
+                Ok(s) => out.push(json!({
+                    "destination": id,
+                    "messages": s.total,
+                    "inflightMessages": s.in_flight,
+                })),
+                Err(QueueError::NotFound { .. }) => {}
+                Err(e) => return Err(admin_err(e)),
+            }
+        }
+        if out.is_empty() {
+            return Ok(no_content());
+        }
+        Ok(json_response(StatusCode::OK, &Value::Array(out)))
+    })())
+}

@@ -1,0 +1,251 @@
+//! An Anypoint MQ compatible REST facade, so that scripts and REST clients
+//! written for Anypoint MQ run against a local Letterbox (the way ElasticMQ
+//! stands in for SQS). Off unless `--anypoint-listen` is given.
+//!
+//! It serves, on one HTTP/1.1 listener and for any organization,
+//! environment and region ids:
+//!
+//! - the Broker API (`/api/v1/organizations/{org}/environments/{env}/...`):
+//!   its ten operations, publish (one, batch), consume, ack (one, batch),
+//!   nack (one, batch), lock TTL (one, batch) and `POST /api/v1/authorize`
+//!   (`broker.rs`; message JSON in `message.rs`);
+//! - the part of the Admin API a developer needs locally
+//!   (`/mq/admin/api/v1/.../regions/{region}/...`: destinations, queues,
+//!   purge, exchanges, bindings, string-equality routing rules) and the
+//!   real-time queue Stats call (`/mq/stats/api/v1/...`), in `admin.rs`.
+//!
+//! Handlers are thin, like the gRPC ones: parse, authenticate and
+//! authorize, call [`Broker`], format. No rule of the engine is repeated
+//! here; where the REST shape needs something the engine lacked (which
+//! message and queue a lock is on), the engine has it for every caller
+//! ([`Broker::lease_holder`]).
+//!
+//! Every call but `authorize` needs `Authorization: bearer <token>`; tokens
+//! come from `authorize` (`tokens.rs`), which checks client ids and
+//! secrets with [`Authenticator`] (any client id and secret when
+//! authentication is off, the local-developer default).
+
+mod admin;
+mod broker;
+mod error;
+mod message;
+mod tokens;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::DefaultBodyLimit;
+use axum::extract::rejection::BytesRejection;
+use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use axum::serve::ListenerExt;
+use serde_json::Value;
+use tokio::net::TcpListener;
+
+use crate::auth::{Action, Authenticator, Credentials, Principal};
+use crate::queue::Broker;
+use crate::queue::model::HOUR;
+use error::ApiError;
+
+/// The organization id `authorize` answers in `simple_client` (every id
+/// is served alike).
+pub const ORG_ID: &str = "local-org";
+/// The environment id `authorize` answers in `simple_client`.
+pub const ENV_ID: &str = "local-env";
+
+/// The unit of the `ttl` of the lock-TTL `PATCH` calls. The Broker API's
+/// specification says seconds, while every other duration of the API
+/// (`lockTtl`, `defaultLockTtl`, `deliveryDelay`, `ttl`) is milliseconds
+/// and its example value is `1000`; Letterbox reads milliseconds unless
+/// told otherwise.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum LockTtlUnit {
+    /// Milliseconds, like the rest of the API.
+    #[default]
+    #[value(name = "ms")]
+    Milliseconds,
+    /// Seconds, as the specification's description of `ttl` says.
+    #[value(name = "s")]
+    Seconds,
+}
+
+/// Settings of the facade.
+#[derive(Debug, Clone)]
+pub struct AnypointOptions {
+    /// The unit of the lock-TTL `PATCH` calls' `ttl`.
+    pub lock_ttl_unit: LockTtlUnit,
+    /// How long an access token lives after its last use (ms).
+    pub token_lifetime: u64,
+    /// Largest request body (a batch of ten messages of the largest size,
+    /// plus room for the JSON around them).
+    pub max_body_bytes: usize,
+}
+
+impl Default for AnypointOptions {
+    fn default() -> Self {
+        AnypointOptions {
+            lock_ttl_unit: LockTtlUnit::default(),
+            token_lifetime: HOUR,
+            max_body_bytes: 10 * (10 << 20) + (4 << 20),
+        }
+    }
+}
+
+/// What every handler works with.
+#[derive(Debug)]
+pub(crate) struct Api {
+    broker: Arc<Broker>,
+    auth: Arc<Authenticator>,
+    tokens: tokens::Tokens,
+    opts: AnypointOptions,
+}
+
+impl Api {
+    fn now(&self) -> u64 {
+        self.broker.clock().now_ms()
+    }
+
+    /// The caller of a call, from its bearer token: one issued by
+    /// `authorize`, or (with authentication on) one configured for a
+    /// principal.
+    fn caller(&self, headers: &HeaderMap) -> Result<Arc<Principal>, ApiError> {
+        let refuse = |why: &str| ApiError::new(StatusCode::UNAUTHORIZED, why);
+        let Some(value) = headers.get(header::AUTHORIZATION) else {
+            return Err(refuse(
+                "an access token is required: send `Authorization: bearer <token>`, with a token from POST /api/v1/authorize",
+            ));
+        };
+        let text = value
+            .to_str()
+            .map_err(|_| refuse("the Authorization header is not ASCII text"))?;
+        let token = match text.trim().split_once(' ') {
+            Some((scheme, token)) if scheme.eq_ignore_ascii_case("bearer") => token.trim(),
+            _ => {
+                return Err(refuse("the Authorization header must be `bearer <token>`"));
+            }
+        };
+        if let Some(p) = self.tokens.check(token, self.now()) {
+            return Ok(p);
+        }
+        if self.auth.is_enabled()
+            && let Ok(p) = self.auth.authenticate(Credentials::Bearer(token), None)
+        {
+            return Ok(p);
+        }
+        Err(refuse(
+            "unknown or expired access token: authorize again (POST /api/v1/authorize)",
+        ))
+    }
+
+    /// The caller, allowed `action` on `name`.
+    fn allowed(
+        &self,
+        headers: &HeaderMap,
+        action: Action,
+        name: &str,
+    ) -> Result<Arc<Principal>, ApiError> {
+        let p = self.caller(headers)?;
+        p.check(action, name).map_err(ApiError::from_auth)?;
+        Ok(p)
+    }
+}
+
+/// A JSON answer.
+pub(crate) fn json_response(status: StatusCode, body: &Value) -> Response {
+    let mut r = Response::new(Body::from(body.to_string()));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+/// The parameters of a query string (the last of repeated ones wins).
+pub(crate) fn query(q: Option<&str>) -> Vec<(String, String)> {
+    q.map(|q| form_urlencoded::parse(q.as_bytes()).into_owned().collect())
+        .unwrap_or_default()
+}
+
+/// A query parameter.
+pub(crate) fn param<'a>(params: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    params
+        .iter()
+        .rev()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.as_str())
+}
+
+/// A request body as received, or why it could not be read (too large).
+pub(crate) fn body_bytes(b: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    b.map_err(|r| ApiError::new(r.status(), r.body_text()))
+}
+
+/// A JSON request body.
+pub(crate) fn json_body(b: &[u8]) -> Result<Value, ApiError> {
+    if b.iter().all(u8::is_ascii_whitespace) {
+        return Err(ApiError::bad("a JSON request body is required"));
+    }
+    serde_json::from_slice(b)
+        .map_err(|e| ApiError::bad(format!("the request body is not valid JSON: {e}")))
+}
+
+async fn no_route(method: Method, uri: Uri) -> Response {
+    tracing::debug!(%method, %uri, "anypoint: no such route");
+    let e = ApiError::new(
+        StatusCode::NOT_FOUND,
+        format!("no such operation: {method} {}", uri.path()),
+    );
+    if uri.path().starts_with("/mq/") {
+        e.admin().into_response()
+    } else {
+        e.into_response()
+    }
+}
+
+async fn wrong_method(method: Method, uri: Uri) -> Response {
+    let e = ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!("{method} is not an operation of {}", uri.path()),
+    );
+    if uri.path().starts_with("/mq/") {
+        e.admin().into_response()
+    } else {
+        e.into_response()
+    }
+}
+
+/// The facade's routes over `broker`.
+pub fn router(broker: Arc<Broker>, auth: Arc<Authenticator>, opts: AnypointOptions) -> Router {
+    let limit = opts.max_body_bytes;
+    let api = Arc::new(Api {
+        tokens: tokens::Tokens::new(opts.token_lifetime),
+        broker,
+        auth,
+        opts,
+    });
+    broker::routes()
+        .merge(admin::routes())
+        .fallback(no_route)
+        .method_not_allowed_fallback(wrong_method)
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(api)
+}
+
+/// Serves `app` on `listener` until `shutdown` resolves, then finishes the
+/// calls in flight (long polls end at once: the engine's shutdown wakes
+/// them and they answer 204).
+pub async fn serve(
+    listener: TcpListener,
+    app: Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await
+}
