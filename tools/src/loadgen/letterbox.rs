@@ -24,8 +24,8 @@
 //!   with credit = prefetch; the server pushes deliveries while fewer than
 //!   that are unsettled. Acks and nacks go on the same stream: `sync` = one
 //!   `StreamAck` per delivery, its result awaited; `async` = everything
-//!   queued (up to 1000 tokens) per `StreamAck`, results checked as they
-//!   come and all awaited at close.
+//!   queued (up to 1000 tokens) per `StreamAck`, one request at a time,
+//!   each result checked.
 //! - Dead letters: the main queue has a dead letter policy to `<name>.dlq`
 //!   with `max_deliveries` = the delivery limit; the watch counts the DLQ's
 //!   messages. `Settle::dead_letter` is a nack with `dead_letter` set;
@@ -1086,11 +1086,13 @@ async fn stream_settled(what: &str, n: usize, rx: oneshot::Receiver<StreamSettle
 }
 
 /// Async settles on a subscription: everything queued (up to 1000 tokens)
-/// per `StreamAck` / `StreamNack`, without waiting for the results, which
-/// are checked as they arrive and all awaited at a flush.
+/// per `StreamAck` / `StreamNack`, one request at a time (as the unary
+/// acker): while one waits for its result, the next tokens pile up and go
+/// together. (The session settles a stream's requests one after another,
+/// each after its own commit, so many small requests would cost a commit
+/// each.)
 async fn stream_ack_loop(ctx: SubCtx, mut rx: mpsc::UnboundedReceiver<AckCmd>) {
     let mut failure: Option<String> = None;
-    let mut outstanding: Vec<(&'static str, usize, oneshot::Receiver<StreamSettled>)> = Vec::new();
     while let Some(cmd) = rx.recv().await {
         let mut tokens = Vec::new();
         let mut nacks = Vec::new();
@@ -1110,47 +1112,25 @@ async fn stream_ack_loop(ctx: SubCtx, mut rx: mpsc::UnboundedReceiver<AckCmd>) {
         }
         if !tokens.is_empty() {
             let n = tokens.len();
-            match ctx.ack(tokens).await {
-                Ok(r) => outstanding.push(("StreamAck", n, r)),
-                Err(e) => {
-                    failure.get_or_insert_with(|| format!("{e:#}"));
-                }
+            let r = match ctx.ack(tokens).await {
+                Ok(r) => stream_settled("StreamAck", n, r).await,
+                Err(e) => Err(e),
+            };
+            if let Err(e) = r {
+                failure.get_or_insert_with(|| format!("{e:#}"));
             }
         }
         if !nacks.is_empty() {
             let n = nacks.len();
-            match ctx.nack(nacks).await {
-                Ok(r) => outstanding.push(("StreamNack", n, r)),
-                Err(e) => {
-                    failure.get_or_insert_with(|| format!("{e:#}"));
-                }
+            let r = match ctx.nack(nacks).await {
+                Ok(r) => stream_settled("StreamNack", n, r).await,
+                Err(e) => Err(e),
+            };
+            if let Err(e) = r {
+                failure.get_or_insert_with(|| format!("{e:#}"));
             }
         }
-        // Check the results that came in meanwhile.
-        outstanding.retain_mut(|(what, n, r)| match r.try_recv() {
-            Err(oneshot::error::TryRecvError::Empty) => true,
-            Ok(s) => {
-                let r = if s.code != 0 {
-                    Err(anyhow!("{what}: refused, code {}: {}", s.code, s.error))
-                } else {
-                    check_settled(what, *n, &s.results)
-                };
-                if let Err(e) = r {
-                    failure.get_or_insert_with(|| format!("{e:#}"));
-                }
-                false
-            }
-            Err(oneshot::error::TryRecvError::Closed) => {
-                failure.get_or_insert_with(|| format!("{what}: the stream closed"));
-                false
-            }
-        });
         if let Some(f) = flush {
-            for (what, n, r) in outstanding.drain(..) {
-                if let Err(e) = stream_settled(what, n, r).await {
-                    failure.get_or_insert_with(|| format!("{e:#}"));
-                }
-            }
             let _ = f.send(match &failure {
                 Some(e) => Err(anyhow!("async settles failed: {e}")),
                 None => Ok(()),
