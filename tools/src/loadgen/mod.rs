@@ -24,6 +24,7 @@ pub mod letterbox;
 #[cfg(feature = "peers")]
 pub mod rabbit;
 pub mod report;
+pub mod scrape;
 pub mod stats;
 pub mod target;
 pub mod workload;
@@ -31,7 +32,7 @@ pub mod workload;
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 use std::io::Write;
-use target::{AckMode, Endpoints};
+use target::{AckMode, ConsumerMode, Endpoints};
 use workload::{Params, RunResult, Workload};
 
 #[derive(Parser)]
@@ -69,8 +70,9 @@ struct RunArgs {
     /// messages per run
     #[arg(long, default_value_t = 100_000)]
     count: u64,
-    /// payload bytes
-    #[arg(long, default_value_t = 1024)]
+    /// payload bytes, 16 B to 64 MiB (the server's default limit is 10 MiB)
+    #[arg(long, default_value_t = workload::DEFAULT_SIZE,
+          value_parser = parse_size)]
     size: usize,
     /// wall-clock bound for the measured phase; the run stops by itself
     #[arg(long, default_value_t = 30.0)]
@@ -89,6 +91,21 @@ struct RunArgs {
     /// consumer ack mode
     #[arg(long, value_enum, default_value_t = AckMode::Async)]
     ack: AckMode,
+    /// consume-ack, end-to-end, redelivery, fifo, redrive: pull with
+    /// `Receive` long polls, or push over one `Subscribe` stream (Letterbox
+    /// only; reported as its own row)
+    #[arg(long, value_enum, default_value_t = ConsumerMode::Receive)]
+    consumer: ConsumerMode,
+    /// fifo: message groups (the run has groups × per-group messages;
+    /// `--count` is not used)
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    groups: u64,
+    /// fifo: messages per group
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
+    per_group: u64,
+    /// fifo: concurrent consumers
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    consumers: u32,
     /// end-to-end: producer rate limit in msgs/s (0 = unthrottled)
     #[arg(long, default_value_t = 0)]
     rate: u64,
@@ -114,6 +131,11 @@ struct RunArgs {
         env = "LOADGEN_LETTERBOX_URL"
     )]
     letterbox_url: String,
+    /// Letterbox's metrics endpoint (`letterbox serve --metrics-listen`),
+    /// e.g. http://127.0.0.1:9464/metrics: adds fsyncs per second and log
+    /// bytes per message to each result
+    #[arg(long, env = "LOADGEN_LETTERBOX_METRICS_URL")]
+    letterbox_metrics_url: Option<String>,
     #[arg(
         long,
         default_value = "amqp://guest:guest@127.0.0.1:5672/%2f",
@@ -133,21 +155,38 @@ pub fn main() -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    rt.block_on(async {
-        stats::now_ns(); // fix the epoch
-        match Cli::parse().cmd {
-            Cmd::Run(a) => run(*a).await,
-            Cmd::Report { results, disk } => {
-                print!("{}", report::report(&results, disk.as_deref())?);
-                Ok(())
-            }
+    let cli = Cli::parse();
+    rt.block_on(dispatch(cli))
+}
+
+/// Runs loadgen with these arguments (the first is the program name), as
+/// the binary would; for tests and other tools.
+pub async fn run_cli<I, T>(args: I) -> Result<()>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    dispatch(Cli::try_parse_from(args)?).await
+}
+
+async fn dispatch(cli: Cli) -> Result<()> {
+    stats::now_ns(); // fix the epoch
+    match cli.cmd {
+        Cmd::Run(a) => run(*a).await,
+        Cmd::Report { results, disk } => {
+            print!("{}", report::report(&results, disk.as_deref())?);
+            Ok(())
         }
-    })
+    }
 }
 
 async fn run(a: RunArgs) -> Result<()> {
     let ep = Endpoints {
         letterbox_url: a.letterbox_url.clone(),
+        letterbox_metrics_url: a
+            .letterbox_metrics_url
+            .clone()
+            .filter(|u| !u.is_empty() && a.target == "letterbox"),
         amqp_url: a.amqp_url.clone(),
         nats_url: a.nats_url.clone(),
     };
@@ -164,6 +203,10 @@ async fn run(a: RunArgs) -> Result<()> {
         rate: a.rate,
         delivery_limit: a.delivery_limit,
         broker_pid: a.broker_pid,
+        consumer: a.consumer,
+        groups: a.groups,
+        per_group: a.per_group,
+        consumers: a.consumers,
     };
     if p.batch > 1 && (!caps.publish_batch || a.workload != Workload::PublishDurable) {
         eprintln!(
@@ -179,22 +222,36 @@ async fn run(a: RunArgs) -> Result<()> {
         );
         p.batch = 1;
     }
-    let needs_sync =
-        a.ack == AckMode::Sync && matches!(a.workload, Workload::ConsumeAck | Workload::EndToEnd);
-    let needs_limit = a.workload == Workload::Redelivery;
-    if (needs_sync && !caps.sync_ack) || (needs_limit && !caps.delivery_limit) {
+    let needs_sync = a.ack == AckMode::Sync
+        && matches!(
+            a.workload,
+            Workload::ConsumeAck | Workload::EndToEnd | Workload::Fifo
+        );
+    let consumes = a.workload != Workload::PublishDurable;
+    let missing = [
+        (needs_sync && !caps.sync_ack, "sync acks"),
+        (
+            a.workload == Workload::Redelivery && !caps.delivery_limit,
+            "a delivery limit",
+        ),
+        (
+            consumes && a.consumer == ConsumerMode::Subscribe && !caps.subscribe,
+            "--consumer subscribe",
+        ),
+        (a.workload == Workload::Fifo && !caps.fifo, "FIFO groups"),
+        (a.workload == Workload::Redrive && !caps.redrive, "redrive"),
+    ]
+    .into_iter()
+    .find_map(|(miss, what)| miss.then_some(what));
+    if let Some(what) = missing {
         eprintln!(
-            "[{} {}] skipped: target does not support {}",
+            "[{} {}] skipped: target does not support {what}",
             t.name(),
             workload::variant(a.workload, &p),
-            if needs_limit {
-                "a delivery limit"
-            } else {
-                "sync acks"
-            }
         );
         return Ok(());
     }
+    let requested = workload::requested(a.workload, &p);
     for rep in 1..=a.reps {
         let o = workload::run(t.as_ref(), a.workload, &p, &a.queue).await?;
         let secs = o.elapsed.as_secs_f64();
@@ -206,7 +263,7 @@ async fn run(a: RunArgs) -> Result<()> {
             label: a.label.clone(),
             rep,
             params: p.clone(),
-            requested: a.count,
+            requested,
             completed: o.completed,
             timed_out: o.timed_out,
             elapsed_s: secs,
@@ -244,4 +301,17 @@ async fn run(a: RunArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// `--size`: 16 bytes (timestamp and sequence number) up to 64 MiB.
+fn parse_size(s: &str) -> std::result::Result<usize, String> {
+    let n: usize = s
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of bytes"))?;
+    if !(16..=64 << 20).contains(&n) {
+        return Err(format!(
+            "{n} bytes is out of range: 16 (timestamp + sequence number) to 67108864 (64 MiB)"
+        ));
+    }
+    Ok(n)
 }

@@ -1,0 +1,323 @@
+//! loadgen's Letterbox workloads against a real server (in this process,
+//! on loopback), with small counts: each new workload and option runs once
+//! and its result line is checked.
+
+use std::sync::Arc;
+
+use letterbox::clock::SystemClock;
+use letterbox::server::{Server, ServerConfig};
+use serde_json::Value;
+
+struct Running {
+    grpc: String,
+    metrics: String,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+    _dir: tempfile::TempDir,
+}
+
+async fn start() -> Running {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut config = ServerConfig::new(
+        dir.path().join("data"),
+        "127.0.0.1:0".parse().expect("addr"),
+    );
+    config.store.segment_size = 8 << 20;
+    config.store.min_free_bytes = 0;
+    config.metrics_listen = Some("127.0.0.1:0".parse().expect("addr"));
+    let server = Server::start(config, Arc::new(SystemClock))
+        .await
+        .expect("start");
+    let grpc = format!("http://{}", server.local_addr());
+    let metrics = format!("http://{}/metrics", server.metrics_addr().expect("metrics"));
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        server
+            .serve(async {
+                let _ = rx.await;
+            })
+            .await
+            .expect("serve");
+    });
+    Running {
+        grpc,
+        metrics,
+        stop: Some(tx),
+        task: Some(task),
+        _dir: dir,
+    }
+}
+
+impl Running {
+    async fn stop(mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.task.take() {
+            t.await.expect("server task");
+        }
+    }
+
+    /// Runs `loadgen run --target letterbox ARGS` and returns its result line.
+    async fn run(&self, out: &std::path::Path, args: &[&str]) -> Value {
+        let before = std::fs::read_to_string(out)
+            .unwrap_or_default()
+            .lines()
+            .count();
+        let mut argv = vec![
+            "loadgen",
+            "run",
+            "--target",
+            "letterbox",
+            "--letterbox-url",
+            &self.grpc,
+            "--letterbox-metrics-url",
+            &self.metrics,
+            "--max-secs",
+            "60",
+            "--out",
+            out.to_str().expect("utf-8 path"),
+        ];
+        argv.extend_from_slice(args);
+        letterbox_tools::loadgen::run_cli(&argv)
+            .await
+            .unwrap_or_else(|e| panic!("loadgen {args:?}: {e:#}"));
+        let text = std::fs::read_to_string(out).expect("results");
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), before + 1, "one result line for {args:?}");
+        serde_json::from_str(lines[before]).expect("json line")
+    }
+}
+
+fn check(r: &Value, completed: u64) {
+    assert_eq!(r["completed"], completed, "{r}");
+    assert_eq!(r["timed_out"], false, "{r}");
+    let ex = &r["extra"];
+    assert!(ex["fsyncs_per_s"].as_f64().is_some(), "fsyncs/s in {r}");
+    assert!(
+        ex["log_syncs"].as_u64().unwrap_or(0) > 0,
+        "fsyncs counted in {r}"
+    );
+    assert!(
+        ex["log_bytes_per_msg"].as_f64().unwrap_or(0.0) > 0.0,
+        "log bytes per message in {r}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_workloads_and_options_run_against_letterbox() {
+    let s = start().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = dir.path().join("r.jsonl");
+
+    // Subscribe consumers, async and sync acks, next to a Receive row.
+    for (ack, count) in [("async", "400"), ("sync", "100")] {
+        let r = s
+            .run(
+                &out,
+                &[
+                    "--workload",
+                    "consume-ack",
+                    "--consumer",
+                    "subscribe",
+                    "--ack",
+                    ack,
+                    "--prefetch",
+                    "64",
+                    "--count",
+                    count,
+                    "--queue",
+                    "sub",
+                ],
+            )
+            .await;
+        check(&r, count.parse().unwrap());
+        assert_eq!(
+            r["variant"],
+            format!("prefetch=64,ack={ack},consumer=subscribe"),
+            "{r}"
+        );
+        assert_eq!(r["extra"]["queue_depth_after"], 0, "{r}");
+    }
+    let r = s
+        .run(
+            &out,
+            &[
+                "--workload",
+                "end-to-end",
+                "--consumer",
+                "subscribe",
+                "--count",
+                "300",
+                "--queue",
+                "e2e",
+            ],
+        )
+        .await;
+    check(&r, 300);
+    assert!(r["latency"]["p50_ms"].as_f64().is_some(), "{r}");
+
+    // FIFO with concurrent consumers, pull and push: order is checked.
+    for mode in ["receive", "subscribe"] {
+        let r = s
+            .run(
+                &out,
+                &[
+                    "--workload",
+                    "fifo",
+                    "--groups",
+                    "30",
+                    "--per-group",
+                    "7",
+                    "--consumers",
+                    "3",
+                    "--prefetch",
+                    "8",
+                    "--consumer",
+                    mode,
+                    "--queue",
+                    "fifo",
+                ],
+            )
+            .await;
+        check(&r, 210);
+        assert_eq!(r["requested"], 210, "{r}");
+        assert_eq!(r["extra"]["order_checked"], true, "{r}");
+        assert_eq!(r["extra"]["queue_depth_after"], 0, "{r}");
+        assert!(
+            r["extra"]["publish_msgs_per_s"].as_f64().unwrap_or(0.0) > 0.0,
+            "{r}"
+        );
+    }
+
+    // Redrive of dead-lettered messages.
+    let r = s
+        .run(
+            &out,
+            &["--workload", "redrive", "--count", "500", "--queue", "rd"],
+        )
+        .await;
+    check(&r, 500);
+    assert_eq!(r["extra"]["queue_depth_after"], 500, "{r}");
+    assert!(
+        r["extra"]["dead_letter_msgs_per_s"].as_f64().is_some(),
+        "{r}"
+    );
+
+    // Message sizes from 100 B to 1 MiB, batched publishes included.
+    let r = s
+        .run(
+            &out,
+            &[
+                "--workload",
+                "publish-durable",
+                "--size",
+                "100",
+                "--count",
+                "200",
+                "--queue",
+                "small",
+            ],
+        )
+        .await;
+    check(&r, 200);
+    assert_eq!(r["variant"], "window=64,size=100", "{r}");
+    let mib = "1048576";
+    let r = s
+        .run(
+            &out,
+            &[
+                "--workload",
+                "publish-durable",
+                "--size",
+                mib,
+                "--count",
+                "24",
+                "--window",
+                "24",
+                "--batch",
+                "12",
+                "--queue",
+                "big",
+            ],
+        )
+        .await;
+    check(&r, 24);
+    assert!(
+        r["extra"]["log_bytes_per_msg"].as_f64().unwrap() >= 1_048_576.0,
+        "a 1 MiB body is written once: {r}"
+    );
+    for mode in ["receive", "subscribe"] {
+        let r = s
+            .run(
+                &out,
+                &[
+                    "--workload",
+                    "consume-ack",
+                    "--size",
+                    mib,
+                    "--count",
+                    "12",
+                    "--consumer",
+                    mode,
+                    "--queue",
+                    "big",
+                ],
+            )
+            .await;
+        check(&r, 12);
+    }
+    let r = s
+        .run(
+            &out,
+            &[
+                "--workload",
+                "fifo",
+                "--size",
+                mib,
+                "--groups",
+                "3",
+                "--per-group",
+                "3",
+                "--consumers",
+                "2",
+                "--queue",
+                "bigfifo",
+            ],
+        )
+        .await;
+    check(&r, 9);
+
+    // The report shows the new rows.
+    let md = letterbox_tools::loadgen::report::report(&[out.to_string_lossy().into_owned()], None)
+        .expect("report");
+    assert!(
+        md.contains("consume-ack prefetch=64,ack=async,consumer=subscribe"),
+        "{md}"
+    );
+    assert!(
+        md.contains("fifo groups=30,per_group=7,consumers=3"),
+        "{md}"
+    );
+    assert!(md.contains("redrive rate=unlimited"), "{md}");
+    assert!(md.contains("fsync/s"), "{md}");
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_bad_size_is_refused_by_name() {
+    let e = letterbox_tools::loadgen::run_cli([
+        "loadgen",
+        "run",
+        "--target",
+        "letterbox",
+        "--workload",
+        "publish-durable",
+        "--size",
+        "8",
+    ])
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("8 bytes is out of range"), "{e}");
+}
