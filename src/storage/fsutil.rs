@@ -51,13 +51,32 @@ pub fn sync_tree(root: &Path) -> Result<()> {
     sync_dir(root)
 }
 
-/// Creates `dir` (mode 0700) and its parents if missing.
+/// Creates `dir` (mode 0700) and its parents if missing, and makes each
+/// new directory's entry durable (an fsync of its parent): a directory
+/// created but never synced into its parent can vanish in a power cut,
+/// with everything written inside it.
 pub fn create_private_dir(dir: &Path) -> Result<()> {
+    let mut missing = Vec::new();
+    let mut cur = Some(dir);
+    while let Some(d) = cur {
+        if d.as_os_str().is_empty() || d.exists() {
+            break;
+        }
+        missing.push(d);
+        cur = d.parent();
+    }
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
         .create(dir)
-        .map_err(|e| StorageError::io("create directory", dir, e))
+        .map_err(|e| StorageError::io("create directory", dir, e))?;
+    for d in missing.iter().rev() {
+        match d.parent() {
+            Some(p) if !p.as_os_str().is_empty() => sync_dir(p)?,
+            _ => sync_dir(Path::new("."))?,
+        }
+    }
+    Ok(())
 }
 
 /// The held lock of a data directory; released when dropped.

@@ -381,6 +381,9 @@ impl Store {
             path: db_dir.clone(),
             source: e,
         };
+        // The entries of `wal/` and `db/` (created by sled) in the data
+        // directory must be durable before anything in them counts.
+        fsutil::sync_dir(dir)?;
         check_db_format(&db, &db_dir)?;
         let applied = read_sys(&db, SysKey::AppliedLsn, &db_dir)?.unwrap_or(0);
 
