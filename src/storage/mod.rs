@@ -131,6 +131,9 @@ pub struct StoreStats {
 #[derive(Debug, Default)]
 pub struct Txn {
     muts: Vec<Mutation>,
+    /// Negative control: puts kept in memory only.
+    #[cfg(feature = "fault-no-delivery-count")]
+    volatile: Vec<(Bytes, Bytes)>,
 }
 
 impl Txn {
@@ -141,7 +144,19 @@ impl Txn {
 
     /// True when nothing was added.
     pub fn is_empty(&self) -> bool {
+        #[cfg(feature = "fault-no-delivery-count")]
+        if !self.volatile.is_empty() {
+            return false;
+        }
         self.muts.is_empty()
+    }
+
+    /// Negative control: a message's state kept in memory only (never
+    /// logged), until a later transaction writes or deletes the key.
+    #[cfg(feature = "fault-no-delivery-count")]
+    pub fn put_meta_unlogged(&mut self, qid: u32, pos: u64, rec: &MetaRecord) {
+        self.volatile
+            .push((Key::Meta(qid, pos).encode(), records::encode(rec)));
     }
 
     fn put(&mut self, key: Key<'_>, value: Bytes) {
@@ -332,6 +347,9 @@ struct Inner {
     /// Segment files open for payload reads.
     files: payloads::Files,
     relocated: AtomicU64,
+    /// Negative control: values kept in memory only.
+    #[cfg(feature = "fault-no-delivery-count")]
+    volatile: Mutex<HashMap<Bytes, Bytes>>,
 }
 
 /// The durable store of one data directory.
@@ -506,6 +524,8 @@ impl Store {
             live: Mutex::new(live),
             files: payloads::Files::new(&wal_dir),
             relocated: AtomicU64::new(0),
+            #[cfg(feature = "fault-no-delivery-count")]
+            volatile: Mutex::default(),
         });
         inner.refresh_space();
         let mut threads = Vec::new();
@@ -528,6 +548,12 @@ impl Store {
         ))
     }
 
+    /// Negative control: blocks until `lsn` is durable.
+    #[cfg(feature = "fault-dlq-two-steps")]
+    pub fn wait_durable_blocking(&self, lsn: u64) -> bool {
+        self.inner.wait_durable(lsn)
+    }
+
     /// The data directory.
     pub fn dir(&self) -> &Path {
         &self.inner.dir
@@ -541,6 +567,10 @@ impl Store {
     /// Reads a key as of the latest submitted transaction.
     pub fn get(&self, key: &Key<'_>) -> Result<Option<Bytes>> {
         let k = key.encode();
+        #[cfg(feature = "fault-no-delivery-count")]
+        if let Some(v) = lock(&self.inner.volatile).get(&k) {
+            return Ok(Some(v.clone()));
+        }
         {
             let st = lock(&self.inner.state);
             if let Some(slot) = st.active.get(&k) {
@@ -770,6 +800,14 @@ impl Inner {
                 }
             }
         }
+        #[cfg(feature = "fault-no-delivery-count")]
+        {
+            let mut v = lock(&self.volatile);
+            for m in &txn.muts {
+                v.remove(&m.key);
+            }
+            v.extend(txn.volatile);
+        }
         let full = st.active_bytes > self.opts.apply_bytes;
         st.pending.push(Pending {
             lsn,
@@ -913,6 +951,11 @@ fn log_writer(inner: &Inner, mut writer: wal::Writer) {
         inner.durable_cv.notify_all();
         for p in batch {
             let _ = p.done.send(Ok(()));
+        }
+        #[cfg(feature = "fault-ack-before-fsync")]
+        if let Err(e) = writer.sync() {
+            inner.fail(&e);
+            return;
         }
         if frames.capacity() > 64 << 20 {
             frames = Vec::with_capacity(1 << 20);
