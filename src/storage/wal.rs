@@ -240,6 +240,21 @@ pub fn frames(data: &Bytes) -> impl Iterator<Item = Vec<Mutation>> + '_ {
     })
 }
 
+/// The lsns of a segment's records: its intact frames from the start, as
+/// long as their lsns go up (older records of a reused segment follow).
+pub fn frame_lsns(data: &Bytes) -> Vec<u64> {
+    let mut out: Vec<u64> = Vec::new();
+    let mut pos = 0usize;
+    while let Some(f) = parse_frame(data, pos) {
+        if out.last().is_some_and(|&l| f.lsn <= l) {
+            break;
+        }
+        out.push(f.lsn);
+        pos += f.len;
+    }
+    out
+}
+
 /// Length field of the frame at `pos`, if its header is readable.
 fn frame_len_hint(data: &[u8], pos: usize) -> Option<usize> {
     let header = data.get(pos..pos + 4)?;
