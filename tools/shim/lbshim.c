@@ -34,7 +34,12 @@
  * written at load, then updated in place as binary counters at offset
  * 4096 (see chaos's reader).
  *
- * LBSHIM_MODE=strict (default) | lenient.
+ * LBSHIM_MODE=strict (default) | lenient | torn. In torn mode the library
+ * also journals every write's range (mirror/writes.log, "W key start end")
+ * and every sync ("S key"), so that `chaos` can let a random subset of the
+ * pages written but not synced reach the rebuilt files too, as a disk's
+ * write-back may have done before the power went: torn and reordered
+ * writes.
  *
  * Not modelled: writes through shared writable mmaps of files under the
  * root (counted as class "mmap_write"; the harness fails a run where it is
@@ -149,6 +154,8 @@ static size_t root_len;
 static char mirror[PATH_MAX];
 static int mirror_on;
 static int lenient;
+static int torn;
+static int journal_fd = -1;
 static int kill_class = -1;
 static uint64_t kill_at;
 static unsigned kill_delay_ms;
@@ -374,6 +381,16 @@ static void key_path(char *out, size_t len, const char *kind, dev_t dev, ino_t i
              (unsigned long long)ino, (unsigned long long)gen);
 }
 
+/* Torn mode: appends a line to the write journal. */
+static void journal(char kind, dev_t dev, ino_t ino, uint64_t gen, uint64_t start, uint64_t end) {
+    if (journal_fd < 0) return;
+    char line[160];
+    int n = snprintf(line, sizeof line, "%c %llu.%llu.%llu %llu %llu\n", kind,
+                     (unsigned long long)dev, (unsigned long long)ino, (unsigned long long)gen,
+                     (unsigned long long)start, (unsigned long long)end);
+    real_write(journal_fd, line, (size_t)n);
+}
+
 static uint64_t gen_of(dev_t dev, ino_t ino) {
     struct inode *n = inode_get(dev, ino, 0);
     return n ? n->gen : 0;
@@ -465,6 +482,7 @@ static void flush_file(int fd, dev_t dev, ino_t ino, int all, uint64_t lo, uint6
     }
     real_close(in);
     real_close(out);
+    if (all) journal('S', dev, ino, gen, 0, 0);
     pthread_mutex_unlock(&flush_lock);
     free(taken);
 }
@@ -545,6 +563,7 @@ __attribute__((constructor)) static void lbshim_init(void) {
     }
     const char *mode = getenv("LBSHIM_MODE");
     lenient = mode && strcmp(mode, "lenient") == 0;
+    torn = mode && strcmp(mode, "torn") == 0;
     const char *k = getenv("LBSHIM_KILL");
     if (k && *k) {
         char cls[64];
@@ -595,6 +614,11 @@ __attribute__((constructor)) static void lbshim_init(void) {
         snprintf(p, sizeof p, "%s/dirs", mirror);
         real_mkdir(p, 0755);
         mirror_on = 1;
+        if (torn) {
+            snprintf(p, sizeof p, "%s/writes.log", mirror);
+            journal_fd = real_open(p, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+            if (journal_fd < 0) die("mirror journal");
+        }
         ready = 1;
         struct stat st;
         if (stat(root, &st) < 0) die("LBSHIM_ROOT");
@@ -693,7 +717,9 @@ static void wrote(int fd, int64_t off, ssize_t n) {
             off_t pos = lseek(fd, 0, SEEK_CUR);
             off = pos >= n ? (int64_t)pos - n : 0;
         }
-        add_range(inode_get(f->dev, f->ino, 1), (uint64_t)off, (uint64_t)off + (uint64_t)n);
+        struct inode *in = inode_get(f->dev, f->ino, 1);
+        add_range(in, (uint64_t)off, (uint64_t)off + (uint64_t)n);
+        journal('W', f->dev, f->ino, in->gen, (uint64_t)off, (uint64_t)off + (uint64_t)n);
     }
     pthread_mutex_unlock(&table_lock);
 }

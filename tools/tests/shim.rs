@@ -60,6 +60,13 @@ int main(int argc, char **argv) {
         int fd = open(p, O_RDWR);
         pwrite(fd, "ZZ", 2, 0);
         sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER);
+    } else if (strcmp(argv[1], "torn") == 0) {
+        /* 8 pages of 'n' over the 8 pages of 'o' in big, never synced */
+        snprintf(p, sizeof p, "%s/big", r);
+        int fd = open(p, O_RDWR);
+        char page[4096];
+        memset(page, 'n', sizeof page);
+        for (int i = 0; i < 8; i++) pwrite(fd, page, sizeof page, (off_t)i * 4096);
     } else if (strcmp(argv[1], "killpoint") == 0) {
         snprintf(p, sizeof p, "%s/old", r);
         int fd = open(p, O_WRONLY | O_APPEND);
@@ -106,6 +113,7 @@ impl Fixture {
         std::fs::create_dir_all(&root).expect("root");
         std::fs::write(root.join("old"), "orig").expect("old");
         std::fs::write(root.join("old2"), "abcdef").expect("old2");
+        std::fs::write(root.join("big"), vec![b'o'; 8 * 4096]).expect("big");
         let mirror = base.join("mirror");
         let status = Command::new(&self.prog)
             .arg(scenario)
@@ -119,17 +127,31 @@ impl Fixture {
         use std::os::unix::process::ExitStatusExt;
         assert_eq!(status.signal(), Some(9), "the program killed itself");
         let out = base.join("after");
-        shim::materialize(&mirror, &out).expect("materialize");
+        if env.iter().any(|(k, v)| *k == "LBSHIM_MODE" && *v == "torn") {
+            let mut rng = fastrand::Rng::with_seed(7);
+            let (_, pages) =
+                shim::materialize_torn(&mirror, &out, &root, &mut rng).expect("materialize");
+            std::fs::write(base.join("torn-pages"), pages.to_string()).expect("write");
+        } else {
+            shim::materialize(&mirror, &out).expect("materialize");
+        }
         out
     }
 }
 
 fn listing(dir: &Path) -> Vec<(String, String)> {
+    listing_with(dir, &["big"])
+}
+
+fn listing_with(dir: &Path, skip: &[&str]) -> Vec<(String, String)> {
     let mut v: Vec<(String, String)> = std::fs::read_dir(dir)
         .expect("read dir")
         .map(|e| {
             let e = e.expect("entry");
             let name = e.file_name().to_string_lossy().into_owned();
+            if skip.contains(&name.as_str()) {
+                return (name, String::new());
+            }
             let content = if e.path().is_dir() {
                 format!("dir {:?}", listing(&e.path()))
             } else {
@@ -143,10 +165,13 @@ fn listing(dir: &Path) -> Vec<(String, String)> {
 }
 
 fn pairs(items: &[(&str, &str)]) -> Vec<(String, String)> {
-    items
+    let mut v: Vec<(String, String)> = items
         .iter()
         .map(|(a, b)| (a.to_string(), b.to_string()))
-        .collect()
+        .collect();
+    v.push(("big".into(), String::new()));
+    v.sort();
+    v
 }
 
 #[test]
@@ -212,5 +237,39 @@ fn a_kill_point_fires_before_the_nth_call() {
     assert_eq!(
         std::fs::read_to_string(&mark).expect("mark").trim(),
         "fsync 2"
+    );
+}
+
+#[test]
+fn torn_mode_lets_some_unsynced_pages_through_and_nothing_else() {
+    let f = fixture();
+    let after = f.run("torn", &[("LBSHIM_MODE", "torn")]);
+    let big = std::fs::read(after.join("big")).expect("read");
+    assert_eq!(big.len(), 8 * 4096);
+    let mut new_pages = 0;
+    for page in big.chunks(4096) {
+        // Each page is wholly the old or wholly the new content.
+        assert!(
+            page.iter().all(|&b| b == b'o') || page.iter().all(|&b| b == b'n'),
+            "a page mixes old and new data"
+        );
+        new_pages += usize::from(page[0] == b'n');
+    }
+    let reported: usize = std::fs::read_to_string(f.dir.path().join("torn/torn-pages"))
+        .expect("pages")
+        .parse()
+        .expect("number");
+    assert_eq!(new_pages, reported);
+    assert!(
+        (1..8).contains(&new_pages),
+        "some pages but not all (seeded): {new_pages}"
+    );
+    // Strict mode: none.
+    let strict = f.run("torn", &[]);
+    assert!(
+        std::fs::read(strict.join("big"))
+            .expect("read")
+            .iter()
+            .all(|&b| b == b'o')
     );
 }

@@ -33,6 +33,7 @@ pub mod checker;
 pub mod history;
 pub mod server;
 pub mod shim;
+pub mod soak;
 pub mod workload;
 
 use std::collections::BTreeMap;
@@ -65,8 +66,10 @@ pub struct Args {
     /// Simulate a power cut at every stop (durable mirror).
     #[arg(long)]
     pub power_loss: bool,
-    /// Mirror mode: strict (sync_file_range does not make data durable) or
-    /// lenient (it does).
+    /// Mirror mode: strict (only synced data survives; sync_file_range does
+    /// not count), lenient (sync_file_range counts), or torn (strict, plus
+    /// a random half of the pages written but not synced: torn and
+    /// reordered write-back).
     #[arg(long, default_value = "strict")]
     pub shim_mode: String,
     /// The `letterbox` binary (default: next to this program).
@@ -110,6 +113,15 @@ pub struct Args {
     /// sync_file_range, pwrite, rename, unlink, create.
     #[arg(long, value_delimiter = ',')]
     pub classes: Vec<String>,
+    /// Soak instead of chaos: run the workload against one server, with
+    /// no kills, for this many seconds, sampling memory, disk use and log
+    /// size (consumers pause 40 s out of every 120 s so that backlogs
+    /// build up and drain). The server runs with its default settings.
+    #[arg(long)]
+    pub soak_secs: Option<u64>,
+    /// Soak: seconds between samples.
+    #[arg(long, default_value_t = 10)]
+    pub sample_secs: u64,
     /// Extra flag for `letterbox serve` (repeatable).
     #[arg(long = "server-arg", allow_hyphen_values = true)]
     pub server_args: Vec<String>,
@@ -155,21 +167,29 @@ struct Nemesis {
     hits: BTreeMap<String, u64>,
     /// Library call counts of all epochs.
     calls: BTreeMap<&'static str, u64>,
-    /// Per class: most calls seen in one epoch (to aim the n of kill
-    /// points).
-    per_epoch: BTreeMap<&'static str, u64>,
+    /// Per class: calls seen in all epochs and epochs seen (to aim the n
+    /// of kill points at the mean).
+    per_epoch: BTreeMap<&'static str, (u64, u64)>,
+    /// Kill point classes planned but not hit, retried next.
+    misses: BTreeMap<String, u32>,
     health: Vec<String>,
     ready_times: Vec<Duration>,
     max_run: Duration,
     power: bool,
     run_dir: PathBuf,
     restores: u64,
+    /// Torn mode: unsynced pages let through into rebuilt files.
+    torn_pages: u64,
     plan: Vec<String>,
     classes: Vec<String>,
+    soak: bool,
 }
 
 impl Nemesis {
     fn flags(&mut self) -> Vec<String> {
+        if self.soak {
+            return Vec::new();
+        }
         // Options drawn per start (as RocksDB's crash test does): they move
         // the checkpoints, applies and segment switches around.
         let seg = ["256KiB", "1MiB", "1MiB"][self.rng.usize(0..3)];
@@ -261,7 +281,8 @@ impl Nemesis {
         for (class, n) in &counts {
             *self.calls.entry(class).or_default() += n;
             let e = self.per_epoch.entry(class).or_default();
-            *e = (*e).max(*n);
+            e.0 += n;
+            e.1 += 1;
         }
         if counts.get("mmap_write").copied().unwrap_or(0) > 0 {
             self.health.push(format!(
@@ -303,7 +324,14 @@ impl Nemesis {
             return Ok(());
         }
         let staging = self.run_dir.join("restored");
-        let files = shim::materialize(mirror, &staging)?;
+        let files = if self.spec.shim_mode == "torn" {
+            let (files, pages) =
+                shim::materialize_torn(mirror, &staging, &self.spec.root, &mut self.rng)?;
+            self.torn_pages += pages;
+            files
+        } else {
+            shim::materialize(mirror, &staging)?
+        };
         let data = &self.spec.data;
         std::fs::remove_dir_all(data)
             .or_else(|e| {
@@ -346,8 +374,11 @@ impl Nemesis {
                 .iter()
                 .find(|(c, _)| *c == sys)
                 .map_or(10, |(_, g)| *g);
-            let seen = self.per_epoch.get(sys).copied().unwrap_or(guess).max(2);
-            let n = self.rng.u64(1..=seen);
+            let mean = self
+                .per_epoch
+                .get(sys)
+                .map_or(guess, |(sum, epochs)| sum / (*epochs).max(1));
+            let n = self.rng.u64(1..=mean.max(1));
             let delay = self.rng.u64(0..4);
             let kill = format!("{sys}:{n}:{delay}");
             let mut s = self.spawn(Some(&kill))?;
@@ -539,8 +570,11 @@ pub async fn run(args: Args) -> Result<i32> {
         );
     }
     workload::set_poison_percent(args.poison_percent);
-    if !matches!(args.shim_mode.as_str(), "strict" | "lenient") {
-        bail!("--shim-mode: {:?} is not strict or lenient", args.shim_mode);
+    if !matches!(args.shim_mode.as_str(), "strict" | "lenient" | "torn") {
+        bail!(
+            "--shim-mode: {:?} is not strict, lenient or torn",
+            args.shim_mode
+        );
     }
     let bin = match &args.server_bin {
         Some(b) => b.clone(),
@@ -596,14 +630,17 @@ pub async fn run(args: Args) -> Result<i32> {
         hits: BTreeMap::new(),
         calls: BTreeMap::new(),
         per_epoch: BTreeMap::new(),
+        misses: BTreeMap::new(),
         health: Vec::new(),
         ready_times: Vec::new(),
         max_run: Duration::from_millis(args.max_run_ms.max(100)),
         power: args.power_loss,
         run_dir: run_dir.clone(),
         restores: 0,
+        torn_pages: 0,
         plan: Vec::new(),
         classes: args.classes.clone(),
+        soak: args.soak_secs.is_some(),
     };
     let started = Instant::now();
     let sh = Arc::new(Shared {
@@ -612,6 +649,7 @@ pub async fn run(args: Args) -> Result<i32> {
         phase: AtomicU8::new(workload::RUNNING),
         quiet: AtomicBool::new(false),
         inflight: AtomicUsize::new(0),
+        paused: AtomicBool::new(false),
         url: format!("http://127.0.0.1:{port}"),
     });
 
@@ -634,22 +672,54 @@ pub async fn run(args: Args) -> Result<i32> {
     }
     consumers.push(tokio::spawn(workload::stream_consumer(Arc::clone(&sh))));
     workers.push(tokio::spawn(workload::admin_worker(Arc::clone(&sh))));
-    tokio::time::sleep(Duration::from_millis(nem.rng.u64(200..1500))).await;
-    let status = first.kill();
-    nem.hit("random");
-    nem.after_exit(
-        &EpochEnd {
-            class: "random".into(),
-            status,
-        },
-        false,
-    )?;
-    drop(first);
+    let mut soak_samples = Vec::new();
+    let mut running = None;
+    if let Some(secs) = args.soak_secs {
+        let mut csv = std::fs::File::create(run_dir.join("soak.csv"))?;
+        soak_samples = soak::run(
+            &sh,
+            first.pid(),
+            &nem.spec.data,
+            &nem.spec.log,
+            Duration::from_secs(secs),
+            Duration::from_secs(args.sample_secs.max(1)),
+            &mut csv,
+        )
+        .await;
+        running = Some(first);
+    } else {
+        tokio::time::sleep(Duration::from_millis(nem.rng.u64(200..1500))).await;
+        let status = first.kill();
+        nem.hit("random");
+        nem.after_exit(
+            &EpochEnd {
+                class: "random".into(),
+                status,
+            },
+            false,
+        )?;
+        drop(first);
+    }
 
     // The cycles.
-    for cycle in 1..args.cycles {
+    let cycles = if args.soak_secs.is_some() {
+        0
+    } else {
+        args.cycles
+    };
+    for cycle in 1..cycles {
         let class = nem.next_class();
+        let before = nem.hits.get(&class).copied().unwrap_or(0);
         nem.epoch(&class).await?;
+        if nem.hits.get(&class).copied().unwrap_or(0) == before {
+            // Not hit (a start-up kill that came after the start, a call
+            // not reached...): try this class again next, a few times.
+            let m = nem.misses.entry(class.clone()).or_default();
+            *m += 1;
+            if *m <= 3 {
+                nem.plan.push(class);
+            }
+        }
         if cycle % 10 == 0 {
             println!(
                 "chaos: cycle {cycle}/{}, {:.0} s",
@@ -661,10 +731,16 @@ pub async fn run(args: Args) -> Result<i32> {
 
     // Final phase: a clean server, producers and admin stop, consumers ack
     // everything but poison, until every queue is empty.
-    let mut s = nem.spawn(None)?;
-    if !nem.ready(&mut s).await? {
-        bail!("the server did not start for the final phase");
-    }
+    let mut s = match running {
+        Some(s) => s,
+        None => {
+            let mut s = nem.spawn(None)?;
+            if !nem.ready(&mut s).await? {
+                bail!("the server did not start for the final phase");
+            }
+            s
+        }
+    };
     sh.quiet.store(true, Ordering::SeqCst);
     for w in workers {
         let _ = w.await;
@@ -705,6 +781,20 @@ pub async fn run(args: Args) -> Result<i32> {
         ));
     }
     let _ = workload::read_stats(&sh, "after the drain").await;
+    if !soak_samples.is_empty() {
+        // Two checkpoints (30 s apart by default) retire what the drain
+        // freed.
+        tokio::time::sleep(Duration::from_secs(65)).await;
+        let after = soak::Sample {
+            at: started.elapsed().as_secs_f64(),
+            rss: soak::rss(s.pid()),
+            disk: soak::disk_use(&nem.spec.data),
+            log: std::fs::metadata(&nem.spec.log).map_or(0, |m| m.len()),
+            backlog: workload_totals(&sh).await.unwrap_or(0),
+            paused: false,
+        };
+        soak_verdict(&soak_samples, after, &mut nem.health);
+    }
     s.term();
     let status = s.wait_exit(Duration::from_secs(30)).await;
     nem.after_exit(
@@ -802,6 +892,69 @@ pub async fn run(args: Args) -> Result<i32> {
     Ok(code)
 }
 
+/// Judges a soak: disk use must come back down after the drain, memory
+/// must not keep growing; prints the figures.
+fn soak_verdict(samples: &[soak::Sample], after: soak::Sample, health: &mut Vec<String>) {
+    use soak::mib;
+    let first = samples[0];
+    let peak_disk = samples.iter().map(|s| s.disk).max().unwrap_or(0);
+    let peak_backlog = samples.iter().map(|s| s.backlog).max().unwrap_or(0);
+    let third = samples.len().div_ceil(3);
+    let rss_early = samples[..third].iter().map(|s| s.rss).max().unwrap_or(0);
+    let rss_late = samples[samples.len() - third..]
+        .iter()
+        .map(|s| s.rss)
+        .max()
+        .unwrap_or(0);
+    let rss_peak = samples.iter().map(|s| s.rss).max().unwrap_or(0);
+    let minutes = samples.last().map_or(1.0, |s| s.at / 60.0).max(1.0 / 60.0);
+    println!();
+    println!(
+        "soak: {:.1} min, {} samples; peak backlog {peak_backlog} messages",
+        minutes,
+        samples.len()
+    );
+    println!(
+        "soak: disk {:.1} MiB at the start, {:.1} MiB at the peak, {:.1} MiB after the drain and two checkpoints",
+        mib(first.disk),
+        mib(peak_disk),
+        mib(after.disk)
+    );
+    println!(
+        "soak: RSS {:.1} MiB at the start, highest {:.1} MiB in the first third, {:.1} MiB in the last third, peak {:.1} MiB, {:.1} MiB after the drain",
+        mib(first.rss),
+        mib(rss_early),
+        mib(rss_late),
+        mib(rss_peak),
+        mib(after.rss)
+    );
+    println!(
+        "soak: server log {:.2} MiB ({:.1} KiB per minute)",
+        mib(after.log),
+        after.log as f64 / 1024.0 / minutes
+    );
+    // Space comes back: what the backlog took is mostly returned.
+    let grown = peak_disk.saturating_sub(first.disk);
+    let kept = after.disk.saturating_sub(first.disk);
+    if grown > 64 << 20 && kept * 2 > grown {
+        health.push(format!(
+            "soak: disk use did not come back down: {:.1} MiB at the start, {:.1} MiB at the peak, {:.1} MiB after the drain",
+            mib(first.disk),
+            mib(peak_disk),
+            mib(after.disk)
+        ));
+    }
+    // Memory is bounded: no growth from the first third to the last
+    // beyond a quarter (caches fill early).
+    if rss_late > rss_early + rss_early / 4 + (32 << 20) {
+        health.push(format!(
+            "soak: memory kept growing: RSS {:.1} MiB in the first third, {:.1} MiB in the last",
+            mib(rss_early),
+            mib(rss_late)
+        ));
+    }
+}
+
 async fn workload_totals(sh: &Shared) -> Option<u64> {
     let ch = workload::channel(&sh.url).ok()?;
     let mut admin = letterbox::pb::admin_service_client::AdminServiceClient::new(ch);
@@ -861,8 +1014,13 @@ fn print_summary(
     println!("kill points hit: {}", hits.join(", "));
     if nem.power {
         println!(
-            "power cuts (directory rebuilt from the durable mirror): {}",
-            nem.restores
+            "power cuts (directory rebuilt from the durable mirror): {}{}",
+            nem.restores,
+            if args.shim_mode == "torn" {
+                format!(", {} unsynced pages let through", nem.torn_pages)
+            } else {
+                String::new()
+            }
         );
     }
     let calls: Vec<String> = nem

@@ -157,6 +157,8 @@ pub struct Shared {
     pub quiet: AtomicBool,
     /// Settle tasks in flight.
     pub inflight: AtomicUsize,
+    /// Consumers hold off (soak: let a backlog build up).
+    pub paused: AtomicBool,
     /// The server's URL.
     pub url: String,
 }
@@ -616,6 +618,10 @@ pub async fn consumer(sh: Arc<Shared>, c: usize) -> anyhow::Result<()> {
         .collect();
     let name = format!("consumer {c}");
     while sh.phase() != STOP {
+        if sh.paused.load(Ordering::Relaxed) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        }
         let queue = queues[rng.usize(0..queues.len())].clone();
         let call = sh.hist.call_id();
         let inv = sh.hist.now();
@@ -654,6 +660,10 @@ pub async fn stream_consumer(sh: Arc<Shared>) -> anyhow::Result<()> {
     let mut rng = fastrand::Rng::with_seed(sh.seed ^ 0x57ea);
     let name = "stream consumer".to_string();
     while sh.phase() != STOP {
+        if sh.paused.load(Ordering::Relaxed) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        }
         let queue = [STD, FIFO, TTL][rng.usize(0..3)].to_string();
         let (tx, rx) = mpsc::channel::<pb::SubscribeRequest>(64);
         let _ = tx
