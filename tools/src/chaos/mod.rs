@@ -99,7 +99,8 @@ pub struct Args {
     #[arg(long, default_value_t = 0)]
     pub min_hits: u64,
     /// Invert the verdict: succeed only if the checker finds violations of
-    /// this invariant (for negative controls), e.g. `I1`.
+    /// this invariant, or of one of these (comma-separated), for negative
+    /// controls: e.g. `I1` or `I1,I4`.
     #[arg(long)]
     pub expect_violation: Option<String>,
     /// Skip `letterbox verify` of the data directory at the end.
@@ -864,7 +865,7 @@ pub async fn run(args: Args) -> Result<i32> {
     }
     let code = match &args.expect_violation {
         Some(inv) => {
-            let n = report.of(inv);
+            let n: usize = inv.split(',').map(|i| report.of(i.trim())).sum();
             if n > 0 {
                 println!(
                     "chaos: expected violations of {inv} found ({n}): the checker catches this fault"
