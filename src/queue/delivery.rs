@@ -177,6 +177,9 @@ impl Broker {
             deadline,
             started: now,
         });
+        #[cfg(feature = "fault-no-delivery-count")]
+        change.txn.put_meta_unlogged(qid, pos, &meta);
+        #[cfg(not(feature = "fault-no-delivery-count"))]
         change.txn.put_meta(qid, pos, &meta);
         q.lease(pos, deadline, epoch, timers);
         Ok(Picked {

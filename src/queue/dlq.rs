@@ -170,8 +170,22 @@ impl Broker {
             },
             timers,
         );
-        change.txn.delete(Key::Meta(qid, pos));
-        change.txn.put_new_meta(dlq_qid, new_pos, &meta);
+        #[cfg(feature = "fault-dlq-two-steps")]
+        {
+            // Negative control: the copy first, durable, then the removal
+            // in a later transaction.
+            let mut copy = crate::storage::Txn::new();
+            copy.put_new_meta(dlq_qid, new_pos, &meta);
+            let c = self.store.submit(copy);
+            self.store.wait_durable_blocking(c.lsn());
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            change.txn.delete(Key::Meta(qid, pos));
+        }
+        #[cfg(not(feature = "fault-dlq-two-steps"))]
+        {
+            change.txn.delete(Key::Meta(qid, pos));
+            change.txn.put_new_meta(dlq_qid, new_pos, &meta);
+        }
         change.touch(qid);
         change.touch(dlq_qid);
         change.wake(qid);

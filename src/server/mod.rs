@@ -201,6 +201,7 @@ impl Server {
     /// Opens the data directory, recovers, and binds the listener.
     pub async fn start(config: ServerConfig, clock: Arc<dyn Clock>) -> Result<Server, ServerError> {
         let dir = config.data_dir.clone();
+        let db_dir = dir.join("db");
         let store_opts = config.store.clone();
         let broker_opts = config.broker.clone();
         // Opening replays the log and scans the database: blocking work.
@@ -210,7 +211,24 @@ impl Server {
             Ok::<_, ServerError>((broker, report))
         })
         .await
-        .map_err(|e| ServerError::StorageFailed(format!("recovery task: {e}")))??;
+        .map_err(|e| {
+            // sled panics on some damage instead of returning an error.
+            let why = if e.is_panic() {
+                let p = e.into_panic();
+                p.downcast_ref::<&str>()
+                    .map(|s| (*s).to_string())
+                    .or_else(|| p.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "a panic".into())
+            } else {
+                e.to_string()
+            };
+            ServerError::Open(StorageError::Corrupt {
+                what: db_dir.display().to_string(),
+                reason: format!(
+                    "reading it failed ({why}): the database is damaged (see letterbox verify)"
+                ),
+            })
+        })??;
         let listener =
             TcpListener::bind(config.listen)
                 .await

@@ -12,6 +12,8 @@ use super::error::{Result, StorageError};
 pub const FORMAT_VERSION: u32 = 1;
 
 const FORMAT_FILE: &str = "FORMAT";
+const CHECKPOINT_FILE: &str = "CHECKPOINT";
+const CHECKPOINT_HEADER: &str = "letterbox checkpoint";
 const LOCK_FILE: &str = "LOCK";
 const FORMAT_HEADER: &str = "letterbox data directory";
 
@@ -51,13 +53,32 @@ pub fn sync_tree(root: &Path) -> Result<()> {
     sync_dir(root)
 }
 
-/// Creates `dir` (mode 0700) and its parents if missing.
+/// Creates `dir` (mode 0700) and its parents if missing, and makes each
+/// new directory's entry durable (an fsync of its parent): a directory
+/// created but never synced into its parent can vanish in a power cut,
+/// with everything written inside it.
 pub fn create_private_dir(dir: &Path) -> Result<()> {
+    let mut missing = Vec::new();
+    let mut cur = Some(dir);
+    while let Some(d) = cur {
+        if d.as_os_str().is_empty() || d.exists() {
+            break;
+        }
+        missing.push(d);
+        cur = d.parent();
+    }
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
         .create(dir)
-        .map_err(|e| StorageError::io("create directory", dir, e))
+        .map_err(|e| StorageError::io("create directory", dir, e))?;
+    for d in missing.iter().rev() {
+        match d.parent() {
+            Some(p) if !p.as_os_str().is_empty() => sync_dir(p)?,
+            _ => sync_dir(Path::new("."))?,
+        }
+    }
+    Ok(())
 }
 
 /// The held lock of a data directory; released when dropped.
@@ -85,11 +106,12 @@ pub fn lock_dir(dir: &Path) -> Result<DirLock> {
 }
 
 /// Checks the format file of an existing data directory, or writes it into
-/// a new (empty) one. Refuses a non-empty directory without one.
-pub fn check_or_init_format(dir: &Path) -> Result<()> {
+/// a new (empty) one. Refuses a non-empty directory without one. Returns
+/// true when the directory was new.
+pub fn check_or_init_format(dir: &Path) -> Result<bool> {
     let path = dir.join(FORMAT_FILE);
     match std::fs::read_to_string(&path) {
-        Ok(text) => parse_format(&path, &text),
+        Ok(text) => parse_format(&path, &text).map(|()| false),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let others = std::fs::read_dir(dir)
                 .map_err(|e| StorageError::io("read directory", dir, e))?
@@ -102,9 +124,32 @@ pub fn check_or_init_format(dir: &Path) -> Result<()> {
                     reason: format!("it is not empty and has no {FORMAT_FILE} file"),
                 });
             }
-            write_format(dir, &path)
+            write_format(dir, &path).map(|()| true)
         }
         Err(e) => Err(StorageError::io("read", &path, e)),
+    }
+}
+
+/// Checks the format file without writing anything (for `verify`).
+pub fn check_format(dir: &Path) -> Result<()> {
+    let path = dir.join(FORMAT_FILE);
+    let text = std::fs::read_to_string(&path).map_err(|e| StorageError::io("read", &path, e))?;
+    parse_format(&path, &text)
+}
+
+/// Takes the data directory's lock for reading it offline, without
+/// creating anything; `Ok(None)` when there is no lock file.
+pub fn lock_dir_shared(dir: &Path) -> Result<Option<DirLock>> {
+    let path = dir.join(LOCK_FILE);
+    let file = match File::open(&path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(StorageError::io("open", &path, e)),
+    };
+    match file.try_lock() {
+        Ok(()) => Ok(Some(DirLock { _file: file })),
+        Err(std::fs::TryLockError::WouldBlock) => Err(StorageError::Locked { path }),
+        Err(std::fs::TryLockError::Error(e)) => Err(StorageError::io("lock", &path, e)),
     }
 }
 
@@ -141,6 +186,41 @@ fn write_format(dir: &Path, path: &PathBuf) -> Result<()> {
         .map_err(|e| StorageError::io("write", &tmp, e))?;
     std::fs::rename(&tmp, path).map_err(|e| StorageError::io("rename", path, e))?;
     sync_dir(dir)
+}
+
+/// Records, outside the database, the lsn up to which the database was
+/// made durable by a checkpoint (written to a temporary file, fsynced,
+/// renamed, directory fsynced). A start whose database comes back older
+/// than this (damaged or truncated, with the log that fed it retired) is
+/// refused instead of serving less than was acknowledged.
+pub fn write_checkpoint(dir: &Path, lsn: u64) -> Result<()> {
+    let path = dir.join(CHECKPOINT_FILE);
+    let tmp = dir.join("CHECKPOINT.tmp");
+    let mut f = File::create(&tmp).map_err(|e| StorageError::io("create", &tmp, e))?;
+    f.write_all(format!("{CHECKPOINT_HEADER}\napplied {lsn}\n").as_bytes())
+        .and_then(|()| f.sync_all())
+        .map_err(|e| StorageError::io("write", &tmp, e))?;
+    std::fs::rename(&tmp, &path).map_err(|e| StorageError::io("rename", &path, e))?;
+    sync_dir(dir)
+}
+
+/// The lsn of the last checkpoint (0 when none was recorded).
+pub fn read_checkpoint(dir: &Path) -> Result<u64> {
+    let path = dir.join(CHECKPOINT_FILE);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(StorageError::io("read", &path, e)),
+    };
+    let mut lines = text.lines();
+    let lsn = (lines.next() == Some(CHECKPOINT_HEADER))
+        .then(|| lines.next())
+        .flatten()
+        .and_then(|l| l.strip_prefix("applied "))
+        .and_then(|n| n.trim().parse::<u64>().ok());
+    lsn.ok_or_else(|| {
+        StorageError::corrupt(path.display().to_string(), "malformed checkpoint record")
+    })
 }
 
 /// Free bytes available to this process on the file system of `dir`.

@@ -57,14 +57,14 @@ pub enum Key<'a> {
     Exchange(&'a str),
 }
 
-const TAG_SYS: u8 = 0x01;
-const TAG_QUEUE: u8 = 0x02;
-const TAG_COUNTERS: u8 = 0x03;
-const TAG_META: u8 = 0x04;
+pub(crate) const TAG_SYS: u8 = 0x01;
+pub(crate) const TAG_QUEUE: u8 = 0x02;
+pub(crate) const TAG_COUNTERS: u8 = 0x03;
+pub(crate) const TAG_META: u8 = 0x04;
 pub(crate) const TAG_PAYLOAD: u8 = 0x05;
-const TAG_DEDUP: u8 = 0x06;
-const TAG_GROUP: u8 = 0x07;
-const TAG_EXCHANGE: u8 = 0x08;
+pub(crate) const TAG_DEDUP: u8 = 0x06;
+pub(crate) const TAG_GROUP: u8 = 0x07;
+pub(crate) const TAG_EXCHANGE: u8 = 0x08;
 
 /// The keyspaces, for prefix scans.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -39,6 +39,7 @@ pub mod fsutil;
 pub mod keys;
 mod payloads;
 pub mod records;
+pub mod verify;
 pub mod wal;
 
 use std::collections::HashMap;
@@ -131,6 +132,9 @@ pub struct StoreStats {
 #[derive(Debug, Default)]
 pub struct Txn {
     muts: Vec<Mutation>,
+    /// Negative control: puts kept in memory only.
+    #[cfg(feature = "fault-no-delivery-count")]
+    volatile: Vec<(Bytes, Bytes)>,
 }
 
 impl Txn {
@@ -141,7 +145,19 @@ impl Txn {
 
     /// True when nothing was added.
     pub fn is_empty(&self) -> bool {
+        #[cfg(feature = "fault-no-delivery-count")]
+        if !self.volatile.is_empty() {
+            return false;
+        }
         self.muts.is_empty()
+    }
+
+    /// Negative control: a message's state kept in memory only (never
+    /// logged), until a later transaction writes or deletes the key.
+    #[cfg(feature = "fault-no-delivery-count")]
+    pub fn put_meta_unlogged(&mut self, qid: u32, pos: u64, rec: &MetaRecord) {
+        self.volatile
+            .push((Key::Meta(qid, pos).encode(), records::encode(rec)));
     }
 
     fn put(&mut self, key: Key<'_>, value: Bytes) {
@@ -334,6 +350,9 @@ struct Inner {
     files: payloads::Files,
     relocated: AtomicU64,
     metrics: StoreMetrics,
+    /// Negative control: values kept in memory only.
+    #[cfg(feature = "fault-no-delivery-count")]
+    volatile: Mutex<HashMap<Bytes, Bytes>>,
 }
 
 /// Distributions of the commit path, for the metrics endpoint.
@@ -389,87 +408,53 @@ impl Store {
         let started = Instant::now();
         fsutil::create_private_dir(dir)?;
         let dir_lock = fsutil::lock_dir(dir)?;
-        fsutil::check_or_init_format(dir)?;
+        let fresh = fsutil::check_or_init_format(dir)?;
         let db_dir = dir.join("db");
         let wal_dir = dir.join("wal");
+        if !fresh && !db_dir.join("db").exists() {
+            return Err(StorageError::corrupt(
+                db_dir.display().to_string(),
+                "the database is missing, but FORMAT says this directory holds data: refusing to start empty",
+            ));
+        }
         fsutil::create_private_dir(&wal_dir)?;
-        let db = sled::Config::new()
-            .path(&db_dir)
-            .flush_every_ms(None)
-            .cache_capacity(opts.cache_bytes)
-            .mode(sled::Mode::HighThroughput)
-            .open()
-            .map_err(|e| StorageError::Db {
-                path: db_dir.clone(),
-                source: e,
-            })?;
+        let db = open_db(&db_dir, opts.cache_bytes)?;
         let dbe = |e: sled::Error| StorageError::Db {
             path: db_dir.clone(),
             source: e,
         };
-        check_db_format(&db, &db_dir)?;
+        // The entries of `wal/` and `db/` (created by sled) in the data
+        // directory must be durable before anything in them counts.
+        fsutil::sync_dir(dir)?;
+        check_db_format(&db, &db_dir, fresh)?;
         let applied = read_sys(&db, SysKey::AppliedLsn, &db_dir)?.unwrap_or(0);
-
-        // Replay what the log has beyond the database. Payload values stay
-        // in the log: the database gets pointers to them.
-        let mut batch = sled::Batch::default();
-        let mut in_batch = 0usize;
-        // Keys changed by the batch being built (for conditional puts).
-        let mut touched: HashMap<Bytes, bool> = HashMap::new();
-        let end = wal::replay(&wal_dir, applied, |lsn, muts, seg, data| {
-            for m in muts {
-                match m.value {
-                    Some(v) => {
-                        if m.if_exists {
-                            let exists = match touched.get(&m.key) {
-                                Some(e) => *e,
-                                None => db.contains_key(m.key.as_ref()).map_err(dbe)?,
-                            };
-                            if !exists {
-                                continue;
-                            }
-                        }
-                        if payloads::located(&m.key) {
-                            let loc = payloads::loc_in(seg, data, &v);
-                            batch.insert(m.key.as_ref(), &loc.encode()[..]);
-                        } else {
-                            batch.insert(m.key.as_ref(), v.as_ref());
-                        }
-                        touched.insert(m.key.clone(), true);
-                    }
-                    None => {
-                        batch.remove(m.key.as_ref());
-                        touched.insert(m.key.clone(), false);
-                    }
-                }
-                in_batch += 1;
-            }
-            if in_batch > 10_000 {
-                touched.clear();
-                batch.insert(
-                    Key::Sys(SysKey::AppliedLsn).encode().as_ref(),
-                    &lsn.to_be_bytes(),
-                );
-                db.apply_batch(std::mem::take(&mut batch)).map_err(dbe)?;
-                in_batch = 0;
-            }
-            Ok(())
-        })?;
-        batch.insert(
-            Key::Sys(SysKey::AppliedLsn).encode().as_ref(),
-            &end.last_lsn.to_be_bytes(),
-        );
+        let (end, batch) = replay_into(&db, &wal_dir, applied, &db_dir)?;
+        let checkpointed = fsutil::read_checkpoint(dir)?;
+        if end.last_lsn < checkpointed {
+            return Err(StorageError::corrupt(
+                db_dir.display().to_string(),
+                format!(
+                    "the database holds changes up to lsn {applied} and the log continues it to lsn {}, but a checkpoint made lsn {checkpointed} durable: the database is damaged or truncated",
+                    end.last_lsn
+                ),
+            ));
+        }
         db.apply_batch(batch).map_err(dbe)?;
         // Make the database durable before the log that fed it goes.
         db.flush().map_err(dbe)?;
         fsutil::sync_tree(&db_dir)?;
+        fsutil::write_checkpoint(dir, end.last_lsn)?;
         // Count payload pointers; segments without any are retired, the
         // others kept (pinned) for their payloads.
         let mut live = payloads::Live::default();
+        // The furthest byte a pointer reaches, per segment.
+        let mut reach: HashMap<u64, u64> = HashMap::new();
         for item in db.scan_prefix([keys::TAG_PAYLOAD]) {
             let (_, v) = item.map_err(dbe)?;
             if let Some(loc) = payloads::Loc::decode(&v) {
                 live.add(loc.seg);
+                let end = reach.entry(loc.seg).or_default();
+                *end = (*end).max(loc.off + u64::from(loc.len));
             }
         }
         // Totals start at what is live now: a share of it must go before a
@@ -477,12 +462,25 @@ impl Store {
         let pool = Arc::new(wal::Pool::open(&wal_dir, opts.segment_size)?);
         let present = wal::list_segments(&wal_dir)?;
         for seg in live.counts.keys() {
+            let path = wal::segment_path(&wal_dir, *seg);
             if !present.contains(seg) {
                 return Err(StorageError::corrupt(
-                    wal::segment_path(&wal_dir, *seg).display().to_string(),
+                    path.display().to_string(),
                     format!(
                         "{} payload(s) point into this log segment, which is missing",
                         live.count(*seg)
+                    ),
+                ));
+            }
+            let size = std::fs::metadata(&path)
+                .map_err(|e| StorageError::io("stat", &path, e))?
+                .len();
+            let need = reach.get(seg).copied().unwrap_or(0);
+            if size < need {
+                return Err(StorageError::corrupt(
+                    path.display().to_string(),
+                    format!(
+                        "payloads point up to byte {need} of this log segment, which has only {size}: it was truncated"
                     ),
                 ));
             }
@@ -530,6 +528,8 @@ impl Store {
             files: payloads::Files::new(&wal_dir),
             relocated: AtomicU64::new(0),
             metrics: StoreMetrics::new(),
+            #[cfg(feature = "fault-no-delivery-count")]
+            volatile: Mutex::default(),
         });
         inner.refresh_space();
         let mut threads = Vec::new();
@@ -552,6 +552,12 @@ impl Store {
         ))
     }
 
+    /// Negative control: blocks until `lsn` is durable.
+    #[cfg(feature = "fault-dlq-two-steps")]
+    pub fn wait_durable_blocking(&self, lsn: u64) -> bool {
+        self.inner.wait_durable(lsn)
+    }
+
     /// The data directory.
     pub fn dir(&self) -> &Path {
         &self.inner.dir
@@ -565,6 +571,10 @@ impl Store {
     /// Reads a key as of the latest submitted transaction.
     pub fn get(&self, key: &Key<'_>) -> Result<Option<Bytes>> {
         let k = key.encode();
+        #[cfg(feature = "fault-no-delivery-count")]
+        if let Some(v) = lock(&self.inner.volatile).get(&k) {
+            return Ok(Some(v.clone()));
+        }
         {
             let st = lock(&self.inner.state);
             if let Some(slot) = st.active.get(&k) {
@@ -708,7 +718,117 @@ impl Drop for Store {
         for t in lock(&self.threads).drain(..) {
             let _ = t.join();
         }
+        if self.inner.failed() {
+            // Fail-stop: the disk is left as it is. Dropping sled would
+            // flush it once more (and sled panics when that fails, e.g. on
+            // a file system that turned read-only); the process exits and
+            // the next start recovers from disk.
+            std::mem::forget(Arc::clone(&self.inner));
+        }
     }
+}
+
+/// Opens sled on `db_dir` as the store does. sled panics on some damage
+/// instead of returning an error: that is turned into an error naming the
+/// directory.
+pub(crate) fn open_db(db_dir: &Path, cache_bytes: u64) -> Result<sled::Db> {
+    let opened = std::panic::catch_unwind(|| {
+        sled::Config::new()
+            .path(db_dir)
+            .flush_every_ms(None)
+            .cache_capacity(cache_bytes)
+            .mode(sled::Mode::HighThroughput)
+            .open()
+    });
+    match opened {
+        Ok(r) => r.map_err(|e| StorageError::Db {
+            path: db_dir.to_path_buf(),
+            source: e,
+        }),
+        Err(panic) => Err(StorageError::corrupt(
+            db_dir.display().to_string(),
+            format!(
+                "the database cannot be read (it is damaged: {})",
+                panic_text(panic.as_ref())
+            ),
+        )),
+    }
+}
+
+/// The message of a caught panic.
+pub(crate) fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic".to_string()
+    }
+}
+
+/// Replays the log records newer than `applied` into `db` (payload puts
+/// become pointers to their place in the log); returns where the log ends
+/// and the last batch, not yet applied.
+pub(crate) fn replay_into(
+    db: &sled::Db,
+    wal_dir: &Path,
+    applied: u64,
+    db_dir: &Path,
+) -> Result<(wal::ReplayEnd, sled::Batch)> {
+    let dbe = |e: sled::Error| StorageError::Db {
+        path: db_dir.to_path_buf(),
+        source: e,
+    };
+    // Replay what the log has beyond the database. Payload values stay
+    // in the log: the database gets pointers to them.
+    let mut batch = sled::Batch::default();
+    let mut in_batch = 0usize;
+    // Keys changed by the batch being built (for conditional puts).
+    let mut touched: HashMap<Bytes, bool> = HashMap::new();
+    let end = wal::replay(wal_dir, applied, |lsn, muts, seg, data| {
+        for m in muts {
+            match m.value {
+                Some(v) => {
+                    if m.if_exists {
+                        let exists = match touched.get(&m.key) {
+                            Some(e) => *e,
+                            None => db.contains_key(m.key.as_ref()).map_err(dbe)?,
+                        };
+                        if !exists {
+                            continue;
+                        }
+                    }
+                    if payloads::located(&m.key) {
+                        let loc = payloads::loc_in(seg, data, &v);
+                        batch.insert(m.key.as_ref(), &loc.encode()[..]);
+                    } else {
+                        batch.insert(m.key.as_ref(), v.as_ref());
+                    }
+                    touched.insert(m.key.clone(), true);
+                }
+                None => {
+                    batch.remove(m.key.as_ref());
+                    touched.insert(m.key.clone(), false);
+                }
+            }
+            in_batch += 1;
+        }
+        if in_batch > 10_000 {
+            touched.clear();
+            batch.insert(
+                Key::Sys(SysKey::AppliedLsn).encode().as_ref(),
+                &lsn.to_be_bytes(),
+            );
+            db.apply_batch(std::mem::take(&mut batch)).map_err(dbe)?;
+            in_batch = 0;
+        }
+        Ok(())
+    })?;
+    batch.insert(
+        Key::Sys(SysKey::AppliedLsn).encode().as_ref(),
+        &end.last_lsn.to_be_bytes(),
+    );
+    Ok((end, batch))
 }
 
 fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> Result<std::thread::JoinHandle<()>> {
@@ -738,7 +858,11 @@ fn read_sys(db: &sled::Db, key: SysKey, path: &Path) -> Result<Option<u64>> {
     }
 }
 
-fn check_db_format(db: &sled::Db, path: &Path) -> Result<()> {
+/// Checks the database's format version; a new directory's database gets
+/// it. An existing directory whose database lacks it lost its database
+/// (deleted, truncated, or replaced by an empty one): refused, rather than
+/// started empty.
+fn check_db_format(db: &sled::Db, path: &Path, fresh: bool) -> Result<()> {
     let supported = fsutil::FORMAT_VERSION;
     match read_sys(db, SysKey::FormatVersion, path)? {
         Some(v) if v == u64::from(supported) => Ok(()),
@@ -747,6 +871,10 @@ fn check_db_format(db: &sled::Db, path: &Path) -> Result<()> {
             found: v.to_string(),
             supported,
         }),
+        None if !fresh => Err(StorageError::corrupt(
+            path.display().to_string(),
+            "the database is empty or lost its records, but FORMAT says this directory holds data: refusing to start empty (a directory whose very first start was cut short holds nothing and can be removed)",
+        )),
         None => {
             db.insert(
                 Key::Sys(SysKey::FormatVersion).encode(),
@@ -798,6 +926,14 @@ impl Inner {
                     st.active.insert(m.key.clone(), slot);
                 }
             }
+        }
+        #[cfg(feature = "fault-no-delivery-count")]
+        {
+            let mut v = lock(&self.volatile);
+            for m in &txn.muts {
+                v.remove(&m.key);
+            }
+            v.extend(txn.volatile);
         }
         let full = st.active_bytes > self.opts.apply_bytes;
         st.pending.push(Pending {
@@ -951,6 +1087,11 @@ fn log_writer(inner: &Inner, mut writer: wal::Writer) {
                 .commit_seconds
                 .observe(p.submitted.elapsed().as_secs_f64());
             let _ = p.done.send(Ok(()));
+        }
+        #[cfg(feature = "fault-ack-before-fsync")]
+        if let Err(e) = writer.sync() {
+            inner.fail(&e);
+            return;
         }
         if frames.capacity() > 64 << 20 {
             frames = Vec::with_capacity(1 << 20);
@@ -1123,6 +1264,7 @@ fn checkpoint(inner: &Inner) -> Result<()> {
     let applied = inner.applied.load(Ordering::Relaxed);
     inner.db.flush().map_err(|e| inner.db_error(e))?;
     fsutil::sync_tree(&inner.dir.join("db"))?;
+    fsutil::write_checkpoint(&inner.dir, applied)?;
     let wal_dir = inner.dir.join("wal");
     let mut retire = Vec::new();
     {

@@ -240,6 +240,21 @@ pub fn frames(data: &Bytes) -> impl Iterator<Item = Vec<Mutation>> + '_ {
     })
 }
 
+/// The lsns of a segment's records: its intact frames from the start, as
+/// long as their lsns go up (older records of a reused segment follow).
+pub fn frame_lsns(data: &Bytes) -> Vec<u64> {
+    let mut out: Vec<u64> = Vec::new();
+    let mut pos = 0usize;
+    while let Some(f) = parse_frame(data, pos) {
+        if out.last().is_some_and(|&l| f.lsn <= l) {
+            break;
+        }
+        out.push(f.lsn);
+        pos += f.len;
+    }
+    out
+}
+
 /// Length field of the frame at `pos`, if its header is readable.
 fn frame_len_hint(data: &[u8], pos: usize) -> Option<usize> {
     let header = data.get(pos..pos + 4)?;
@@ -696,10 +711,15 @@ impl Writer {
                 .file
                 .write_all_at(&frames[start..end], self.offset)
                 .map_err(|e| StorageError::io("write", &self.current.path, e))?;
-            self.current
-                .file
-                .sync_data()
-                .map_err(|e| StorageError::io("fdatasync", &self.current.path, e))?;
+            // Negative control: the last fdatasync is left to the caller,
+            // which answers first.
+            let defer = cfg!(feature = "fault-ack-before-fsync") && j == bounds.len();
+            if !defer {
+                self.current
+                    .file
+                    .sync_data()
+                    .map_err(|e| StorageError::io("fdatasync", &self.current.path, e))?;
+            }
             self.offset += (end - start) as u64;
             start = end;
             i = j;
@@ -730,6 +750,15 @@ impl Writer {
         self.current = next;
         self.offset = 0;
         Ok(())
+    }
+
+    /// Negative control: the fdatasync `write` left out.
+    #[cfg(feature = "fault-ack-before-fsync")]
+    pub fn sync(&self) -> Result<()> {
+        self.current
+            .file
+            .sync_data()
+            .map_err(|e| StorageError::io("fdatasync", &self.current.path, e))
     }
 
     /// Number of the segment being written.

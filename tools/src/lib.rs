@@ -1,10 +1,14 @@
 //! Tools around Letterbox that are not part of the server.
 //!
+//! - [`chaos`]: crash-safety testing: a seeded workload against a server
+//!   that is killed (or loses power) over and over, and a checker of the
+//!   client-side history.
 //! - [`loadgen`]: the load generator. It runs the same workloads against
 //!   Letterbox and against peer brokers (RabbitMQ, NATS JetStream; cargo
 //!   feature `peers`) and reports them side by side.
 //! - [`scale`]: Letterbox at depth: fill to millions of messages, restart,
 //!   drain, reclaim, many queues.
 
+pub mod chaos;
 pub mod loadgen;
 pub mod scale;

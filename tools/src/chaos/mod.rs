@@ -1,0 +1,1046 @@
+//! `chaos`: crash-safety testing of Letterbox.
+//!
+//! A seeded mixed workload (see [`workload`]) runs against a real server
+//! process that a nemesis kills at chosen moments and restarts on the same
+//! data directory, cycle after cycle: SIGKILL at a random moment, during
+//! start-up, right after a graceful shutdown began, or from inside the
+//! server at the n-th call of a class of file-system calls (fdatasync,
+//! fsync, rename, pwrite... through the LD_PRELOAD library in
+//! `tools/shim/`). With `--power-loss` every stop is also a power cut: the
+//! data directory is replaced by what the library's durable mirror says
+//! survives (only fsynced data, only fsynced directory entries).
+//!
+//! Every call is recorded on the client side (invoke, then ok / fail /
+//! info); at the end the workload drains every queue, the server is
+//! restarted once more, `letterbox verify` checks the data directory, and
+//! the checker judges the history against the invariants I1-I16 (see
+//! [`checker`]). The run prints a table and the seed, and fails on any
+//! violation.
+//!
+//! ```text
+//! chaos --seed 7 --cycles 40                  # kill -9 chaos
+//! chaos --seed 7 --cycles 30 --power-loss     # power cuts
+//! ```
+
+// Figures and timings: the casts between counts and floats are intended.
+#![allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_precision_loss,
+    clippy::cast_sign_loss
+)]
+
+pub mod checker;
+pub mod history;
+pub mod server;
+pub mod shim;
+pub mod soak;
+pub mod workload;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use clap::Parser;
+
+use history::History;
+use server::{Server, ServerSpec};
+use workload::Shared;
+
+/// Command-line options.
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "chaos",
+    about = "Kill -9 and power-loss testing of Letterbox with a seeded workload and a history checker"
+)]
+pub struct Args {
+    /// Seed of every random choice (workload, fates, kill points); a
+    /// random one if not given. Printed first.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Kill cycles (server starts after the first).
+    #[arg(long, default_value_t = 30)]
+    pub cycles: u64,
+    /// Simulate a power cut at every stop (durable mirror).
+    #[arg(long)]
+    pub power_loss: bool,
+    /// Mirror mode: strict (only synced data survives; sync_file_range does
+    /// not count), lenient (sync_file_range counts), or torn (strict, plus
+    /// a random half of the pages written but not synced: torn and
+    /// reordered write-back).
+    #[arg(long, default_value = "strict")]
+    pub shim_mode: String,
+    /// The `letterbox` binary (default: next to this program).
+    #[arg(long)]
+    pub server_bin: Option<PathBuf>,
+    /// Working directory of the run (default: a new directory under the
+    /// system's temporary directory, removed after a passing run).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Keep the working directory even when the run passes.
+    #[arg(long)]
+    pub keep: bool,
+    /// Write the history as JSON lines to this file.
+    #[arg(long)]
+    pub history: Option<PathBuf>,
+    /// Producers.
+    #[arg(long, default_value_t = 3)]
+    pub producers: usize,
+    /// Consumers on unary receives (one more consumes Subscribe streams).
+    #[arg(long, default_value_t = 3)]
+    pub consumers: usize,
+    /// Longest time a server runs before it is killed, in ms.
+    #[arg(long, default_value_t = 2500)]
+    pub max_run_ms: u64,
+    /// Fail unless every kill point class was hit at least this many
+    /// times.
+    #[arg(long, default_value_t = 0)]
+    pub min_hits: u64,
+    /// Invert the verdict: succeed only if the checker finds violations of
+    /// this invariant, or of one of these (comma-separated), for negative
+    /// controls: e.g. `I1` or `I1,I4`.
+    #[arg(long)]
+    pub expect_violation: Option<String>,
+    /// Skip `letterbox verify` of the data directory at the end.
+    #[arg(long)]
+    pub no_verify: bool,
+    /// Share of poison messages (never acked, so dead-lettered), percent.
+    #[arg(long, default_value_t = 5)]
+    pub poison_percent: u64,
+    /// Kill point classes to use, comma-separated (default: all): random,
+    /// startup, storm, shutdown, graceful, sys:<call> for fdatasync, fsync,
+    /// sync_file_range, pwrite, rename, unlink, create.
+    #[arg(long, value_delimiter = ',')]
+    pub classes: Vec<String>,
+    /// Soak instead of chaos: run the workload against one server, with
+    /// no kills, for this many seconds, sampling memory, disk use and log
+    /// size (consumers pause 40 s out of every 120 s so that backlogs
+    /// build up and drain). The server runs with its default settings.
+    #[arg(long)]
+    pub soak_secs: Option<u64>,
+    /// Soak: seconds between samples.
+    #[arg(long, default_value_t = 10)]
+    pub sample_secs: u64,
+    /// Extra flag for `letterbox serve` (repeatable).
+    #[arg(long = "server-arg", allow_hyphen_values = true)]
+    pub server_args: Vec<String>,
+}
+
+/// Kill point classes, each a way a server epoch ends.
+const NEMESIS_CLASSES: [&str; 5] = ["random", "startup", "shutdown", "graceful", "storm"];
+/// Library classes used as kill points, with the guess of how many calls
+/// an epoch makes before the first measurements replace it.
+const SYSCALL_CLASSES: [(&str, u64); 7] = [
+    ("fdatasync", 200),
+    ("fsync", 20),
+    ("sync_file_range", 6),
+    ("pwrite", 300),
+    ("rename", 4),
+    ("unlink", 2),
+    ("create", 4),
+];
+
+/// Entry point of the `chaos` binary.
+pub fn main() -> Result<()> {
+    let args = Args::parse();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()?;
+    let code = runtime.block_on(run(args))?;
+    std::process::exit(code);
+}
+
+/// What happened to one server epoch.
+struct EpochEnd {
+    class: String,
+    status: Option<std::process::ExitStatus>,
+}
+
+struct Nemesis {
+    spec: ServerSpec,
+    hist: Arc<History>,
+    rng: fastrand::Rng,
+    epoch: u64,
+    /// Kill point class → hits.
+    hits: BTreeMap<String, u64>,
+    /// Library call counts of all epochs.
+    calls: BTreeMap<&'static str, u64>,
+    /// Per class: calls seen in all epochs and epochs seen (to aim the n
+    /// of kill points at the mean).
+    per_epoch: BTreeMap<&'static str, (u64, u64)>,
+    /// Kill point classes planned but not hit, retried next.
+    misses: BTreeMap<String, u32>,
+    health: Vec<String>,
+    ready_times: Vec<Duration>,
+    max_run: Duration,
+    power: bool,
+    run_dir: PathBuf,
+    restores: u64,
+    /// Torn mode: unsynced pages let through into rebuilt files.
+    torn_pages: u64,
+    plan: Vec<String>,
+    classes: Vec<String>,
+    soak: bool,
+}
+
+impl Nemesis {
+    fn flags(&mut self) -> Vec<String> {
+        if self.soak {
+            return Vec::new();
+        }
+        // Options drawn per start (as RocksDB's crash test does): they move
+        // the checkpoints, applies and segment switches around.
+        let seg = ["256KiB", "1MiB", "1MiB"][self.rng.usize(0..3)];
+        let ckpt = self.rng.u64(100..3000);
+        let apply = self.rng.u64(20..600);
+        vec![
+            "--wal-segment-size".into(),
+            seg.into(),
+            "--checkpoint-interval".into(),
+            format!("{ckpt}ms"),
+            "--apply-interval".into(),
+            format!("{apply}ms"),
+            "--min-free-disk".into(),
+            "0".into(),
+            "--shutdown-grace".into(),
+            "3s".into(),
+        ]
+    }
+
+    fn spawn(&mut self, kill: Option<&str>) -> Result<Server> {
+        self.epoch += 1;
+        let flags = self.flags();
+        self.hist.nemesis(
+            self.epoch,
+            "start",
+            format!("{} kill={}", flags.join(" "), kill.unwrap_or("-")),
+        );
+        self.spec.spawn(&flags, kill, self.epoch)
+    }
+
+    async fn ready(&mut self, s: &mut Server) -> Result<bool> {
+        let ok = s.wait_ready(Duration::from_secs(60)).await?;
+        if ok {
+            if let Some(at) = s.ready_at {
+                self.ready_times.push(at - s.spawned);
+            }
+            self.hist.nemesis(self.epoch, "ready", "");
+        } else {
+            let status = s.try_wait();
+            self.health.push(format!(
+                "epoch {}: the server did not become ready ({}); log: {}",
+                self.epoch,
+                status.map_or("still running after 60 s".into(), |s| s.to_string()),
+                server::log_tail(&self.spec.log, 5).replace('\n', " | ")
+            ));
+        }
+        Ok(ok)
+    }
+
+    fn startup_estimate(&self) -> Duration {
+        let n = self.ready_times.len();
+        let recent = &self.ready_times[n.saturating_sub(5)..];
+        recent
+            .iter()
+            .max()
+            .copied()
+            .unwrap_or(Duration::from_millis(300))
+    }
+
+    fn hit(&mut self, class: &str) {
+        *self.hits.entry(class.to_string()).or_default() += 1;
+    }
+
+    /// Chooses the next epoch's kill point class: a shuffled round of all
+    /// classes, so that every class comes up as often as the others.
+    fn next_class(&mut self) -> String {
+        if self.plan.is_empty() {
+            let mut all: Vec<String> = if self.classes.is_empty() {
+                NEMESIS_CLASSES
+                    .iter()
+                    .map(|s| s.to_string())
+                    .chain(SYSCALL_CLASSES.iter().map(|(c, _)| format!("sys:{c}")))
+                    // Random kills are the most common in real life: twice.
+                    .chain(std::iter::once("random".to_string()))
+                    .collect()
+            } else {
+                self.classes.clone()
+            };
+            self.rng.shuffle(&mut all);
+            self.plan = all;
+        }
+        self.plan.pop().unwrap_or_else(|| "random".into())
+    }
+
+    /// After a server epoch ended: records counts, checks the exit, and in
+    /// power-loss mode replaces the data directory with what survives.
+    fn after_exit(&mut self, end: &EpochEnd, expect_clean: bool) -> Result<()> {
+        let counts = shim::read_counts(&self.spec.counts);
+        for (class, n) in &counts {
+            *self.calls.entry(class).or_default() += n;
+            let e = self.per_epoch.entry(class).or_default();
+            e.0 += n;
+            e.1 += 1;
+        }
+        if counts.get("mmap_write").copied().unwrap_or(0) > 0 {
+            self.health.push(format!(
+                "epoch {}: the server wrote through a shared mapping of a data file, which the durable mirror does not model",
+                self.epoch
+            ));
+        }
+        let detail = end.status.map_or("-".to_string(), |s| s.to_string());
+        self.hist
+            .nemesis(self.epoch, "exit", format!("{} {detail}", end.class));
+        if let Some(status) = end.status {
+            use std::os::unix::process::ExitStatusExt;
+            let killed = status.signal() == Some(9);
+            let clean = status.code() == Some(0);
+            if !(killed || (clean && expect_clean)) {
+                self.health.push(format!(
+                    "epoch {} ({}): the server exited with {status}; log: {}",
+                    self.epoch,
+                    end.class,
+                    server::log_tail(&self.spec.log, 6).replace('\n', " | ")
+                ));
+            }
+        }
+        if self.power {
+            self.restore()?;
+        }
+        Ok(())
+    }
+
+    /// Power cut: the data directory becomes what the mirror says is
+    /// durable.
+    fn restore(&mut self) -> Result<()> {
+        let Some(mirror) = &self.spec.mirror else {
+            return Ok(());
+        };
+        if !mirror.join("root").exists() {
+            // The server died before the library set its mirror up: nothing
+            // it did can have been acknowledged; the directory stays.
+            return Ok(());
+        }
+        let staging = self.run_dir.join("restored");
+        let files = if self.spec.shim_mode == "torn" {
+            let (files, pages) =
+                shim::materialize_torn(mirror, &staging, &self.spec.root, &mut self.rng)?;
+            self.torn_pages += pages;
+            files
+        } else {
+            shim::materialize(mirror, &staging)?
+        };
+        let data = &self.spec.data;
+        std::fs::remove_dir_all(data)
+            .or_else(|e| {
+                if e.kind() == std::io::ErrorKind::NotFound {
+                    Ok(())
+                } else {
+                    Err(e)
+                }
+            })
+            .with_context(|| format!("removing {}", data.display()))?;
+        let name = data.file_name().context("data directory name")?;
+        let survived = staging.join(name);
+        if survived.exists() {
+            std::fs::rename(&survived, data)
+                .with_context(|| format!("moving {} to {}", survived.display(), data.display()))?;
+        }
+        let _ = std::fs::remove_dir_all(&staging);
+        self.restores += 1;
+        self.hist.nemesis(
+            self.epoch,
+            "restore",
+            format!(
+                "power cut: {files} files survive{}",
+                if survived.exists() || data.exists() {
+                    ""
+                } else {
+                    " (the data directory itself did not)"
+                }
+            ),
+        );
+        Ok(())
+    }
+
+    /// Runs one epoch of the given class to its end. The server is started
+    /// here; on return it is dead.
+    async fn epoch(&mut self, class: &str) -> Result<()> {
+        let max_run = self.max_run;
+        if let Some(sys) = class.strip_prefix("sys:") {
+            let guess = SYSCALL_CLASSES
+                .iter()
+                .find(|(c, _)| *c == sys)
+                .map_or(10, |(_, g)| *g);
+            let mean = self
+                .per_epoch
+                .get(sys)
+                .map_or(guess, |(sum, epochs)| sum / (*epochs).max(1));
+            let n = self.rng.u64(1..=mean.max(1));
+            let delay = self.rng.u64(0..4);
+            let kill = format!("{sys}:{n}:{delay}");
+            let mut s = self.spawn(Some(&kill))?;
+            let until = Instant::now() + Duration::from_secs(30) + max_run;
+            let mut ready_until: Option<Instant> = None;
+            let status = loop {
+                if let Some(st) = s.try_wait() {
+                    break Some(st);
+                }
+                if s.poll_ready() && ready_until.is_none() {
+                    if let Some(at) = s.ready_at {
+                        self.ready_times.push(at - s.spawned);
+                    }
+                    self.hist.nemesis(self.epoch, "ready", "");
+                    ready_until = Some(Instant::now() + max_run);
+                }
+                if ready_until.is_some_and(|u| Instant::now() >= u) || Instant::now() >= until {
+                    break None;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            };
+            let (class, status) = match status {
+                Some(st) if self.spec.mark.exists() => (format!("sys:{sys}"), Some(st)),
+                Some(st) => ("unexpected exit".to_string(), Some(st)),
+                None => {
+                    if ready_until.is_none() {
+                        self.health
+                            .push(format!("epoch {}: not ready 30 s after start", self.epoch));
+                    }
+                    ("random".to_string(), s.kill())
+                }
+            };
+            self.hit(&class);
+            return self.after_exit(&EpochEnd { class, status }, false);
+        }
+        match class {
+            "startup" | "storm" => {
+                let kills = if class == "storm" { 3 } else { 1 };
+                for _ in 0..kills {
+                    let est = self.startup_estimate();
+                    let at = Duration::from_micros(
+                        self.rng
+                            .u64(0..=u64::try_from(est.as_micros()).unwrap_or(1000)),
+                    );
+                    let mut s = self.spawn(None)?;
+                    tokio::time::sleep(at).await;
+                    let ready = s.poll_ready();
+                    let status = s.kill();
+                    let c = if ready { "random" } else { class };
+                    self.hit(c);
+                    self.after_exit(
+                        &EpochEnd {
+                            class: c.to_string(),
+                            status,
+                        },
+                        false,
+                    )?;
+                }
+                Ok(())
+            }
+            "shutdown" | "graceful" => {
+                let mut s = self.spawn(None)?;
+                if !self.ready(&mut s).await? {
+                    let status = s.kill();
+                    return self.after_exit(
+                        &EpochEnd {
+                            class: "not ready".into(),
+                            status,
+                        },
+                        false,
+                    );
+                }
+                let run = self.rng.u64(100..max_run.as_millis().max(200) as u64);
+                tokio::time::sleep(Duration::from_millis(run)).await;
+                s.term();
+                self.hist.nemesis(self.epoch, "term", "");
+                if class == "shutdown" {
+                    let g = self.rng.u64(0..200);
+                    let exited = s.wait_exit(Duration::from_millis(g)).await;
+                    let (c, status) = match exited {
+                        Some(st) => ("graceful", Some(st)),
+                        None => ("shutdown", s.kill()),
+                    };
+                    self.hit(c);
+                    self.after_exit(
+                        &EpochEnd {
+                            class: c.into(),
+                            status,
+                        },
+                        true,
+                    )
+                } else {
+                    let status = s.wait_exit(Duration::from_secs(30)).await;
+                    if status.is_none() {
+                        self.health.push(format!(
+                            "epoch {}: still running 30 s after SIGTERM",
+                            self.epoch
+                        ));
+                    }
+                    let status = match status {
+                        Some(st) => Some(st),
+                        None => s.kill(),
+                    };
+                    self.hit("graceful");
+                    self.after_exit(
+                        &EpochEnd {
+                            class: "graceful".into(),
+                            status,
+                        },
+                        true,
+                    )
+                }
+            }
+            _ => {
+                let mut s = self.spawn(None)?;
+                if !self.ready(&mut s).await? {
+                    let status = s.kill();
+                    return self.after_exit(
+                        &EpochEnd {
+                            class: "not ready".into(),
+                            status,
+                        },
+                        false,
+                    );
+                }
+                let run = self.rng.u64(50..max_run.as_millis().max(100) as u64);
+                tokio::time::sleep(Duration::from_millis(run)).await;
+                let status = s.kill();
+                self.hit("random");
+                self.after_exit(
+                    &EpochEnd {
+                        class: "random".into(),
+                        status,
+                    },
+                    false,
+                )
+            }
+        }
+    }
+}
+
+fn default_server_bin() -> Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let dir = exe.parent().context("program directory")?;
+    Ok(dir.join("letterbox"))
+}
+
+/// Runs `letterbox verify` on the data directory.
+fn verify(bin: &Path, data: &Path) -> Result<Option<String>> {
+    let out = std::process::Command::new(bin)
+        .arg("verify")
+        .arg("--data-dir")
+        .arg(data)
+        .output()
+        .with_context(|| format!("running {} verify", bin.display()))?;
+    if out.status.success() {
+        Ok(None)
+    } else {
+        Ok(Some(format!(
+            "letterbox verify failed ({}): {}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )))
+    }
+}
+
+/// Runs the whole test; returns the process exit code.
+pub async fn run(args: Args) -> Result<i32> {
+    let seed = args.seed.unwrap_or_else(|| fastrand::u64(..));
+    println!(
+        "chaos: seed {seed} ({}, {} cycles)",
+        if args.power_loss {
+            format!("power loss, {} mirror", args.shim_mode)
+        } else {
+            "kill -9".to_string()
+        },
+        args.cycles
+    );
+    let known: Vec<String> = NEMESIS_CLASSES
+        .iter()
+        .map(|s| s.to_string())
+        .chain(SYSCALL_CLASSES.iter().map(|(c, _)| format!("sys:{c}")))
+        .collect();
+    if let Some(bad) = args.classes.iter().find(|c| !known.contains(c)) {
+        bail!(
+            "--classes: {bad:?} is not a kill point class (known: {})",
+            known.join(", ")
+        );
+    }
+    workload::set_poison_percent(args.poison_percent);
+    if !matches!(args.shim_mode.as_str(), "strict" | "lenient" | "torn") {
+        bail!(
+            "--shim-mode: {:?} is not strict, lenient or torn",
+            args.shim_mode
+        );
+    }
+    let bin = match &args.server_bin {
+        Some(b) => b.clone(),
+        None => default_server_bin()?,
+    };
+    if !bin.exists() {
+        bail!(
+            "server binary {} not found (build it, or pass --server-bin)",
+            bin.display()
+        );
+    }
+    let run_dir = match &args.dir {
+        Some(d) => {
+            std::fs::create_dir_all(d)?;
+            d.clone()
+        }
+        None => {
+            let d = std::env::temp_dir().join(format!("chaos-{seed}-{}", std::process::id()));
+            std::fs::create_dir_all(&d)?;
+            d
+        }
+    };
+    let run_dir = std::fs::canonicalize(&run_dir)?;
+    let disk = run_dir.join("disk");
+    let _ = std::fs::remove_dir_all(&disk);
+    std::fs::create_dir_all(&disk)?;
+    let shim_path = shim::build(&run_dir)?;
+    let port = server::free_port()?;
+    let spec = ServerSpec {
+        bin: bin.clone(),
+        data: disk.join("data"),
+        root: disk.clone(),
+        port,
+        log: run_dir.join("server.log"),
+        shim: Some(shim_path),
+        mirror: args.power_loss.then(|| run_dir.join("mirror")),
+        shim_mode: args.shim_mode.clone(),
+        counts: run_dir.join("shim-counts"),
+        mark: run_dir.join("shim-killed"),
+        extra: args.server_args.clone(),
+    };
+    let _ = std::fs::remove_file(&spec.log);
+    let log_file = match &args.history {
+        Some(p) => Some(std::fs::File::create(p)?),
+        None => None,
+    };
+    let hist = Arc::new(History::new(log_file));
+    let mut nem = Nemesis {
+        spec,
+        hist: Arc::clone(&hist),
+        rng: fastrand::Rng::with_seed(seed ^ 0x9e3779b97f4a7c15),
+        epoch: 0,
+        hits: BTreeMap::new(),
+        calls: BTreeMap::new(),
+        per_epoch: BTreeMap::new(),
+        misses: BTreeMap::new(),
+        health: Vec::new(),
+        ready_times: Vec::new(),
+        max_run: Duration::from_millis(args.max_run_ms.max(100)),
+        power: args.power_loss,
+        run_dir: run_dir.clone(),
+        restores: 0,
+        torn_pages: 0,
+        plan: Vec::new(),
+        classes: args.classes.clone(),
+        soak: args.soak_secs.is_some(),
+    };
+    let started = Instant::now();
+    let sh = Arc::new(Shared {
+        hist: Arc::clone(&hist),
+        seed,
+        phase: AtomicU8::new(workload::RUNNING),
+        quiet: AtomicBool::new(false),
+        inflight: AtomicUsize::new(0),
+        paused: AtomicBool::new(false),
+        url: format!("http://127.0.0.1:{port}"),
+    });
+
+    // Epoch 1: create the queues, start the workers.
+    let mut first = nem.spawn(None)?;
+    if !nem.ready(&mut first).await? {
+        bail!(
+            "the server did not start: {}",
+            server::log_tail(&nem.spec.log, 20)
+        );
+    }
+    workload::setup(&sh).await?;
+    let mut workers = Vec::new();
+    for p in 0..args.producers {
+        workers.push(tokio::spawn(workload::producer(Arc::clone(&sh), p)));
+    }
+    let mut consumers = Vec::new();
+    for c in 0..args.consumers {
+        consumers.push(tokio::spawn(workload::consumer(Arc::clone(&sh), c)));
+    }
+    consumers.push(tokio::spawn(workload::stream_consumer(Arc::clone(&sh))));
+    workers.push(tokio::spawn(workload::admin_worker(Arc::clone(&sh))));
+    let mut soak_samples = Vec::new();
+    let mut running = None;
+    if let Some(secs) = args.soak_secs {
+        let mut csv = std::fs::File::create(run_dir.join("soak.csv"))?;
+        soak_samples = soak::run(
+            &sh,
+            first.pid(),
+            &nem.spec.data,
+            &nem.spec.log,
+            Duration::from_secs(secs),
+            Duration::from_secs(args.sample_secs.max(1)),
+            &mut csv,
+        )
+        .await;
+        running = Some(first);
+    } else {
+        tokio::time::sleep(Duration::from_millis(nem.rng.u64(200..1500))).await;
+        let status = first.kill();
+        nem.hit("random");
+        nem.after_exit(
+            &EpochEnd {
+                class: "random".into(),
+                status,
+            },
+            false,
+        )?;
+        drop(first);
+    }
+
+    // The cycles.
+    let cycles = if args.soak_secs.is_some() {
+        0
+    } else {
+        args.cycles
+    };
+    for cycle in 1..cycles {
+        let class = nem.next_class();
+        let before = nem.hits.get(&class).copied().unwrap_or(0);
+        nem.epoch(&class).await?;
+        if nem.hits.get(&class).copied().unwrap_or(0) == before {
+            // Not hit (a start-up kill that came after the start, a call
+            // not reached...): try this class again next, a few times.
+            let m = nem.misses.entry(class.clone()).or_default();
+            *m += 1;
+            if *m <= 3 {
+                nem.plan.push(class);
+            }
+        }
+        if cycle % 10 == 0 {
+            println!(
+                "chaos: cycle {cycle}/{}, {:.0} s",
+                args.cycles,
+                started.elapsed().as_secs_f64()
+            );
+        }
+    }
+
+    // Final phase: a clean server, producers and admin stop, consumers ack
+    // everything but poison, until every queue is empty.
+    let mut s = match running {
+        Some(s) => s,
+        None => {
+            let mut s = nem.spawn(None)?;
+            if !nem.ready(&mut s).await? {
+                bail!("the server did not start for the final phase");
+            }
+            s
+        }
+    };
+    sh.quiet.store(true, Ordering::SeqCst);
+    for w in workers {
+        let _ = w.await;
+    }
+    sh.phase.store(workload::FINAL, Ordering::SeqCst);
+    let drain_until = Instant::now() + Duration::from_secs(90);
+    let mut empty_reads = 0;
+    let mut drained = false;
+    // (total, since when unchanged): a drain that makes no progress for
+    // 20 s is over.
+    let mut last: (Option<u64>, Instant) = (None, Instant::now());
+    while Instant::now() < drain_until {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let totals = workload_totals(&sh).await;
+        if totals.is_some_and(|t| t == 0) && sh.inflight.load(Ordering::SeqCst) == 0 {
+            empty_reads += 1;
+            if empty_reads >= 3 {
+                drained = true;
+                break;
+            }
+        } else {
+            empty_reads = 0;
+        }
+        if totals != last.0 {
+            last = (totals, Instant::now());
+        } else if last.1.elapsed() > Duration::from_secs(20) {
+            break;
+        }
+    }
+    sh.phase.store(workload::STOP, Ordering::SeqCst);
+    for c in consumers {
+        let _ = c.await;
+    }
+    if !drained {
+        nem.health.push(format!(
+            "the queues did not drain (90 s at most, 20 s without progress): {:?}",
+            workload::read_stats(&sh, "undrained").await
+        ));
+    }
+    let _ = workload::read_stats(&sh, "after the drain").await;
+    if !soak_samples.is_empty() {
+        // Two checkpoints (30 s apart by default) retire what the drain
+        // freed.
+        tokio::time::sleep(Duration::from_secs(65)).await;
+        let after = soak::Sample {
+            at: started.elapsed().as_secs_f64(),
+            rss: soak::rss(s.pid()),
+            disk: soak::disk_use(&nem.spec.data),
+            log: std::fs::metadata(&nem.spec.log).map_or(0, |m| m.len()),
+            backlog: workload_totals(&sh).await.unwrap_or(0),
+            paused: false,
+        };
+        soak_verdict(&soak_samples, after, &mut nem.health);
+    }
+    s.term();
+    let status = s.wait_exit(Duration::from_secs(30)).await;
+    nem.after_exit(
+        &EpochEnd {
+            class: "final stop".into(),
+            status,
+        },
+        true,
+    )?;
+    drop(s);
+
+    // Restart once more: nothing may reappear, the counters must hold.
+    let mut s = nem.spawn(None)?;
+    if nem.ready(&mut s).await? {
+        let _ = workload::read_stats(&sh, "after a restart").await;
+        match workload::sweep_once(&sh).await {
+            Ok(0) => {}
+            Ok(n) => nem.health.push(format!(
+                "{n} message(s) delivered after the queues were drained and the server restarted"
+            )),
+            Err(e) => nem.health.push(format!("final sweep failed: {e}")),
+        }
+    }
+    s.term();
+    let status = s.wait_exit(Duration::from_secs(30)).await;
+    nem.after_exit(
+        &EpochEnd {
+            class: "final stop".into(),
+            status,
+        },
+        true,
+    )?;
+    drop(s);
+    if !args.no_verify
+        && let Some(problem) = verify(&bin, &nem.spec.data)?
+    {
+        nem.health.push(problem);
+    }
+    for line in server::bad_log_lines(&nem.spec.log) {
+        nem.health.push(format!("server log: {line}"));
+    }
+
+    // Coverage gate.
+    let mut classes: Vec<String> = NEMESIS_CLASSES
+        .iter()
+        .filter(|c| **c != "storm")
+        .map(|c| c.to_string())
+        .collect();
+    classes.extend(SYSCALL_CLASSES.iter().map(|(c, _)| format!("sys:{c}")));
+    let missing: Vec<String> = classes
+        .iter()
+        .filter(|c| nem.hits.get(*c).copied().unwrap_or(0) < args.min_hits)
+        .cloned()
+        .collect();
+
+    let recs = hist.take();
+    let report = checker::check(&recs, &hist, seed, &nem.health);
+    print_summary(&args, seed, &nem, &recs, &report, started.elapsed());
+    let mut ok = report.violations() == 0;
+    if !missing.is_empty() {
+        println!(
+            "chaos: insufficient coverage: kill point classes hit fewer than {} times: {}",
+            args.min_hits,
+            missing.join(", ")
+        );
+        ok = false;
+    }
+    let code = match &args.expect_violation {
+        Some(inv) => {
+            let n: usize = inv.split(',').map(|i| report.of(i.trim())).sum();
+            if n > 0 {
+                println!(
+                    "chaos: expected violations of {inv} found ({n}): the checker catches this fault"
+                );
+                0
+            } else {
+                println!(
+                    "chaos: FAILED: no violation of {inv} found; the checker missed this fault"
+                );
+                1
+            }
+        }
+        None if ok => 0,
+        None => 1,
+    };
+    println!(
+        "chaos: seed {seed}: {}",
+        if code == 0 { "PASS" } else { "FAIL" }
+    );
+    if code == 0 && !args.keep && args.dir.is_none() {
+        let _ = std::fs::remove_dir_all(&run_dir);
+    } else {
+        println!("chaos: run directory kept: {}", run_dir.display());
+    }
+    Ok(code)
+}
+
+/// Judges a soak: disk use must come back down after the drain, memory
+/// must not keep growing; prints the figures.
+fn soak_verdict(samples: &[soak::Sample], after: soak::Sample, health: &mut Vec<String>) {
+    use soak::mib;
+    let first = samples[0];
+    let peak_disk = samples.iter().map(|s| s.disk).max().unwrap_or(0);
+    let peak_backlog = samples.iter().map(|s| s.backlog).max().unwrap_or(0);
+    let third = samples.len().div_ceil(3);
+    let rss_early = samples[..third].iter().map(|s| s.rss).max().unwrap_or(0);
+    let rss_late = samples[samples.len() - third..]
+        .iter()
+        .map(|s| s.rss)
+        .max()
+        .unwrap_or(0);
+    let rss_peak = samples.iter().map(|s| s.rss).max().unwrap_or(0);
+    let minutes = samples.last().map_or(1.0, |s| s.at / 60.0).max(1.0 / 60.0);
+    println!();
+    println!(
+        "soak: {:.1} min, {} samples; peak backlog {peak_backlog} messages",
+        minutes,
+        samples.len()
+    );
+    println!(
+        "soak: disk {:.1} MiB at the start, {:.1} MiB at the peak, {:.1} MiB after the drain and two checkpoints",
+        mib(first.disk),
+        mib(peak_disk),
+        mib(after.disk)
+    );
+    println!(
+        "soak: RSS {:.1} MiB at the start, highest {:.1} MiB in the first third, {:.1} MiB in the last third, peak {:.1} MiB, {:.1} MiB after the drain",
+        mib(first.rss),
+        mib(rss_early),
+        mib(rss_late),
+        mib(rss_peak),
+        mib(after.rss)
+    );
+    println!(
+        "soak: server log {:.2} MiB ({:.1} KiB per minute)",
+        mib(after.log),
+        after.log as f64 / 1024.0 / minutes
+    );
+    // Space comes back: what the backlog took is mostly returned.
+    let grown = peak_disk.saturating_sub(first.disk);
+    let kept = after.disk.saturating_sub(first.disk);
+    if grown > 64 << 20 && kept * 2 > grown {
+        health.push(format!(
+            "soak: disk use did not come back down: {:.1} MiB at the start, {:.1} MiB at the peak, {:.1} MiB after the drain",
+            mib(first.disk),
+            mib(peak_disk),
+            mib(after.disk)
+        ));
+    }
+    // Memory is bounded: no growth from the first third to the last
+    // beyond a quarter (caches fill early).
+    if rss_late > rss_early + rss_early / 4 + (32 << 20) {
+        health.push(format!(
+            "soak: memory kept growing: RSS {:.1} MiB in the first third, {:.1} MiB in the last",
+            mib(rss_early),
+            mib(rss_late)
+        ));
+    }
+}
+
+async fn workload_totals(sh: &Shared) -> Option<u64> {
+    let ch = workload::channel(&sh.url).ok()?;
+    let mut admin = letterbox::pb::admin_service_client::AdminServiceClient::new(ch);
+    let mut total = 0;
+    for q in workload::SOURCES {
+        for name in [q.to_string(), workload::dlq_of(q)] {
+            let r = admin
+                .get_queue_stats(letterbox::pb::GetQueueStatsRequest { name })
+                .await
+                .ok()?;
+            total += r.into_inner().stats?.total;
+        }
+    }
+    Some(total)
+}
+
+fn print_summary(
+    args: &Args,
+    seed: u64,
+    nem: &Nemesis,
+    recs: &history::Records,
+    report: &checker::Report,
+    took: Duration,
+) {
+    let count = |f: &dyn Fn(&history::Outcome) -> bool| {
+        recs.publishes.iter().filter(|p| f(&p.outcome)).count()
+    };
+    let msgs: usize = recs.publishes.iter().map(|p| p.msgs.len()).sum();
+    println!();
+    println!(
+        "chaos: seed {seed}, {} mode, {} kill cycles, {} server starts, {:.0} s",
+        if args.power_loss {
+            "power-loss"
+        } else {
+            "kill -9"
+        },
+        args.cycles,
+        nem.epoch,
+        took.as_secs_f64()
+    );
+    println!(
+        "operations: {} publish calls ({} messages; ok {}, fail {}, info {}), {} receive calls (ok {}, fail {}, info {}), {} deliveries, {} settles, {} admin calls",
+        recs.publishes.len(),
+        msgs,
+        count(&|o| o.is_ok()),
+        count(&|o| o.is_fail()),
+        count(&|o| o.is_info()),
+        recs.receives.0 + recs.receives.1 + recs.receives.2,
+        recs.receives.0,
+        recs.receives.1,
+        recs.receives.2,
+        recs.deliveries.len(),
+        recs.settles.len(),
+        recs.admin.len()
+    );
+    let hits: Vec<String> = nem.hits.iter().map(|(c, n)| format!("{c} {n}")).collect();
+    println!("kill points hit: {}", hits.join(", "));
+    if nem.power {
+        println!(
+            "power cuts (directory rebuilt from the durable mirror): {}{}",
+            nem.restores,
+            if args.shim_mode == "torn" {
+                format!(", {} unsynced pages let through", nem.torn_pages)
+            } else {
+                String::new()
+            }
+        );
+    }
+    let calls: Vec<String> = nem
+        .calls
+        .iter()
+        .filter(|(_, n)| **n > 0)
+        .map(|(c, n)| format!("{c} {n}"))
+        .collect();
+    println!(
+        "file-system calls seen by the library: {}",
+        calls.join(", ")
+    );
+    for (k, v) in &report.info {
+        println!("{k}: {v}");
+    }
+    println!();
+    print!("{}", report.table());
+    println!(
+        "total violations: {} (rows in parentheses are informational)",
+        report.violations()
+    );
+}

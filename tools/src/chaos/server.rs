@@ -1,0 +1,222 @@
+//! The server under test: a `letterbox serve` child process on the run's
+//! data directory and a fixed port, optionally under the LD_PRELOAD
+//! library (kill points, durable mirror).
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+
+/// How to run the server.
+#[derive(Debug, Clone)]
+pub struct ServerSpec {
+    /// The `letterbox` binary.
+    pub bin: PathBuf,
+    /// The data directory.
+    pub data: PathBuf,
+    /// The tree the library watches (the data directory's parent).
+    pub root: PathBuf,
+    /// Port on 127.0.0.1.
+    pub port: u16,
+    /// The server's standard error goes here (appended).
+    pub log: PathBuf,
+    /// The compiled library, if used.
+    pub shim: Option<PathBuf>,
+    /// The mirror directory (power-loss mode).
+    pub mirror: Option<PathBuf>,
+    /// `LBSHIM_MODE`.
+    pub shim_mode: String,
+    /// Where the library keeps its call counters.
+    pub counts: PathBuf,
+    /// Where the library records the kill point it fired.
+    pub mark: PathBuf,
+    /// Extra flags for `serve`.
+    pub extra: Vec<String>,
+}
+
+/// A running server.
+pub struct Server {
+    child: Child,
+    ready_rx: mpsc::Receiver<String>,
+    /// When it was spawned.
+    pub spawned: Instant,
+    /// When it printed its address.
+    pub ready_at: Option<Instant>,
+}
+
+impl ServerSpec {
+    /// Starts the server with these flags and, optionally, a kill point
+    /// (`class:n:delay_ms`) for the library.
+    pub fn spawn(&self, flags: &[String], kill: Option<&str>, epoch: u64) -> Result<Server> {
+        let mut log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .with_context(|| format!("opening {}", self.log.display()))?;
+        writeln!(
+            log,
+            "==== chaos: server epoch {epoch} {} kill point {}",
+            flags.join(" "),
+            kill.unwrap_or("-")
+        )?;
+        let _ = std::fs::remove_file(&self.mark);
+        let mut cmd = Command::new(&self.bin);
+        cmd.arg("serve")
+            .arg("--data-dir")
+            .arg(&self.data)
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{}", self.port))
+            .args(flags)
+            .args(&self.extra)
+            .env("LETTERBOX_LOG", "info")
+            .env("LETTERBOX_LOG_FORMAT", "text")
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(log);
+        if let Some(shim) = &self.shim {
+            cmd.env("LD_PRELOAD", shim)
+                .env("LBSHIM_ROOT", &self.root)
+                .env("LBSHIM_COUNTS", &self.counts)
+                .env("LBSHIM_MARK", &self.mark)
+                .env("LBSHIM_MODE", &self.shim_mode);
+            if let Some(m) = &self.mirror {
+                let _ = std::fs::remove_dir_all(m);
+                cmd.env("LBSHIM_MIRROR", m);
+            }
+            if let Some(k) = kill {
+                cmd.env("LBSHIM_KILL", k);
+            }
+        }
+        let mut child = cmd
+            .spawn()
+            .with_context(|| format!("starting {}", self.bin.display()))?;
+        let stdout = child.stdout.take().context("server stdout")?;
+        let (tx, ready_rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            if let Some(Ok(line)) = lines.next() {
+                let _ = tx.send(line);
+            }
+            // Keep reading so the server never blocks on a full pipe.
+            for _ in lines {}
+        });
+        Ok(Server {
+            child,
+            ready_rx,
+            spawned: Instant::now(),
+            ready_at: None,
+        })
+    }
+}
+
+impl Server {
+    /// The OS process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Waits up to `limit` for the address line; `Ok(false)` if the
+    /// process exited first (or did not print it in time).
+    pub async fn wait_ready(&mut self, limit: Duration) -> Result<bool> {
+        let until = Instant::now() + limit;
+        loop {
+            match self.ready_rx.try_recv() {
+                Ok(line) if line.starts_with("letterbox listening on ") => {
+                    self.ready_at = Some(Instant::now());
+                    return Ok(true);
+                }
+                Ok(_) | Err(mpsc::TryRecvError::Disconnected) => return Ok(false),
+                Err(mpsc::TryRecvError::Empty) => {}
+            }
+            if self.child.try_wait()?.is_some() || Instant::now() >= until {
+                return Ok(false);
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// True if the address line has arrived (without waiting).
+    pub fn poll_ready(&mut self) -> bool {
+        if self.ready_at.is_some() {
+            return true;
+        }
+        if let Ok(line) = self.ready_rx.try_recv()
+            && line.starts_with("letterbox listening on ")
+        {
+            self.ready_at = Some(Instant::now());
+            return true;
+        }
+        false
+    }
+
+    /// The exit status if it has exited.
+    pub fn try_wait(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
+    /// SIGKILL and reap.
+    pub fn kill(&mut self) -> Option<ExitStatus> {
+        let _ = self.child.kill();
+        self.child.wait().ok()
+    }
+
+    /// SIGTERM (graceful shutdown begins).
+    pub fn term(&mut self) {
+        if let Some(pid) = rustix::process::Pid::from_raw(self.child.id() as i32) {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        }
+    }
+
+    /// Waits up to `limit` for the process to exit.
+    pub async fn wait_exit(&mut self, limit: Duration) -> Option<ExitStatus> {
+        let until = Instant::now() + limit;
+        loop {
+            if let Some(s) = self.try_wait() {
+                return Some(s);
+            }
+            if Instant::now() >= until {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if self.try_wait().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// A free port on 127.0.0.1.
+pub fn free_port() -> Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(l.local_addr()?.port())
+}
+
+/// Lines of the server log that show a panic or damaged data.
+pub fn bad_log_lines(log: &Path) -> Vec<String> {
+    let Ok(text) = std::fs::read_to_string(log) else {
+        return Vec::new();
+    };
+    text.lines()
+        .filter(|l| {
+            l.contains("panicked") || l.contains("corrupt data") || l.contains("RUST_BACKTRACE")
+        })
+        .map(str::to_string)
+        .collect()
+}
+
+/// The last lines of the server log.
+pub fn log_tail(log: &Path, n: usize) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}

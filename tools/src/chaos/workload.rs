@@ -1,0 +1,1000 @@
+//! The workload: producers with per-producer sequence ids and a checksum
+//! in every body, consumers whose handling of each message is fixed by the
+//! seed and the message id (its *fate*), a Subscribe-stream consumer, and
+//! an admin worker that creates, changes, deletes and reads queues.
+//!
+//! Every call goes into the [`History`]; nothing here judges the server.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use letterbox::pb;
+use letterbox::pb::admin_service_client::AdminServiceClient;
+use letterbox::pb::messaging_service_client::MessagingServiceClient;
+use tokio::sync::mpsc;
+use tonic::transport::{Channel, Endpoint};
+
+use super::history::{
+    Admin, DeadLetter, Delivery, History, Outcome, PubMsg, Publish, QueueShape, Settle, SettleKind,
+    SettleResult, Stamp,
+};
+
+/// Lease length of the workload's queues.
+pub const ACK_TIMEOUT_MS: u64 = 1000;
+/// Deliveries before a dead-letter move.
+pub const MAX_DELIVERIES: u32 = 3;
+/// The standard queue.
+pub const STD: &str = "std";
+/// The FIFO queue.
+pub const FIFO: &str = "fifo";
+/// The standard queue whose messages carry short TTLs and are dead-lettered
+/// on expiry.
+pub const TTL: &str = "ttl";
+/// Source queues, each with its DLQ `<name>.dlq`.
+pub const SOURCES: [&str; 3] = [STD, FIFO, TTL];
+
+/// The DLQ of a source queue.
+pub fn dlq_of(q: &str) -> String {
+    format!("{q}.dlq")
+}
+
+/// What a consumer does with a message, fixed by seed and id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Fate {
+    /// Ack.
+    Ack,
+    /// Nack the first delivery, then ack.
+    Flaky,
+    /// Hold the first delivery past its lease, then ack (which must fail).
+    Slow,
+    /// Never ack: nack every delivery (must end in the DLQ).
+    Poison,
+    /// Drop the first delivery (unary: let the lease run out; stream: close
+    /// the stream), then ack.
+    Vanish,
+    /// Ack twice (the second must fail).
+    DoubleAck,
+    /// Extend the lease, hold past the original deadline, then ack.
+    Extend,
+}
+
+/// A 64-bit hash of the seed and a string (FNV-1a, then a finaliser).
+pub fn hash(seed: u64, s: &str) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64 ^ seed;
+    for b in s.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^= h >> 33;
+    h
+}
+
+/// The share of poison messages, in percent (default 5).
+static POISON_PERCENT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(5);
+
+/// Sets the share of poison messages (0-100), taken from the `Ack` fate.
+pub fn set_poison_percent(p: u64) {
+    POISON_PERCENT.store(p.min(100), Ordering::Relaxed);
+}
+
+/// The fate of a message: by default 55 % ack, 10 % flaky, 5 % slow, 5 %
+/// poison, 7 % vanish, 8 % double ack, 10 % extend.
+pub fn fate(seed: u64, id: &str) -> Fate {
+    let poison = POISON_PERCENT.load(Ordering::Relaxed);
+    let h = hash(seed ^ 0xfa7e, id);
+    if h % 100 < poison {
+        return Fate::Poison;
+    }
+    match (h >> 8) % 100 {
+        0..58 => Fate::Ack,
+        58..68 => Fate::Flaky,
+        68..73 => Fate::Slow,
+        73..81 => Fate::Vanish,
+        81..90 => Fate::DoubleAck,
+        _ => Fate::Extend,
+    }
+}
+
+/// The body published under `id`: `id|size|crc32 of the filler|filler`,
+/// the filler derived from the seed and the id, `size` bytes in all (or
+/// just the header when `size` is smaller).
+pub fn body(seed: u64, id: &str, size: usize) -> Vec<u8> {
+    let head = format!("{id}|{size}|");
+    let fill_len = size.saturating_sub(head.len() + 9);
+    let mut rng = fastrand::Rng::with_seed(hash(seed, id));
+    let filler: Vec<u8> = (0..fill_len).map(|_| rng.alphanumeric() as u8).collect();
+    let mut out = head.into_bytes();
+    out.extend_from_slice(format!("{:08x}|", crc32fast::hash(&filler)).as_bytes());
+    out.extend_from_slice(&filler);
+    out
+}
+
+/// `None` if `got` is exactly the body published under `id`, else what is
+/// wrong with it.
+pub fn check_body(seed: u64, id: &str, got: &[u8]) -> Option<String> {
+    let text = String::from_utf8_lossy(&got[..got.len().min(600)]);
+    let mut parts = text.splitn(3, '|');
+    let (Some(bid), Some(size)) = (parts.next(), parts.next()) else {
+        return Some(format!("unparseable body of {} bytes", got.len()));
+    };
+    if bid != id {
+        return Some(format!("body belongs to message {bid:?}"));
+    }
+    let Ok(size) = size.parse::<usize>() else {
+        return Some(format!("bad size field {size:?}"));
+    };
+    let want = body(seed, id, size);
+    if want != got {
+        return Some(format!(
+            "body differs from the published one ({} bytes, {} expected)",
+            got.len(),
+            want.len()
+        ));
+    }
+    None
+}
+
+/// Phases of the workload.
+pub const RUNNING: u8 = 0;
+/// Final phase: every fate but poison acks on sight.
+pub const FINAL: u8 = 1;
+/// Stop.
+pub const STOP: u8 = 2;
+
+/// State shared by the workers.
+pub struct Shared {
+    /// The history.
+    pub hist: Arc<History>,
+    /// The run's seed.
+    pub seed: u64,
+    /// The phase.
+    pub phase: AtomicU8,
+    /// Producers and the admin worker stop.
+    pub quiet: AtomicBool,
+    /// Settle tasks in flight.
+    pub inflight: AtomicUsize,
+    /// Consumers hold off (soak: let a backlog build up).
+    pub paused: AtomicBool,
+    /// The server's URL.
+    pub url: String,
+}
+
+impl Shared {
+    fn phase(&self) -> u8 {
+        self.phase.load(Ordering::Relaxed)
+    }
+}
+
+/// A lazily connecting channel: calls made while the server is down fail
+/// fast, and it reconnects when the server is back.
+pub fn channel(url: &str) -> anyhow::Result<Channel> {
+    Ok(Endpoint::from_shared(url.to_string())?
+        .connect_timeout(Duration::from_millis(500))
+        .timeout(Duration::from_secs(8))
+        .connect_lazy())
+}
+
+fn msg_client(ch: &Channel) -> MessagingServiceClient<Channel> {
+    MessagingServiceClient::new(ch.clone()).max_decoding_message_size(64 << 20)
+}
+
+fn admin_client(ch: &Channel) -> AdminServiceClient<Channel> {
+    AdminServiceClient::new(ch.clone())
+}
+
+fn refused(o: &Outcome) -> bool {
+    !o.is_ok()
+}
+
+/// The configuration of the workload's queues.
+pub fn source_config(q: &str) -> pb::QueueConfig {
+    pb::QueueConfig {
+        kind: if q == FIFO {
+            pb::QueueKind::Fifo as i32
+        } else {
+            pb::QueueKind::Standard as i32
+        },
+        ack_timeout_ms: Some(ACK_TIMEOUT_MS),
+        dead_letter: Some(pb::DeadLetterPolicy {
+            queue: dlq_of(q),
+            max_deliveries: MAX_DELIVERIES,
+        }),
+        dead_letter_on_expiry: Some(q == TTL),
+        ..Default::default()
+    }
+}
+
+/// The configuration of a DLQ.
+pub fn dlq_config(q: &str) -> pb::QueueConfig {
+    pb::QueueConfig {
+        kind: if q == FIFO {
+            pb::QueueKind::Fifo as i32
+        } else {
+            pb::QueueKind::Standard as i32
+        },
+        ack_timeout_ms: Some(ACK_TIMEOUT_MS),
+        ..Default::default()
+    }
+}
+
+/// The shape of a configuration as read back.
+pub fn shape(c: &pb::QueueConfig) -> QueueShape {
+    QueueShape {
+        kind: c.kind,
+        ttl_ms: c.message_ttl_ms.unwrap_or(0),
+        ack_timeout_ms: c.ack_timeout_ms.unwrap_or(0),
+        max_length: c.max_length.unwrap_or(0),
+        dead_letter: c
+            .dead_letter
+            .as_ref()
+            .map(|d| (d.queue.clone(), d.max_deliveries)),
+        dead_letter_on_expiry: c.dead_letter_on_expiry.unwrap_or(false),
+    }
+}
+
+/// The shape a create with `c` gives (defaults filled in as the server
+/// documents them).
+pub fn expected_shape(c: &pb::QueueConfig) -> QueueShape {
+    QueueShape {
+        kind: if c.kind == 0 {
+            pb::QueueKind::Standard as i32
+        } else {
+            c.kind
+        },
+        ttl_ms: c.message_ttl_ms.unwrap_or(7 * 24 * 3600 * 1000),
+        ack_timeout_ms: c.ack_timeout_ms.unwrap_or(120_000),
+        max_length: c.max_length.unwrap_or(0),
+        dead_letter: c
+            .dead_letter
+            .as_ref()
+            .map(|d| (d.queue.clone(), d.max_deliveries)),
+        dead_letter_on_expiry: c.dead_letter_on_expiry.unwrap_or(false),
+    }
+}
+
+/// Creates one queue, recording the call.
+pub async fn create_queue(
+    sh: &Shared,
+    admin: &mut AdminServiceClient<Channel>,
+    name: &str,
+    config: pb::QueueConfig,
+) -> Outcome {
+    let inv = sh.hist.now();
+    let r = admin
+        .create_queue(pb::CreateQueueRequest {
+            name: name.into(),
+            config: Some(config.clone()),
+        })
+        .await;
+    let outcome = match &r {
+        Ok(_) => Outcome::Ok,
+        Err(s) => Outcome::from_status(s),
+    };
+    sh.hist.admin(Admin {
+        op: "create",
+        queue: name.into(),
+        config: Some(expected_shape(&config)),
+        inv,
+        done: sh.hist.now(),
+        outcome: outcome.clone(),
+    });
+    outcome
+}
+
+/// Creates the workload's queues (DLQs first), retrying until each is
+/// created.
+pub async fn setup(sh: &Shared) -> anyhow::Result<()> {
+    let ch = channel(&sh.url)?;
+    let mut admin = admin_client(&ch);
+    for q in SOURCES {
+        for (name, config) in [
+            (dlq_of(q), dlq_config(q)),
+            (q.to_string(), source_config(q)),
+        ] {
+            let mut tries = 0;
+            while !create_queue(sh, &mut admin, &name, config.clone())
+                .await
+                .is_ok()
+            {
+                tries += 1;
+                if tries > 200 {
+                    anyhow::bail!("cannot create queue {name}");
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn pick_size(rng: &mut fastrand::Rng) -> usize {
+    match rng.u32(0..100) {
+        0..60 => 64,
+        60..90 => 1024,
+        90..99 => 16 << 10,
+        _ => 200 << 10,
+    }
+}
+
+/// A producer: publishes batches of 1-4 messages with ids `p<n>-<seq>`
+/// until told to stop. Each FIFO group belongs to one producer, so a
+/// group's publish order is the producer's order.
+pub async fn producer(sh: Arc<Shared>, p: usize) -> anyhow::Result<()> {
+    let ch = channel(&sh.url)?;
+    let mut client = msg_client(&ch);
+    let mut rng = fastrand::Rng::with_seed(sh.seed ^ (0x5eed_0000 + p as u64));
+    let mut seq = 0u64;
+    while !sh.quiet.load(Ordering::Relaxed) {
+        let queue = match rng.u32(0..100) {
+            0..45 => STD,
+            45..80 => FIFO,
+            _ => TTL,
+        };
+        let n = rng.usize(1..=4);
+        let mut msgs = Vec::with_capacity(n);
+        let mut req = Vec::with_capacity(n);
+        for _ in 0..n {
+            seq += 1;
+            let id = format!("p{p}-{seq}");
+            let size = pick_size(&mut rng);
+            let group = (queue == FIFO).then(|| format!("g{p}.{}", rng.u32(0..3)));
+            let ttl_ms = (queue == TTL).then(|| rng.u64(1500..4000));
+            let b = body(sh.seed, &id, size);
+            req.push(pb::PublishMessage {
+                message_id: id.clone(),
+                body: b.clone().into(),
+                ttl_ms,
+                group_id: group.clone().unwrap_or_default(),
+                ..Default::default()
+            });
+            msgs.push(PubMsg {
+                id,
+                group,
+                ttl_ms,
+                size: b.len(),
+            });
+        }
+        let inv = sh.hist.now();
+        let r = client
+            .publish(pb::PublishRequest {
+                queue: queue.into(),
+                messages: req,
+                ..Default::default()
+            })
+            .await;
+        let done = sh.hist.now();
+        let outcome = match &r {
+            Ok(_) => Outcome::Ok,
+            Err(s) => Outcome::from_status(s),
+        };
+        let failed = refused(&outcome);
+        sh.hist.publish(Publish {
+            queue: queue.into(),
+            msgs,
+            inv,
+            done,
+            outcome,
+            process: format!("producer {p}"),
+        });
+        let pause = if failed { 50 } else { rng.u64(0..15) };
+        tokio::time::sleep(Duration::from_millis(pause)).await;
+    }
+    Ok(())
+}
+
+fn dead_letters(d: &pb::Delivery) -> Vec<DeadLetter> {
+    d.dead_letters
+        .iter()
+        .map(|r| DeadLetter {
+            source: r.source_queue.clone(),
+            reason: r.reason,
+            count: r.delivery_count,
+            at: r.at_unix_ms,
+        })
+        .collect()
+}
+
+fn record_delivery(
+    sh: &Shared,
+    d: &pb::Delivery,
+    call: u64,
+    queue: &str,
+    inv: Stamp,
+    stream: bool,
+    process: &str,
+) -> usize {
+    sh.hist.delivery(Delivery {
+        idx: 0,
+        call,
+        queue: queue.to_string(),
+        id: d.message_id.clone(),
+        count: d.delivery_count,
+        token: d.ack_token.clone(),
+        deadline: d.lease_deadline_unix_ms,
+        group: d.group_id.clone(),
+        dead_letters: dead_letters(d),
+        body_error: check_body(sh.seed, &d.message_id, &d.body),
+        inv,
+        done: sh.hist.now(),
+        stream,
+        process: process.to_string(),
+    })
+}
+
+/// What to do with one delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Action {
+    Ack,
+    Nack,
+    Hold,
+    Drop,
+    DoubleAck,
+    Extend,
+}
+
+fn action(sh: &Shared, queue: &str, id: &str, count: u32) -> Action {
+    if queue.ends_with(".dlq") {
+        return Action::Ack;
+    }
+    let f = fate(sh.seed, id);
+    if sh.phase() != RUNNING {
+        return if f == Fate::Poison {
+            Action::Nack
+        } else {
+            Action::Ack
+        };
+    }
+    match f {
+        Fate::Ack => Action::Ack,
+        Fate::Flaky if count == 1 => Action::Nack,
+        Fate::Slow if count == 1 => Action::Hold,
+        Fate::Poison => Action::Nack,
+        Fate::Vanish if count == 1 => Action::Drop,
+        Fate::DoubleAck => Action::DoubleAck,
+        Fate::Extend => Action::Extend,
+        _ => Action::Ack,
+    }
+}
+
+fn settle_result(r: &pb::SettleResult) -> SettleResult {
+    if r.status == pb::SettleStatus::Ok as i32 {
+        SettleResult::Ok {
+            deadline: r.lease_deadline_unix_ms,
+        }
+    } else {
+        SettleResult::LeaseExpired
+    }
+}
+
+async fn ack(sh: &Shared, client: &mut MessagingServiceClient<Channel>, idx: usize, token: &str) {
+    let inv = sh.hist.now();
+    let r = client
+        .ack(pb::AckRequest {
+            ack_tokens: vec![token.to_string()],
+        })
+        .await;
+    let result = match r {
+        Ok(resp) => match resp.into_inner().results.first() {
+            Some(r) => settle_result(r),
+            None => SettleResult::Call(Outcome::Info {
+                code: "Ok".into(),
+                msg: "no result".into(),
+            }),
+        },
+        Err(s) => SettleResult::Call(Outcome::from_status(&s)),
+    };
+    sh.hist.settle(Settle {
+        delivery: idx,
+        kind: SettleKind::Ack,
+        inv,
+        done: sh.hist.now(),
+        result,
+        timeout_ms: 0,
+    });
+}
+
+async fn nack(sh: &Shared, client: &mut MessagingServiceClient<Channel>, idx: usize, token: &str) {
+    let inv = sh.hist.now();
+    let r = client
+        .nack(pb::NackRequest {
+            items: vec![pb::NackItem {
+                ack_token: token.to_string(),
+                reason: "chaos".into(),
+                ..Default::default()
+            }],
+        })
+        .await;
+    let result = match r {
+        Ok(resp) => match resp.into_inner().results.first() {
+            Some(r) => settle_result(r),
+            None => SettleResult::Call(Outcome::Info {
+                code: "Ok".into(),
+                msg: "no result".into(),
+            }),
+        },
+        Err(s) => SettleResult::Call(Outcome::from_status(&s)),
+    };
+    sh.hist.settle(Settle {
+        delivery: idx,
+        kind: SettleKind::Nack,
+        inv,
+        done: sh.hist.now(),
+        result,
+        timeout_ms: 0,
+    });
+}
+
+async fn extend(
+    sh: &Shared,
+    client: &mut MessagingServiceClient<Channel>,
+    idx: usize,
+    token: &str,
+    ms: u64,
+) {
+    let inv = sh.hist.now();
+    let r = client
+        .extend_lease(pb::ExtendLeaseRequest {
+            items: vec![pb::ExtendItem {
+                ack_token: token.to_string(),
+                timeout_ms: ms,
+            }],
+        })
+        .await;
+    let result = match r {
+        Ok(resp) => match resp.into_inner().results.first() {
+            Some(r) => settle_result(r),
+            None => SettleResult::Call(Outcome::Info {
+                code: "Ok".into(),
+                msg: "no result".into(),
+            }),
+        },
+        Err(s) => SettleResult::Call(Outcome::from_status(&s)),
+    };
+    sh.hist.settle(Settle {
+        delivery: idx,
+        kind: SettleKind::Extend,
+        inv,
+        done: sh.hist.now(),
+        result,
+        timeout_ms: ms,
+    });
+}
+
+/// Handles one unary delivery by its fate; long holds run in their own
+/// task.
+fn handle(
+    sh: &Arc<Shared>,
+    client: &MessagingServiceClient<Channel>,
+    idx: usize,
+    d: &pb::Delivery,
+    queue: &str,
+) {
+    let act = action(sh, queue, &d.message_id, d.delivery_count);
+    if act == Action::Drop {
+        return;
+    }
+    let sh = Arc::clone(sh);
+    let mut client = client.clone();
+    let token = d.ack_token.clone();
+    let deadline = d.lease_deadline_unix_ms;
+    sh.inflight.fetch_add(1, Ordering::SeqCst);
+    tokio::spawn(async move {
+        match act {
+            Action::Ack => ack(&sh, &mut client, idx, &token).await,
+            Action::Nack => nack(&sh, &mut client, idx, &token).await,
+            Action::DoubleAck => {
+                ack(&sh, &mut client, idx, &token).await;
+                ack(&sh, &mut client, idx, &token).await;
+            }
+            Action::Hold => {
+                let now = sh.hist.now().wall;
+                let wait = deadline.saturating_sub(now) + 300;
+                tokio::time::sleep(Duration::from_millis(wait)).await;
+                ack(&sh, &mut client, idx, &token).await;
+            }
+            Action::Extend => {
+                extend(&sh, &mut client, idx, &token, 2500).await;
+                tokio::time::sleep(Duration::from_millis(ACK_TIMEOUT_MS + 200)).await;
+                ack(&sh, &mut client, idx, &token).await;
+            }
+            Action::Drop => {}
+        }
+        sh.inflight.fetch_sub(1, Ordering::SeqCst);
+    });
+}
+
+/// A consumer of unary receives over every queue.
+pub async fn consumer(sh: Arc<Shared>, c: usize) -> anyhow::Result<()> {
+    let ch = channel(&sh.url)?;
+    let mut client = msg_client(&ch);
+    let mut rng = fastrand::Rng::with_seed(sh.seed ^ (0xc0_0000 + c as u64));
+    let queues: Vec<String> = SOURCES
+        .iter()
+        .flat_map(|q| [q.to_string(), q.to_string(), dlq_of(q)])
+        .collect();
+    let name = format!("consumer {c}");
+    while sh.phase() != STOP {
+        if sh.paused.load(Ordering::Relaxed) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        }
+        let queue = queues[rng.usize(0..queues.len())].clone();
+        let call = sh.hist.call_id();
+        let inv = sh.hist.now();
+        let r = client
+            .receive(pb::ReceiveRequest {
+                queue: queue.clone(),
+                max_messages: rng.u32(1..=8),
+                wait_ms: 200,
+                ..Default::default()
+            })
+            .await;
+        match r {
+            Ok(resp) => {
+                sh.hist.receive_call(&Outcome::Ok);
+                for d in resp.into_inner().deliveries {
+                    let idx = record_delivery(&sh, &d, call, &queue, inv, false, &name);
+                    handle(&sh, &client, idx, &d, &queue);
+                }
+            }
+            Err(s) => {
+                sh.hist.receive_call(&Outcome::from_status(&s));
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A consumer on Subscribe streams: sessions of 1-4 s with a credit of
+/// 1-3; a `Vanish` message's first delivery makes it drop the stream.
+pub async fn stream_consumer(sh: Arc<Shared>) -> anyhow::Result<()> {
+    use letterbox::pb::subscribe_request::Kind as In;
+    use letterbox::pb::subscribe_response::Kind as Out;
+    let ch = channel(&sh.url)?;
+    let mut client = msg_client(&ch);
+    let mut rng = fastrand::Rng::with_seed(sh.seed ^ 0x57ea);
+    let name = "stream consumer".to_string();
+    while sh.phase() != STOP {
+        if sh.paused.load(Ordering::Relaxed) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        }
+        let queue = [STD, FIFO, TTL][rng.usize(0..3)].to_string();
+        let (tx, rx) = mpsc::channel::<pb::SubscribeRequest>(64);
+        let _ = tx
+            .send(pb::SubscribeRequest {
+                kind: Some(In::Open(pb::SubscribeOpen {
+                    queue: queue.clone(),
+                    credit: rng.u32(1..=3),
+                    ack_timeout_ms: None,
+                })),
+            })
+            .await;
+        let inv = sh.hist.now();
+        let mut stream = match client
+            .subscribe(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await
+        {
+            Ok(s) => s.into_inner(),
+            Err(_) => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let session_end = tokio::time::Instant::now() + Duration::from_millis(rng.u64(1000..4000));
+        // token → delivery index; request id → (kind, deliveries, invoked)
+        let mut unsettled: HashMap<String, usize> = HashMap::new();
+        let mut pending: HashMap<u64, (SettleKind, Vec<usize>, Stamp)> = HashMap::new();
+        let mut next_req = 1u64;
+        let mut dropped = false;
+        loop {
+            let msg = tokio::select! {
+                m = stream.message() => m,
+                _ = tokio::time::sleep_until(session_end) => break,
+            };
+            let resp = match msg {
+                Ok(Some(r)) => r,
+                Ok(None) | Err(_) => break,
+            };
+            match resp.kind {
+                Some(Out::Deliveries(batch)) => {
+                    let call = sh.hist.call_id();
+                    let mut got = Vec::with_capacity(batch.deliveries.len());
+                    for d in &batch.deliveries {
+                        let idx = record_delivery(&sh, d, call, &queue, inv, true, &name);
+                        unsettled.insert(d.ack_token.clone(), idx);
+                        got.push((idx, d));
+                    }
+                    for (idx, d) in got {
+                        let kind = match action(&sh, &queue, &d.message_id, d.delivery_count) {
+                            Action::Drop => {
+                                dropped = true;
+                                break;
+                            }
+                            Action::Nack => SettleKind::Nack,
+                            _ => SettleKind::Ack,
+                        };
+                        let id = next_req;
+                        next_req += 1;
+                        let req = match kind {
+                            SettleKind::Nack => In::Nack(pb::StreamNack {
+                                request_id: id,
+                                items: vec![pb::NackItem {
+                                    ack_token: d.ack_token.clone(),
+                                    reason: "chaos".into(),
+                                    ..Default::default()
+                                }],
+                            }),
+                            _ => In::Ack(pb::StreamAck {
+                                request_id: id,
+                                ack_tokens: vec![d.ack_token.clone()],
+                            }),
+                        };
+                        pending.insert(id, (kind, vec![idx], sh.hist.now()));
+                        unsettled.remove(&d.ack_token);
+                        if tx
+                            .send(pb::SubscribeRequest { kind: Some(req) })
+                            .await
+                            .is_err()
+                        {
+                            break;
+                        }
+                    }
+                    if dropped {
+                        break;
+                    }
+                }
+                Some(Out::Settled(s)) => {
+                    if let Some((kind, idxs, inv)) = pending.remove(&s.request_id) {
+                        let done = sh.hist.now();
+                        for (i, idx) in idxs.into_iter().enumerate() {
+                            let result = if s.code != 0 {
+                                SettleResult::Call(Outcome::Fail {
+                                    code: s.code.to_string(),
+                                    msg: s.error.clone(),
+                                })
+                            } else {
+                                match s.results.get(i) {
+                                    Some(r) => settle_result(r),
+                                    None => SettleResult::Call(Outcome::Info {
+                                        code: "Ok".into(),
+                                        msg: "no result".into(),
+                                    }),
+                                }
+                            };
+                            sh.hist.settle(Settle {
+                                delivery: idx,
+                                kind,
+                                inv,
+                                done,
+                                result,
+                                timeout_ms: 0,
+                            });
+                        }
+                    }
+                }
+                None => {}
+            }
+        }
+        // Close the stream: every unsettled delivery goes back to the queue
+        // (as far as the client knows, at any moment from now on), and
+        // settles not yet answered may or may not have been done.
+        drop(tx);
+        drop(stream);
+        let now = sh.hist.now();
+        for (_, idx) in unsettled {
+            sh.hist.settle(Settle {
+                delivery: idx,
+                kind: SettleKind::Release,
+                inv: now,
+                done: now,
+                result: SettleResult::Ok { deadline: 0 },
+                timeout_ms: 0,
+            });
+        }
+        for (_, (kind, idxs, inv)) in pending {
+            for idx in idxs {
+                sh.hist.settle(Settle {
+                    delivery: idx,
+                    kind,
+                    inv,
+                    done: now,
+                    result: SettleResult::Call(Outcome::Info {
+                        code: "Cancelled".into(),
+                        msg: "stream closed before the answer".into(),
+                    }),
+                    timeout_ms: 0,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Queues the admin worker plays with.
+pub const META_QUEUES: usize = 4;
+
+/// The admin worker: creates, updates, deletes and reads `meta-<n>`
+/// queues, and reads the workload's own queues, so that the checker can
+/// tell whether configurations survive every restart.
+pub async fn admin_worker(sh: Arc<Shared>) -> anyhow::Result<()> {
+    let ch = channel(&sh.url)?;
+    let mut admin = admin_client(&ch);
+    let mut rng = fastrand::Rng::with_seed(sh.seed ^ 0xad_0000);
+    while !sh.quiet.load(Ordering::Relaxed) {
+        tokio::time::sleep(Duration::from_millis(rng.u64(100..400))).await;
+        let n = rng.usize(0..META_QUEUES + 2);
+        if n >= META_QUEUES {
+            // Read one of the workload's queues.
+            let q = SOURCES[rng.usize(0..SOURCES.len())];
+            let name = if rng.bool() { q.to_string() } else { dlq_of(q) };
+            get_queue(&sh, &mut admin, &name).await;
+            continue;
+        }
+        let name = format!("meta-{n}");
+        match rng.u32(0..10) {
+            0..3 => {
+                let config = pb::QueueConfig {
+                    kind: if rng.bool() {
+                        pb::QueueKind::Fifo as i32
+                    } else {
+                        pb::QueueKind::Standard as i32
+                    },
+                    message_ttl_ms: Some(rng.u64(60..600) * 1000),
+                    ack_timeout_ms: Some(rng.u64(1..60) * 1000),
+                    max_length: rng.bool().then(|| rng.u64(1..100_000)),
+                    ..Default::default()
+                };
+                let o = create_queue(&sh, &mut admin, &name, config).await;
+                if o.is_info() {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+            3..5 => {
+                let ack = rng.u64(1..60) * 1000;
+                let inv = sh.hist.now();
+                let r = admin
+                    .update_queue(pb::UpdateQueueRequest {
+                        name: name.clone(),
+                        config: Some(pb::QueueConfig {
+                            ack_timeout_ms: Some(ack),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    })
+                    .await;
+                let outcome = match &r {
+                    Ok(_) => Outcome::Ok,
+                    Err(s) => Outcome::from_status(s),
+                };
+                sh.hist.admin(Admin {
+                    op: "update",
+                    queue: name,
+                    config: Some(QueueShape {
+                        kind: 0,
+                        ttl_ms: 0,
+                        ack_timeout_ms: ack,
+                        max_length: 0,
+                        dead_letter: None,
+                        dead_letter_on_expiry: false,
+                    }),
+                    inv,
+                    done: sh.hist.now(),
+                    outcome,
+                });
+            }
+            5..7 => {
+                let inv = sh.hist.now();
+                let r = admin
+                    .delete_queue(pb::DeleteQueueRequest {
+                        name: name.clone(),
+                        force: false,
+                    })
+                    .await;
+                let outcome = match &r {
+                    Ok(_) => Outcome::Ok,
+                    Err(s) => Outcome::from_status(s),
+                };
+                sh.hist.admin(Admin {
+                    op: "delete",
+                    queue: name,
+                    config: None,
+                    inv,
+                    done: sh.hist.now(),
+                    outcome,
+                });
+            }
+            _ => get_queue(&sh, &mut admin, &name).await,
+        }
+    }
+    Ok(())
+}
+
+/// Reads a queue's configuration, recording it.
+pub async fn get_queue(sh: &Shared, admin: &mut AdminServiceClient<Channel>, name: &str) {
+    let inv = sh.hist.now();
+    let r = admin
+        .get_queue(pb::GetQueueRequest { name: name.into() })
+        .await;
+    let (outcome, config) = match r {
+        Ok(resp) => (
+            Outcome::Ok,
+            resp.into_inner()
+                .queue
+                .and_then(|q| q.config)
+                .map(|c| shape(&c)),
+        ),
+        Err(s) => (Outcome::from_status(&s), None),
+    };
+    sh.hist.admin(Admin {
+        op: "get",
+        queue: name.into(),
+        config,
+        inv,
+        done: sh.hist.now(),
+        outcome,
+    });
+}
+
+/// Reads the stats of every workload queue, recording them; `None` if a
+/// call failed.
+pub async fn read_stats(sh: &Shared, label: &'static str) -> Option<Vec<(String, u64)>> {
+    let ch = channel(&sh.url).ok()?;
+    let mut admin = admin_client(&ch);
+    let mut totals = Vec::new();
+    for q in SOURCES {
+        for name in [q.to_string(), dlq_of(q)] {
+            let r = admin
+                .get_queue_stats(pb::GetQueueStatsRequest { name: name.clone() })
+                .await
+                .ok()?;
+            let s = r.into_inner().stats?;
+            totals.push((name.clone(), s.total));
+            sh.hist.stats(super::history::StatsRead {
+                label,
+                queue: name,
+                total: s.total,
+                published: s.published,
+                acked: s.acked,
+                expired: s.expired,
+                dead_lettered: s.dead_lettered,
+                dead_letters_received: s.dead_letters_received,
+                nacked: s.nacked,
+            });
+        }
+    }
+    Some(totals)
+}
+
+/// One receive on every workload queue after the final restart: anything
+/// returned reappeared. Recorded as deliveries (and acked).
+pub async fn sweep_once(sh: &Arc<Shared>) -> anyhow::Result<usize> {
+    let ch = channel(&sh.url)?;
+    let mut client = msg_client(&ch);
+    let mut n = 0;
+    for q in SOURCES {
+        for name in [q.to_string(), dlq_of(q)] {
+            let call = sh.hist.call_id();
+            let inv = sh.hist.now();
+            let r = client
+                .receive(pb::ReceiveRequest {
+                    queue: name.clone(),
+                    max_messages: 100,
+                    wait_ms: 300,
+                    ..Default::default()
+                })
+                .await?;
+            for d in r.into_inner().deliveries {
+                let idx = record_delivery(sh, &d, call, &name, inv, false, "final sweep");
+                ack(sh, &mut client, idx, &d.ack_token).await;
+                n += 1;
+            }
+        }
+    }
+    Ok(n)
+}
