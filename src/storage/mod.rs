@@ -1158,6 +1158,9 @@ fn applier(inner: &Inner) {
     }
 }
 
+/// Most writes in one sled batch of the applier (see [`apply_once`]).
+const APPLY_CHUNK: usize = 256;
+
 /// Applies the memtable's current content to sled once it is durable.
 fn apply_once(inner: &Inner) -> Result<()> {
     let (frozen, upto) = {
@@ -1175,7 +1178,15 @@ fn apply_once(inner: &Inner) -> Result<()> {
             reason: "log writer failed".into(),
         });
     }
+    // Applied in chunks: sled's `apply_batch` holds a lock that stops
+    // every read of the database until the whole batch is in, and the
+    // engine reads under its own lock, so one large batch (a burst of
+    // publishes) would stall every call for its whole length. A crash
+    // between chunks leaves the applied lsn behind the chunks applied;
+    // replay applies their records again, which changes nothing (replay is
+    // idempotent).
     let mut batch = sled::Batch::default();
+    let mut in_batch = 0usize;
     // In key order: sled inserts neighbouring keys far cheaper than
     // scattered ones (fewer node splits and copies).
     let mut ordered: Vec<(&Bytes, &Slot)> = frozen.iter().collect();
@@ -1198,6 +1209,14 @@ fn apply_once(inner: &Inner) -> Result<()> {
     let mut removed: Vec<u64> = Vec::new();
     let db_err = |e| inner.db_error(e);
     for (k, slot) in ordered {
+        if in_batch >= APPLY_CHUNK {
+            inner
+                .db
+                .apply_batch(std::mem::take(&mut batch))
+                .map_err(|e| inner.db_error(e))?;
+            in_batch = 0;
+        }
+        in_batch += 1;
         let payload = payloads::located(k);
         // The payload pointer the database holds now, if any.
         let old = |k: &Bytes| -> Result<Option<payloads::Loc>> {
