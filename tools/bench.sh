@@ -201,8 +201,8 @@ for t in $TARGETS; do
     q "$t" --workload end-to-end --consumer subscribe --window 64 --prefetch 256 --count "$(scale 100000)" --max-secs 60
     q "$t" --workload end-to-end --consumer subscribe --window 64 --prefetch 256 --rate 2500 --count "$(scale 50000)" --max-secs 60
     # e. FIFO: 10,000 groups, drained by 8 consumers, per-group order checked
-    q "$t" --workload fifo --groups 10000 --per-group "$(scale 20)" --consumers 8 --prefetch 256 --max-secs 120
-    q "$t" --workload fifo --groups 10000 --per-group "$(scale 20)" --consumers 8 --prefetch 256 --max-secs 120 --consumer subscribe
+    q "$t" --workload fifo --groups 10000 --per-group "$(scale 100)" --consumers 8 --prefetch 256 --max-secs 300
+    q "$t" --workload fifo --groups 10000 --per-group "$(scale 100)" --consumers 8 --prefetch 256 --max-secs 300 --consumer subscribe
     # f. redrive of dead-lettered messages back to their queue, unlimited rate
     q "$t" --workload redrive --count "$(scale 100000)" --max-secs 120
   fi

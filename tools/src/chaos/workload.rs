@@ -623,13 +623,17 @@ pub async fn consumer(sh: Arc<Shared>, c: usize) -> anyhow::Result<()> {
             continue;
         }
         let queue = queues[rng.usize(0..queues.len())].clone();
+        // The final drain takes big batches and hardly waits on empty
+        // queues: a backlog of thousands must drain in well under its 90 s.
+        let draining = sh.phase() == FINAL;
+        let max_messages = rng.u32(1..=8);
         let call = sh.hist.call_id();
         let inv = sh.hist.now();
         let r = client
             .receive(pb::ReceiveRequest {
                 queue: queue.clone(),
-                max_messages: rng.u32(1..=8),
-                wait_ms: 200,
+                max_messages: if draining { 100 } else { max_messages },
+                wait_ms: if draining { 20 } else { 200 },
                 ..Default::default()
             })
             .await;
