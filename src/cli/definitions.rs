@@ -32,7 +32,7 @@ pub(super) async fn run(client: &Client, out: &Out, cmd: DefinitionsCmd) -> Resu
             match file {
                 Some(path) => std::fs::write(&path, format!("{doc}\n"))
                     .map_err(|e| usage(format!("{}: {e}", path.display())))?,
-                None => println!("{doc}"),
+                None => say!("{doc}"),
             }
         }
         DefinitionsCmd::Import { file } => {
@@ -43,9 +43,11 @@ pub(super) async fn run(client: &Client, out: &Out, cmd: DefinitionsCmd) -> Resu
                 out.doc(&json!({"queues_created": r.queues_created, "exchanges_created": r.exchanges_created,
                                 "bindings_changed": r.bindings_changed}));
             } else {
-                println!(
+                say!(
                     "created {} queue(s) and {} exchange(s); {} binding(s) created or changed",
-                    r.queues_created, r.exchanges_created, r.bindings_changed
+                    r.queues_created,
+                    r.exchanges_created,
+                    r.bindings_changed
                 );
             }
         }

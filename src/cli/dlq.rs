@@ -118,16 +118,19 @@ pub(super) async fn run(client: &Client, out: &Out, cmd: DlqCmd) -> Result<()> {
             "moved": last.moved, "skipped": last.skipped, "done": last.done,
         }));
     } else if a.dry_run {
-        println!(
+        say!(
             "dry run: {} of {} message(s) would move ({} would be skipped)",
             last.matched - last.skipped,
             last.scanned,
             last.skipped
         );
     } else {
-        println!(
+        say!(
             "moved {} message(s) out of {} ({} matched, {} skipped)",
-            last.moved, a.queue, last.matched, last.skipped
+            last.moved,
+            a.queue,
+            last.matched,
+            last.skipped
         );
     }
     Ok(())

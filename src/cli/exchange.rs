@@ -58,7 +58,7 @@ fn show(out: &Out, x: &pb::Exchange) {
     if out.json {
         return out.doc(&exchange_json(x));
     }
-    println!("exchange {}", x.name);
+    say!("exchange {}", x.name);
     let rows: Vec<Vec<String>> = x
         .bindings
         .iter()
@@ -99,7 +99,7 @@ pub(super) async fn run(client: &Client, out: &Out, cmd: ExchangeCmd) -> Result<
             if out.json {
                 out.doc(&json!({"deleted": name}));
             } else {
-                println!("deleted exchange {name}");
+                say!("deleted exchange {name}");
             }
         }
         ExchangeCmd::Bind {

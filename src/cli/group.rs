@@ -100,7 +100,7 @@ pub(super) async fn run(client: &Client, out: &Out, cmd: GroupCmd) -> Result<()>
             if out.json {
                 out.doc(&json!({"queue": queue, "group_id": group, "skipped_message_id": id}));
             } else {
-                println!("moved {id} from group {group:?} of {queue} to the dead letter queue");
+                say!("moved {id} from group {group:?} of {queue} to the dead letter queue");
             }
         }
         GroupCmd::Release { queue, group } => {
@@ -108,7 +108,7 @@ pub(super) async fn run(client: &Client, out: &Out, cmd: GroupCmd) -> Result<()>
             if out.json {
                 out.doc(&json!({"queue": queue, "group_id": group, "head_message_id": id}));
             } else {
-                println!("released group {group:?} of {queue}; its head {id} is deliverable again");
+                say!("released group {group:?} of {queue}; its head {id} is deliverable again");
             }
         }
     }

@@ -164,7 +164,7 @@ pub(super) async fn publish(client: &Client, out: &Out, a: PublishArgs) -> Resul
         out.table(&["MESSAGE ID", "RESULT"], &rows);
     } else {
         let dups = results.iter().filter(|r| r.duplicate).count();
-        println!(
+        say!(
             "published {} message(s) to {target} ({dups} duplicate(s))",
             results.len() - dups
         );
@@ -229,7 +229,7 @@ pub(super) async fn consume(client: &Client, out: &Out, a: ConsumeArgs) -> Resul
             if out.json {
                 out.line(&output::delivery_json(d));
             } else {
-                println!(
+                say!(
                     "{}  delivery {}  {}",
                     d.message_id,
                     d.delivery_count,

@@ -7,6 +7,15 @@
 //! 0 success, 1 the server refused the request, 2 bad usage, 3 the server
 //! could not be reached.
 
+/// `println!` for the client's output, except that a closed pipe (the
+/// reader went away, as with `| head`) ends the program quietly instead of
+/// panicking.
+macro_rules! say {
+    ($($t:tt)*) => {
+        $crate::cli::print_line(format_args!($($t)*))
+    };
+}
+
 mod definitions;
 mod dlq;
 mod exchange;
@@ -172,4 +181,21 @@ fn fail(e: &ClientError) -> ExitCode {
 /// An error about the command line itself (exit code 2).
 fn usage(message: impl Into<String>) -> ClientError {
     ClientError::new(ErrorKind::InvalidArgument, message)
+}
+
+/// Writes one line to standard output (see `say!`).
+pub(crate) fn print_line(args: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let written = out
+        .write_fmt(args)
+        .and_then(|()| out.write_all(b"\n"))
+        .and_then(|()| out.flush());
+    if let Err(e) = written {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("letterbox: writing the output: {e}");
+        std::process::exit(1);
+    }
 }

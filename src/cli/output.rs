@@ -16,12 +16,12 @@ impl Out {
 
     /// Prints a JSON document (pretty).
     pub(super) fn doc(&self, v: &Value) {
-        println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+        say!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
     }
 
     /// Prints one JSON object on one line.
     pub(super) fn line(&self, v: &Value) {
-        println!("{}", serde_json::to_string(v).unwrap_or_default());
+        say!("{}", serde_json::to_string(v).unwrap_or_default());
     }
 
     /// Prints rows under headers, columns aligned.
@@ -46,9 +46,9 @@ impl Out {
             }
             line.trim_end().to_string()
         };
-        println!("{}", fmt(headers.iter().map(|h| h.to_string()).collect()));
+        say!("{}", fmt(headers.iter().map(|h| h.to_string()).collect()));
         for r in rows {
-            println!("{}", fmt(r.clone()));
+            say!("{}", fmt(r.clone()));
         }
     }
 
@@ -56,7 +56,7 @@ impl Out {
     pub(super) fn pairs(&self, pairs: &[(&str, String)]) {
         let w = pairs.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
         for (k, v) in pairs {
-            println!("{k:<w$}  {v}");
+            say!("{k:<w$}  {v}");
         }
     }
 }

@@ -287,7 +287,7 @@ pub(super) async fn run(client: &Client, out: &Out, cmd: QueueCmd) -> Result<()>
             if out.json {
                 out.doc(&json!({"deleted": name, "messages_deleted": n}));
             } else {
-                println!("deleted queue {name} and {n} message(s)");
+                say!("deleted queue {name} and {n} message(s)");
             }
         }
         QueueCmd::Purge { name } => {
@@ -304,7 +304,7 @@ pub(super) async fn run(client: &Client, out: &Out, cmd: QueueCmd) -> Result<()>
             if out.json {
                 out.doc(&json!({"queue": name, "messages_deleted": n}));
             } else {
-                println!("purged {n} message(s) from {name}");
+                say!("purged {n} message(s) from {name}");
             }
         }
         QueueCmd::Stats { name } => {
