@@ -174,19 +174,26 @@ fn init_logs(filter: &str, format: LogFormat) -> Result<(), String> {
     Ok(())
 }
 
-async fn shutdown_signal() {
+/// Resolves at SIGTERM or SIGINT. The handlers are installed when this is
+/// called, not when the future is first polled: a SIGTERM that comes while
+/// the server recovers or right after it announced itself must still stop
+/// it gracefully, not kill it.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{SignalKind, signal};
-    match (
+    let handlers = (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
-    ) {
-        (Ok(mut term), Ok(mut int)) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = int.recv() => {}
+    );
+    async move {
+        match handlers {
+            (Ok(mut term), Ok(mut int)) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = int.recv() => {}
+                }
             }
+            _ => std::future::pending().await,
         }
-        _ => std::future::pending().await,
     }
 }
 
@@ -207,6 +214,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let shutdown = shutdown_signal();
     let server = match Server::start(config.clone(), Arc::new(SystemClock)).await {
         Ok(s) => s,
         Err(e) => {
@@ -266,7 +274,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
         announce(&format!("letterbox metrics on http://{m}/metrics"));
         tracing::info!(addr = %m, "serving metrics");
     }
-    match server.serve(shutdown_signal()).await {
+    match server.serve(shutdown).await {
         Ok(()) => {
             tracing::info!("stopped cleanly");
             ExitCode::SUCCESS
