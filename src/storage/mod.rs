@@ -331,6 +331,8 @@ struct Inner {
     durable_cv: Condvar,
     failure: watch::Sender<Option<String>>,
     space_ok: AtomicBool,
+    /// `log_bytes` when free space was last checked from the publish path.
+    space_checked_bytes: AtomicU64,
     /// Set to stop without a final apply and checkpoint (a simulated
     /// crash, for tests).
     abandon: AtomicBool,
@@ -514,6 +516,7 @@ impl Store {
             durable_cv: Condvar::new(),
             failure,
             space_ok: AtomicBool::new(true),
+            space_checked_bytes: AtomicU64::new(0),
             abandon: AtomicBool::new(false),
             log_syncs: AtomicU64::new(0),
             records: AtomicU64::new(0),
@@ -643,7 +646,21 @@ impl Store {
 
     /// False while free space on the data directory's file system is below
     /// the configured minimum: the engine then refuses publishes.
+    /// Checked again at once after every [`SPACE_CHECK_BYTES`] of log
+    /// written, not only by the applier's periodic check: a fast publisher
+    /// must not run through the headroom between two periodic checks.
     pub fn has_space(&self) -> bool {
+        let written = self.inner.log_bytes.load(Ordering::Relaxed);
+        let checked = self.inner.space_checked_bytes.load(Ordering::Relaxed);
+        if written.saturating_sub(checked) >= SPACE_CHECK_BYTES
+            && self
+                .inner
+                .space_checked_bytes
+                .compare_exchange(checked, written, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            self.inner.refresh_space();
+        }
         self.inner.space_ok.load(Ordering::Relaxed)
     }
 
@@ -1157,6 +1174,10 @@ fn applier(inner: &Inner) {
         }
     }
 }
+
+/// Log bytes written between two checks of free space made on the publish
+/// path (see [`Store::has_space`]).
+const SPACE_CHECK_BYTES: u64 = 1 << 20;
 
 /// Most writes in one sled batch of the applier (see [`apply_once`]).
 const APPLY_CHUNK: usize = 256;
