@@ -7,6 +7,7 @@
 #
 #   tools/bench.sh                     # full run (~35 min on 2 cores)
 #   QUICK=1 tools/bench.sh             # smoke test: N/20, 1 rep, short disk test
+#   DIV=4 REPS=1 tools/bench.sh        # every count divided by 4, one rep (~15 min)
 #   TARGETS="letterbox" tools/bench.sh # Letterbox alone (no RabbitMQ/NATS needed)
 #
 # Env: REPS (3), TARGETS ("letterbox rabbit-quorum rabbit-classic nats-js"), OUT (results dir),
@@ -36,7 +37,8 @@ mkdir -p "$OUT"
 CMDS=$OUT/commands.txt
 : > "$CMDS"
 
-scale() { if [ "$QUICK" = 1 ]; then echo $(( $1 / 20 )); else echo "$1"; fi; }
+DIV=${DIV:-1}
+scale() { if [ "$QUICK" = 1 ]; then echo $(( $1 / 20 )); else echo $(( $1 / DIV )); fi; }
 has_target() { [[ " $TARGETS " == *" $1 "* ]]; }
 
 # which processes TARGETS needs
@@ -201,8 +203,8 @@ for t in $TARGETS; do
     q "$t" --workload end-to-end --consumer subscribe --window 64 --prefetch 256 --count "$(scale 100000)" --max-secs 60
     q "$t" --workload end-to-end --consumer subscribe --window 64 --prefetch 256 --rate 2500 --count "$(scale 50000)" --max-secs 60
     # e. FIFO: 10,000 groups, drained by 8 consumers, per-group order checked
-    q "$t" --workload fifo --groups 10000 --per-group "$(scale 100)" --consumers 8 --prefetch 256 --max-secs 300
-    q "$t" --workload fifo --groups 10000 --per-group "$(scale 100)" --consumers 8 --prefetch 256 --max-secs 300 --consumer subscribe
+    q "$t" --workload fifo --groups 10000 --per-group "$(DIV=1 scale 100)" --consumers 8 --prefetch 256 --max-secs 300
+    q "$t" --workload fifo --groups 10000 --per-group "$(DIV=1 scale 100)" --consumers 8 --prefetch 256 --max-secs 300 --consumer subscribe
     # f. redrive of dead-lettered messages back to their queue, unlimited rate
     q "$t" --workload redrive --count "$(scale 100000)" --max-secs 120
   fi

@@ -129,6 +129,11 @@ pub struct Args {
 }
 
 /// Kill point classes, each a way a server epoch ends.
+/// Soak: most messages waiting in the workload's queues before producers
+/// pause (the consumers, paused a third of the time, are slower than the
+/// producers, so without a cap the backlog only grows).
+const SOAK_BACKLOG_CAP: u64 = 20_000;
+
 const NEMESIS_CLASSES: [&str; 5] = ["random", "startup", "shutdown", "graceful", "storm"];
 /// Library classes used as kill points, with the guess of how many calls
 /// an epoch makes before the first measurements replace it.
@@ -651,6 +656,14 @@ pub async fn run(args: Args) -> Result<i32> {
         quiet: AtomicBool::new(false),
         inflight: AtomicUsize::new(0),
         paused: AtomicBool::new(false),
+        backlog: std::sync::atomic::AtomicU64::new(0),
+        // A soak's backlog grows while consumers pause and must drain
+        // again: producers wait above this.
+        backlog_cap: if args.soak_secs.is_some() {
+            SOAK_BACKLOG_CAP
+        } else {
+            0
+        },
         url: format!("http://127.0.0.1:{port}"),
     });
 

@@ -85,6 +85,7 @@ pub async fn run(
             backlog: super::workload_totals(sh).await.unwrap_or(0),
             paused,
         };
+        sh.backlog.store(s.backlog, Ordering::Relaxed);
         let _ = writeln!(
             csv,
             "{:.0},{},{},{},{},{}",

@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use letterbox::pb;
@@ -159,6 +159,10 @@ pub struct Shared {
     pub inflight: AtomicUsize,
     /// Consumers hold off (soak: let a backlog build up).
     pub paused: AtomicBool,
+    /// Messages in the workload's queues at the last soak sample.
+    pub backlog: AtomicU64,
+    /// Soak: producers wait while the backlog is above this (0: never).
+    pub backlog_cap: u64,
     /// The server's URL.
     pub url: String,
 }
@@ -329,6 +333,10 @@ pub async fn producer(sh: Arc<Shared>, p: usize) -> anyhow::Result<()> {
     let mut rng = fastrand::Rng::with_seed(sh.seed ^ (0x5eed_0000 + p as u64));
     let mut seq = 0u64;
     while !sh.quiet.load(Ordering::Relaxed) {
+        if sh.backlog_cap > 0 && sh.backlog.load(Ordering::Relaxed) > sh.backlog_cap {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        }
         let queue = match rng.u32(0..100) {
             0..45 => STD,
             45..80 => FIFO,
