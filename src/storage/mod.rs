@@ -646,7 +646,7 @@ impl Store {
 
     /// False while free space on the data directory's file system is below
     /// the configured minimum: the engine then refuses publishes.
-    /// Checked again at once after every [`SPACE_CHECK_BYTES`] of log
+    /// Checked again at once after every MiB of log
     /// written, not only by the applier's periodic check: a fast publisher
     /// must not run through the headroom between two periodic checks.
     pub fn has_space(&self) -> bool {

@@ -21,6 +21,11 @@ pub struct Sample {
     pub rss: u64,
     /// Disk blocks used by the data directory, bytes.
     pub disk: u64,
+    /// Of which the log directory (`wal/`: segments, preallocated next
+    /// segment and spares, all of a fixed size), bytes.
+    pub wal: u64,
+    /// Files in the log directory.
+    pub wal_files: u64,
     /// The server's log (standard error), bytes.
     pub log: u64,
     /// Messages in the workload's queues.
@@ -37,6 +42,11 @@ pub fn rss(pid: u32) -> u64 {
         .and_then(|v| v.split_whitespace().next())
         .and_then(|kb| kb.parse::<u64>().ok())
         .map_or(0, |kb| kb * 1024)
+}
+
+/// Files directly in `dir`.
+pub fn files_in(dir: &Path) -> u64 {
+    std::fs::read_dir(dir).map_or(0, |d| d.flatten().count() as u64)
 }
 
 /// Disk blocks used under `dir`, bytes.
@@ -81,6 +91,8 @@ pub async fn run(
             at: start.elapsed().as_secs_f64(),
             rss: rss(pid),
             disk: disk_use(data),
+            wal: disk_use(&data.join("wal")),
+            wal_files: files_in(&data.join("wal")),
             log: std::fs::metadata(log).map_or(0, |m| m.len()),
             backlog: super::workload_totals(sh).await.unwrap_or(0),
             paused,
