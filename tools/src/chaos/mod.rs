@@ -462,7 +462,9 @@ impl Nemesis {
                 s.term();
                 self.hist.nemesis(self.epoch, "term", "");
                 if class == "shutdown" {
-                    let g = self.rng.u64(0..200);
+                    // A graceful stop takes tens of milliseconds: the kill must
+                    // land inside it most of the time to be a kill at all.
+                    let g = self.rng.u64(0..40);
                     let exited = s.wait_exit(Duration::from_millis(g)).await;
                     let (c, status) = match exited {
                         Some(st) => ("graceful", Some(st)),
