@@ -42,7 +42,7 @@ run() { # fault, invariant, extra args...
 # decided go out) hit this fault's window every time.
 run fault-ack-before-fsync I1,I4,I12 --classes sys:fdatasync,random
 run fault-no-delivery-count I5
-# The move's window is one fsync plus 20 ms: more poison messages (so more
-# moves) and kills while serving make a short run hit it.
-run fault-dlq-two-steps I6 --poison-percent 30 --classes random,sys:fdatasync
+# The move's window is one fsync plus 100 ms: more poison messages (so more
+# moves), kills while serving and more cycles make a short run hit it.
+CYCLES=$((CYCLES * 2)) run fault-dlq-two-steps I6 --poison-percent 30 --classes random,sys:fdatasync
 echo "== all negative controls caught"

@@ -178,7 +178,7 @@ impl Broker {
             copy.put_new_meta(dlq_qid, new_pos, &meta);
             let c = self.store.submit(copy);
             self.store.wait_durable_blocking(c.lsn());
-            std::thread::sleep(std::time::Duration::from_millis(20));
+            std::thread::sleep(std::time::Duration::from_millis(100));
             change.txn.delete(Key::Meta(qid, pos));
         }
         #[cfg(not(feature = "fault-dlq-two-steps"))]
