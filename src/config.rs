@@ -72,6 +72,11 @@ pub struct ServeArgs {
     /// Checkpoint after this many bytes of log.
     #[arg(long, env = "LETTERBOX_CHECKPOINT_BYTES", default_value = "128MiB")]
     pub checkpoint_bytes: ByteSize,
+    /// Rewrite the embedded database once its files reach this size and
+    /// are mostly free space (after a deep queue drained), giving the
+    /// space back to the file system; 0 never rewrites.
+    #[arg(long, env = "LETTERBOX_DB_REWRITE_MIN", default_value = "16MiB")]
+    pub db_rewrite_min: ByteSize,
     /// A definitions file (queues, exchanges, bindings) applied at start,
     /// after recovery and before serving; an invalid file stops the start.
     #[arg(long, env = "LETTERBOX_DEFINITIONS")]
@@ -186,6 +191,7 @@ impl ServeArgs {
         c.store.checkpoint_bytes = self.checkpoint_bytes.0;
         c.store.apply_interval = self.apply_interval.0.max(Duration::from_millis(1));
         c.store.cache_bytes = self.cache_size.0;
+        c.store.rewrite_min_bytes = self.db_rewrite_min.0;
         c.shutdown_grace = self.shutdown_grace.0;
         c.tls = self.tls()?;
         let auth = Authenticator::new(&self.principals).map_err(|e| format!("--config: {e}"))?;

@@ -38,7 +38,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the server.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Make credentials for the configuration file.
     #[command(subcommand)]
     Auth(AuthCmd),
@@ -312,7 +312,7 @@ fn main() -> ExitCode {
                     return ExitCode::from(1);
                 }
             };
-            runtime.block_on(serve(args))
+            runtime.block_on(serve(*args))
         }
         Command::Verify(args) => verify(&args),
         Command::Client(cmd) => {

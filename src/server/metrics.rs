@@ -143,7 +143,7 @@ impl Collector for Figures {
             }
         }
         let store = self.broker.store().stats();
-        let counters: [(&str, &str, u64); 6] = [
+        let counters: [(&str, &str, u64); 7] = [
             (
                 "letterbox_log_syncs",
                 "fdatasync calls on the write-ahead log (one per group commit)",
@@ -168,6 +168,11 @@ impl Collector for Figures {
                 "letterbox_payloads_relocated",
                 "Message bodies moved to a newer log segment by compaction",
                 store.relocated,
+            ),
+            (
+                "letterbox_database_rewrites",
+                "Database rewrites that gave its free space back to the file system",
+                store.rewrites,
             ),
             (
                 "letterbox_recovery_replayed_records",

@@ -201,7 +201,8 @@ impl Server {
     /// Opens the data directory, recovers, and binds the listener.
     pub async fn start(config: ServerConfig, clock: Arc<dyn Clock>) -> Result<Server, ServerError> {
         let dir = config.data_dir.clone();
-        let db_dir = dir.join("db");
+        let db_dir =
+            crate::storage::fsutil::current_database(&dir).unwrap_or_else(|_| dir.join("db"));
         let store_opts = config.store.clone();
         let broker_opts = config.broker.clone();
         // Opening replays the log and scans the database: blocking work.

@@ -16,6 +16,11 @@ const CHECKPOINT_FILE: &str = "CHECKPOINT";
 const CHECKPOINT_HEADER: &str = "letterbox checkpoint";
 const LOCK_FILE: &str = "LOCK";
 const FORMAT_HEADER: &str = "letterbox data directory";
+const DATABASE_FILE: &str = "DATABASE";
+const DATABASE_HEADER: &str = "letterbox database";
+/// The database directory of a data directory whose database was never
+/// rewritten (no `DATABASE` file).
+const FIRST_DATABASE: &str = "db";
 
 /// Makes a directory's entries (creations, renames, deletions) durable.
 pub fn sync_dir(dir: &Path) -> Result<()> {
@@ -221,6 +226,83 @@ pub fn read_checkpoint(dir: &Path) -> Result<u64> {
     lsn.ok_or_else(|| {
         StorageError::corrupt(path.display().to_string(), "malformed checkpoint record")
     })
+}
+
+/// The generation of a database directory's name: `db` is 0, `db-N` is N.
+pub fn database_generation(name: &str) -> Option<u64> {
+    if name == FIRST_DATABASE {
+        return Some(0);
+    }
+    let n = name.strip_prefix("db-")?;
+    if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    n.parse().ok().filter(|n| *n > 0)
+}
+
+/// The name of the database directory of generation `generation`.
+pub fn database_name(generation: u64) -> String {
+    if generation == 0 {
+        FIRST_DATABASE.into()
+    } else {
+        format!("db-{generation}")
+    }
+}
+
+/// The directory of the current database: the one the `DATABASE` file
+/// names (written when the database is rewritten, see
+/// [`set_current_database`]), or `db` when there is no such file.
+pub fn current_database(dir: &Path) -> Result<PathBuf> {
+    let path = dir.join(DATABASE_FILE);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(dir.join(FIRST_DATABASE)),
+        Err(e) => return Err(StorageError::io("read", &path, e)),
+    };
+    let mut lines = text.lines();
+    let name = (lines.next() == Some(DATABASE_HEADER))
+        .then(|| lines.next())
+        .flatten()
+        .and_then(|l| l.strip_prefix("current "))
+        .map(str::trim)
+        .filter(|n| database_generation(n).is_some());
+    match name {
+        Some(n) => Ok(dir.join(n)),
+        None => Err(StorageError::corrupt(
+            path.display().to_string(),
+            "malformed record of the current database (expected `current db-N`)",
+        )),
+    }
+}
+
+/// Makes `name` the current database, durably (write, fsync, rename,
+/// fsync of the directory): until this returns the previous one stays
+/// current, whatever happens.
+pub fn set_current_database(dir: &Path, name: &str) -> Result<()> {
+    let path = dir.join(DATABASE_FILE);
+    let tmp = dir.join("DATABASE.tmp");
+    let mut f = File::create(&tmp).map_err(|e| StorageError::io("create", &tmp, e))?;
+    f.write_all(format!("{DATABASE_HEADER}\ncurrent {name}\n").as_bytes())
+        .and_then(|()| f.sync_all())
+        .map_err(|e| StorageError::io("write", &tmp, e))?;
+    std::fs::rename(&tmp, &path).map_err(|e| StorageError::io("rename", &path, e))?;
+    sync_dir(dir)
+}
+
+/// Database directories of `dir` other than `current`: what a rewrite
+/// interrupted by a crash left (a new database never made current, or the
+/// old one not yet deleted).
+pub fn stale_databases(dir: &Path, current: &Path) -> Result<Vec<PathBuf>> {
+    let mut stale = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(|e| StorageError::io("read directory", dir, e))? {
+        let entry = entry.map_err(|e| StorageError::io("read directory", dir, e))?;
+        let name = entry.file_name();
+        let is_db = name.to_str().and_then(database_generation).is_some();
+        if is_db && entry.path() != current && entry.path().is_dir() {
+            stale.push(entry.path());
+        }
+    }
+    Ok(stale)
 }
 
 /// Free bytes available to this process on the file system of `dir`.

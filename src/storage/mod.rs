@@ -26,6 +26,9 @@
 //!   retires log segments whose records are all applied and to which no
 //!   payload pointer refers (kept for reuse, see `wal::Pool`); segments kept
 //!   only for a few old payloads are compacted.
+//! * When the database's files are mostly free space (a deep queue
+//!   drained), a checkpoint rewrites it into a new directory and makes that
+//!   one current (see `rewrite`), giving the space back.
 //! * Opening replays log records newer than the applied lsn into sled (a
 //!   record is a set of absolute puts and deletes, so replay is
 //!   idempotent), checkpoints, and starts a fresh log segment.
@@ -39,13 +42,14 @@ pub mod fsutil;
 pub mod keys;
 mod payloads;
 pub mod records;
+mod rewrite;
 pub mod verify;
 pub mod wal;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -78,6 +82,9 @@ pub struct StoreOptions {
     /// Below this many free bytes on the data directory's file system,
     /// [`Store::has_space`] says no.
     pub min_free_bytes: u64,
+    /// Rewrite the database once its files reach this size and are mostly
+    /// free space (see `rewrite`); 0 never rewrites.
+    pub rewrite_min_bytes: u64,
 }
 
 impl Default for StoreOptions {
@@ -90,6 +97,7 @@ impl Default for StoreOptions {
             checkpoint_bytes: 128 << 20,
             cache_bytes: 256 << 20,
             min_free_bytes: 64 << 20,
+            rewrite_min_bytes: 16 << 20,
         }
     }
 }
@@ -126,6 +134,8 @@ pub struct StoreStats {
     pub pinned_segments: u64,
     /// Payloads compacted (moved to a newer segment).
     pub relocated: u64,
+    /// Database rewrites (space given back to the file system).
+    pub rewrites: u64,
 }
 
 /// A transaction under construction: puts and deletes applied atomically.
@@ -318,9 +328,21 @@ struct State {
     closed: Option<String>,
 }
 
+/// The database the store reads and applies to, and its directory.
+struct Database {
+    db: sled::Db,
+    path: PathBuf,
+}
+
 struct Inner {
     dir: PathBuf,
-    db: sled::Db,
+    /// Replaced only by a rewrite (see `rewrite`), by the applier thread,
+    /// the only one that writes the database.
+    db: RwLock<Database>,
+    /// Size of the database's files after the last rewrite: the next one
+    /// waits until they have grown well past it.
+    rewritten_bytes: AtomicU64,
+    rewrites: AtomicU64,
     opts: StoreOptions,
     state: Mutex<State>,
     /// Wakes the log writer when `pending` gets work.
@@ -411,13 +433,23 @@ impl Store {
         fsutil::create_private_dir(dir)?;
         let dir_lock = fsutil::lock_dir(dir)?;
         let fresh = fsutil::check_or_init_format(dir)?;
-        let db_dir = dir.join("db");
+        let db_dir = fsutil::current_database(dir)?;
         let wal_dir = dir.join("wal");
         if !fresh && !db_dir.join("db").exists() {
             return Err(StorageError::corrupt(
                 db_dir.display().to_string(),
                 "the database is missing, but FORMAT says this directory holds data: refusing to start empty",
             ));
+        }
+        // A rewrite that a crash interrupted: the database it was writing
+        // never became current, or the one it replaced was not deleted yet.
+        let stale = fsutil::stale_databases(dir, &db_dir)?;
+        for old in &stale {
+            tracing::info!(path = %old.display(), "removing a database left by an interrupted rewrite");
+            std::fs::remove_dir_all(old).map_err(|e| StorageError::io("remove", old, e))?;
+        }
+        if !stale.is_empty() {
+            fsutil::sync_dir(dir)?;
         }
         fsutil::create_private_dir(&wal_dir)?;
         let db = open_db(&db_dir, opts.cache_bytes)?;
@@ -500,7 +532,9 @@ impl Store {
         let (failure, _) = watch::channel(None);
         let inner = Arc::new(Inner {
             dir: dir.to_path_buf(),
-            db,
+            db: RwLock::new(Database { db, path: db_dir }),
+            rewritten_bytes: AtomicU64::new(0),
+            rewrites: AtomicU64::new(0),
             opts,
             state: Mutex::new(State {
                 next_lsn: end.last_lsn + 1,
@@ -587,7 +621,11 @@ impl Store {
                 return Ok(slot.value.clone());
             }
         }
-        let v = self.inner.db.get(&k).map_err(|e| self.inner.db_error(e))?;
+        let v = self
+            .inner
+            .db()
+            .get(&k)
+            .map_err(|e| self.inner.db_error(e))?;
         match v {
             None => Ok(None),
             Some(iv) => match payloads::Loc::decode(&iv).filter(|_| payloads::located(&k)) {
@@ -635,13 +673,16 @@ impl Store {
         &self,
         space: Space,
     ) -> impl Iterator<Item = Result<(OwnedKey, T)>> + '_ {
-        self.inner.db.scan_prefix(space.prefix()).map(move |item| {
-            let (k, v) = item.map_err(|e| self.inner.db_error(e))?;
-            let key = OwnedKey::decode(&k)
-                .ok_or_else(|| StorageError::corrupt(format!("key {k:?}"), "malformed key"))?;
-            let value = records::decode(&format!("{key:?}"), &v)?;
-            Ok((key, value))
-        })
+        self.inner
+            .db()
+            .scan_prefix(space.prefix())
+            .map(move |item| {
+                let (k, v) = item.map_err(|e| self.inner.db_error(e))?;
+                let key = OwnedKey::decode(&k)
+                    .ok_or_else(|| StorageError::corrupt(format!("key {k:?}"), "malformed key"))?;
+                let value = records::decode(&format!("{key:?}"), &v)?;
+                Ok((key, value))
+            })
     }
 
     /// False while free space on the data directory's file system is below
@@ -688,6 +729,7 @@ impl Store {
             sync_micros: i.sync_micros.load(Ordering::Relaxed),
             pinned_segments: lock(&i.live).pinned.len() as u64,
             relocated: i.relocated.load(Ordering::Relaxed),
+            rewrites: i.rewrites.load(Ordering::Relaxed),
         }
     }
 
@@ -749,14 +791,32 @@ impl Drop for Store {
 /// instead of returning an error: that is turned into an error naming the
 /// directory.
 pub(crate) fn open_db(db_dir: &Path, cache_bytes: u64) -> Result<sled::Db> {
-    let opened = std::panic::catch_unwind(|| {
-        sled::Config::new()
-            .path(db_dir)
-            .flush_every_ms(None)
-            .cache_capacity(cache_bytes)
-            .mode(sled::Mode::HighThroughput)
-            .open()
-    });
+    let open = || {
+        std::panic::catch_unwind(|| {
+            sled::Config::new()
+                .path(db_dir)
+                .flush_every_ms(None)
+                .cache_capacity(cache_bytes)
+                .mode(sled::Mode::HighThroughput)
+                .open()
+        })
+    };
+    let mut opened = open();
+    // sled's file lock outlives the last handle for as long as its
+    // background threads finish writes they were given; within one process
+    // (the data directory's own lock keeps other processes out) a reopen
+    // right after a close can find it still held for a moment.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while let Ok(Err(sled::Error::Io(e))) = &opened {
+        if e.kind() != std::io::ErrorKind::Other
+            || !e.to_string().contains("could not acquire lock")
+            || Instant::now() >= deadline
+        {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+        opened = open();
+    }
     match opened {
         Ok(r) => r.map_err(|e| StorageError::Db {
             path: db_dir.to_path_buf(),
@@ -969,9 +1029,23 @@ impl Inner {
         Commit { lsn, rx: Ok(rx) }
     }
 
+    /// The current database (a handle: cheap to clone).
+    fn db(&self) -> sled::Db {
+        self.db.read().unwrap_or_else(|e| e.into_inner()).db.clone()
+    }
+
+    /// The current database's directory.
+    fn db_path(&self) -> PathBuf {
+        self.db
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .path
+            .clone()
+    }
+
     fn db_error(&self, e: sled::Error) -> StorageError {
         StorageError::Db {
-            path: self.dir.join("db"),
+            path: self.db_path(),
             source: e,
         }
     }
@@ -1229,11 +1303,10 @@ fn apply_once(inner: &Inner) -> Result<()> {
     let mut added: Vec<u64> = Vec::new();
     let mut removed: Vec<u64> = Vec::new();
     let db_err = |e| inner.db_error(e);
+    let db = inner.db();
     for (k, slot) in ordered {
         if in_batch >= APPLY_CHUNK {
-            inner
-                .db
-                .apply_batch(std::mem::take(&mut batch))
+            db.apply_batch(std::mem::take(&mut batch))
                 .map_err(|e| inner.db_error(e))?;
             in_batch = 0;
         }
@@ -1241,15 +1314,14 @@ fn apply_once(inner: &Inner) -> Result<()> {
         let payload = payloads::located(k);
         // The payload pointer the database holds now, if any.
         let old = |k: &Bytes| -> Result<Option<payloads::Loc>> {
-            Ok(inner
-                .db
+            Ok(db
                 .get(k)
                 .map_err(db_err)?
                 .and_then(|v| payloads::Loc::decode(&v)))
         };
         match &slot.value {
             Some(v) => {
-                if slot.if_exists && !inner.db.contains_key(k).map_err(db_err)? {
+                if slot.if_exists && !db.contains_key(k).map_err(db_err)? {
                     continue;
                 }
                 let here = placed.get(k).filter(|(lsn, _)| *lsn == slot.lsn);
@@ -1283,7 +1355,7 @@ fn apply_once(inner: &Inner) -> Result<()> {
         Key::Sys(SysKey::AppliedLsn).encode().as_ref(),
         &upto.to_be_bytes(),
     );
-    inner.db.apply_batch(batch).map_err(|e| inner.db_error(e))?;
+    db.apply_batch(batch).map_err(|e| inner.db_error(e))?;
     {
         let mut live = lock(&inner.live);
         for seg in added {
@@ -1302,8 +1374,8 @@ fn apply_once(inner: &Inner) -> Result<()> {
 /// segments that hold nothing newer.
 fn checkpoint(inner: &Inner) -> Result<()> {
     let applied = inner.applied.load(Ordering::Relaxed);
-    inner.db.flush().map_err(|e| inner.db_error(e))?;
-    fsutil::sync_tree(&inner.dir.join("db"))?;
+    inner.db().flush().map_err(|e| inner.db_error(e))?;
+    fsutil::sync_tree(&inner.db_path())?;
     fsutil::write_checkpoint(&inner.dir, applied)?;
     let wal_dir = inner.dir.join("wal");
     let mut retire = Vec::new();
@@ -1346,6 +1418,7 @@ fn checkpoint(inner: &Inner) -> Result<()> {
         fsutil::sync_dir(&wal_dir)?;
     }
     inner.checkpoints.fetch_add(1, Ordering::Relaxed);
+    rewrite::maybe_rewrite(inner)?;
     compact(inner)
 }
 
@@ -1368,7 +1441,7 @@ fn compact(inner: &Inner) -> Result<()> {
     // Not waited for: the relocations are applied with everything else.
     let submit = |txn: Txn| -> u64 { inner.submit(txn).lsn() };
     for (key, value, loc) in payloads::payloads_in(&wal_dir, seg)? {
-        let current = inner.db.get(&key).map_err(|e| inner.db_error(e))?;
+        let current = inner.db().get(&key).map_err(|e| inner.db_error(e))?;
         if current.and_then(|v| payloads::Loc::decode(&v)) != Some(loc) {
             continue; // deleted, or already somewhere else
         }

@@ -257,7 +257,7 @@ async fn fresh_keys_created_and_deleted_between_applies_never_reach_the_database
     assert!(
         store
             .inner
-            .db
+            .db()
             .get(Key::Payload(1).encode())
             .expect("get")
             .is_none()
@@ -265,7 +265,7 @@ async fn fresh_keys_created_and_deleted_between_applies_never_reach_the_database
     assert!(
         store
             .inner
-            .db
+            .db()
             .get(Key::Payload(2).encode())
             .expect("get")
             .is_some()
@@ -278,7 +278,7 @@ async fn fresh_keys_created_and_deleted_between_applies_never_reach_the_database
     assert!(
         store
             .inner
-            .db
+            .db()
             .get(Key::Payload(2).encode())
             .expect("get")
             .is_none()
@@ -329,4 +329,130 @@ async fn a_payload_deleted_while_its_relocation_is_pending_stays_deleted() {
     let (store, _) = Store::open(dir.path(), opts).expect("reopen");
     assert!(store.get_payload(20).expect("read").is_none());
     assert!(store.get_payload(30).expect("read").is_some());
+}
+
+/// Puts messages with a 2 KiB state record each (which lives in the
+/// database itself, unlike bodies) and a payload, and applies them.
+async fn put_states(store: &Store, range: std::ops::Range<u64>) {
+    for chunk in range.collect::<Vec<_>>().chunks(256) {
+        let mut t = Txn::new();
+        for &i in chunk {
+            t.put(Key::Meta(1, i), Bytes::from(vec![(i % 251) as u8; 2048]));
+            t.put_payload(i, payload(i));
+        }
+        store.submit(t).wait().await.expect("durable");
+    }
+    apply_once(&store.inner).expect("apply");
+}
+
+fn rewrite_opts() -> StoreOptions {
+    StoreOptions {
+        apply_interval: Duration::from_secs(3600),
+        checkpoint_interval: Duration::from_secs(3600),
+        checkpoint_bytes: u64::MAX,
+        segment_size: 4 << 20,
+        rewrite_min_bytes: 4 << 20,
+        ..small_opts()
+    }
+}
+
+fn db_size(store: &Store) -> u64 {
+    store.inner.db().size_on_disk().expect("size")
+}
+
+#[tokio::test]
+async fn a_drained_database_is_rewritten_and_gives_its_space_back() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (store, _) = Store::open(dir.path(), rewrite_opts()).expect("open");
+    put_states(&store, 0..8000).await;
+    checkpoint(&store.inner).expect("checkpoint");
+    assert_eq!(store.stats().rewrites, 0, "all of it is live");
+    let full = db_size(&store);
+    assert!(full > 16 << 20, "{full}");
+    // Drain all but a few.
+    let mut t = Txn::new();
+    for i in (0..8000).filter(|i| i % 1000 != 7) {
+        t.delete(Key::Meta(1, i));
+        t.delete(Key::Payload(i));
+    }
+    store.submit(t).wait().await.expect("durable");
+    apply_once(&store.inner).expect("apply");
+    checkpoint(&store.inner).expect("checkpoint");
+    assert_eq!(store.stats().rewrites, 1);
+    let after = db_size(&store);
+    assert!(after * 4 < full, "{after} after, {full} before");
+    assert!(
+        !dir.path().join("db").exists(),
+        "the old database is removed"
+    );
+    assert_eq!(
+        fsutil::current_database(dir.path()).expect("current"),
+        dir.path().join("db-1")
+    );
+    // Nothing to give back now: no second rewrite.
+    checkpoint(&store.inner).expect("checkpoint");
+    assert_eq!(store.stats().rewrites, 1);
+    // Reads and writes go to the new database, before and after a crash.
+    let meta = |store: &Store, i| store.get(&Key::Meta(1, i)).expect("read");
+    assert_eq!(meta(&store, 1007).expect("kept")[0], (1007 % 251) as u8);
+    assert!(meta(&store, 1008).is_none());
+    put_states(&store, 9000..9010).await;
+    store.crash();
+    let (store, _) = Store::open(dir.path(), rewrite_opts()).expect("reopen");
+    assert_eq!(meta(&store, 7007).expect("kept")[0], (7007 % 251) as u8);
+    assert_eq!(meta(&store, 9009).expect("kept")[0], (9009 % 251) as u8);
+    assert!(meta(&store, 7008).is_none());
+}
+
+#[tokio::test]
+async fn a_rewrite_interrupted_before_or_after_its_switch_is_cleaned_up_at_open() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (store, _) = Store::open(dir.path(), small_opts()).expect("open");
+    put_states(&store, 0..10).await;
+    store.close().expect("close");
+    // Before the switch: a new database half written.
+    std::fs::create_dir(dir.path().join("db-1")).expect("mkdir");
+    std::fs::write(dir.path().join("db-1").join("db"), b"half written").expect("write");
+    let (store, _) = Store::open(dir.path(), small_opts()).expect("reopen");
+    assert!(!dir.path().join("db-1").exists());
+    assert!(store.get(&Key::Meta(1, 9)).expect("read").is_some());
+    // After the switch: the old database not yet removed.
+    rewrite::rewrite(&store.inner, 0).expect("rewrite");
+    store.close().expect("close");
+    assert!(!dir.path().join("db").exists());
+    let copy = |from: &Path, to: &Path| {
+        std::fs::create_dir(to).expect("mkdir");
+        for e in std::fs::read_dir(from).expect("list") {
+            let e = e.expect("entry");
+            if e.file_type().expect("type").is_file() {
+                std::fs::copy(e.path(), to.join(e.file_name())).expect("copy");
+            }
+        }
+    };
+    copy(&dir.path().join("db-1"), &dir.path().join("db"));
+    let (store, _) = Store::open(dir.path(), small_opts()).expect("reopen");
+    assert!(!dir.path().join("db").exists());
+    assert!(dir.path().join("db-1").exists());
+    assert!(store.get(&Key::Meta(1, 9)).expect("read").is_some());
+    store.close().expect("close");
+}
+
+#[tokio::test]
+async fn a_bad_record_of_the_current_database_refuses_to_start() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (store, _) = Store::open(dir.path(), small_opts()).expect("open");
+    put_states(&store, 0..10).await;
+    store.close().expect("close");
+    let record = dir.path().join("DATABASE");
+    std::fs::write(&record, "letterbox database\ncurrent ../elsewhere\n").expect("write");
+    let e = Store::open(dir.path(), small_opts()).expect_err("malformed");
+    assert!(e.to_string().contains("DATABASE"), "{e}");
+    // Naming a database that is not there: never start empty.
+    std::fs::write(&record, "letterbox database\ncurrent db-7\n").expect("write");
+    let e = Store::open(dir.path(), small_opts()).expect_err("missing");
+    assert!(e.to_string().contains("db-7"), "{e}");
+    assert!(
+        dir.path().join("db").exists(),
+        "nothing is removed when the current one is missing"
+    );
 }

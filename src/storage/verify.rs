@@ -117,7 +117,7 @@ pub fn verify(dir: &Path, opts: &VerifyOptions) -> Result<VerifyReport> {
     }
     let _lock = fsutil::lock_dir_shared(dir)?;
     fsutil::check_format(dir)?;
-    let db_dir = dir.join("db");
+    let db_dir = fsutil::current_database(dir)?;
     let wal_dir = dir.join("wal");
     if !db_dir.join("db").exists() {
         r.problem(format!(
@@ -125,6 +125,13 @@ pub fn verify(dir: &Path, opts: &VerifyOptions) -> Result<VerifyReport> {
             db_dir.display()
         ));
         return Ok(r);
+    }
+    let stale = fsutil::stale_databases(dir, &db_dir)?;
+    if !stale.is_empty() {
+        r.figure(
+            "databases left by an interrupted rewrite (removed at the next start)",
+            stale.len(),
+        );
     }
     let base = opts.scratch.clone().unwrap_or_else(std::env::temp_dir);
     let nanos = std::time::SystemTime::now()

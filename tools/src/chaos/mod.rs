@@ -201,7 +201,12 @@ impl Nemesis {
         let seg = ["256KiB", "1MiB", "1MiB"][self.rng.usize(0..3)];
         let ckpt = self.rng.u64(100..3000);
         let apply = self.rng.u64(20..600);
+        // Small thresholds make database rewrites (and kills during them)
+        // frequent.
+        let rewrite = ["64KiB", "1MiB", "16MiB"][self.rng.usize(0..3)];
         vec![
+            "--db-rewrite-min".into(),
+            rewrite.into(),
             "--wal-segment-size".into(),
             seg.into(),
             "--checkpoint-interval".into(),
