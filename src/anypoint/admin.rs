@@ -88,14 +88,59 @@ type Region = (String, String, String);
 type Named = (String, String, String, String);
 type Pair = (String, String, String, String, String);
 
-/// The Admin API's answer to a result.
-fn done(r: Result<Response, ApiError>) -> Response {
-    r.unwrap_or_else(|e| e.admin().into_response())
+/// An error answered in the Admin API's shape (`{"message": ...}`). The
+/// Admin and Stats handlers return it, so that `?` on an [`ApiError`]
+/// answers that way.
+struct AdminError(ApiError);
+
+impl From<ApiError> for AdminError {
+    fn from(e: ApiError) -> Self {
+        AdminError(e)
+    }
 }
+
+impl IntoResponse for AdminError {
+    fn into_response(self) -> Response {
+        self.0.admin().into_response()
+    }
+}
+
+/// What an Admin or Stats handler answers.
+type Answer = Result<Response, AdminError>;
 
 fn path<T>(p: Result<Path<T>, PathRejection>) -> Result<T, ApiError> {
     p.map(|Path(t)| t)
         .map_err(|r| ApiError::bad(format!("bad path: {}", r.body_text())))
+}
+
+impl Api {
+    /// The destination an Admin path names, which the caller may
+    /// administer.
+    fn administered(
+        &self,
+        p: Result<Path<Named>, PathRejection>,
+        headers: &HeaderMap,
+    ) -> Result<String, ApiError> {
+        let (_, _, _, name) = path(p)?;
+        self.allowed(headers, Action::Admin, &name)?;
+        Ok(name)
+    }
+
+    /// The exchange and queue of a binding path; the caller may administer
+    /// both ends of the binding.
+    fn administered_binding(
+        &self,
+        p: Result<Path<Pair>, PathRejection>,
+        headers: &HeaderMap,
+    ) -> Result<(String, String), ApiError> {
+        let (_, _, _, exchange, queue) = path(p)?;
+        let caller = self.caller(headers)?;
+        caller
+            .check(Action::Admin, &exchange)
+            .and_then(|()| caller.check(Action::Admin, &queue))
+            .map_err(ApiError::from_auth)?;
+        Ok((exchange, queue))
+    }
 }
 
 /// An engine error in the Admin API's words (`queue not found: q`).
@@ -110,6 +155,14 @@ fn admin_err(e: QueueError) -> ApiError {
 
 fn no_content() -> Response {
     StatusCode::NO_CONTENT.into_response()
+}
+
+/// The answer of a listing: its items, or 204 when there are none.
+fn listing(items: Vec<Value>) -> Response {
+    if items.is_empty() {
+        return no_content();
+    }
+    json_response(StatusCode::OK, &Value::Array(items))
 }
 
 /// A JSON object body; an empty body is an empty object.
@@ -263,66 +316,56 @@ async fn put_queue(
     p: Result<Path<Named>, PathRejection>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
-) -> Response {
-    done(
-        async {
-            let (_, _, _, name) = path(p)?;
-            api.allowed(&headers, Action::Admin, &name)?;
-            let b = queue_body(&object_body(body)?, &name)?;
-            api.refuse_exchange_name(&name)?;
-            let dead_letter = match (b.dlq, b.max_deliveries) {
-                (Some(q), n) => Some((q, n.unwrap_or(limits::MAX_DELIVERIES.2))),
-                (None, Some(_)) => {
-                    return Err(ApiError::bad(
-                        "maxDeliveries needs deadLetterQueueId (the queue to move messages to)",
-                    ));
-                }
-                (None, None) => None,
-            };
-            let input = QueueConfigInput {
-                kind: kind_of(b.fifo),
-                message_ttl: Some(b.ttl.unwrap_or(limits::TTL.2)),
-                ack_timeout: Some(b.lock_ttl.unwrap_or(limits::ACK_TIMEOUT.2)),
-                delivery_delay: Some(b.delay.unwrap_or(0)),
-                dead_letter: dead_letter.clone(),
-                ..QueueConfigInput::default()
-            };
-            let removals = QueueRemovals {
-                dead_letter: dead_letter.is_none(),
-                ..QueueRemovals::default()
-            };
-            let q = match api.broker.get_queue(&name) {
-                Ok(_) => api.broker.update_queue(&name, &input, removals).await,
-                Err(QueueError::NotFound { .. }) => {
-                    match api.broker.create_queue(&name, &input).await {
-                        Ok((q, _)) => Ok(q),
-                        // Created meanwhile by another call: replace.
-                        Err(QueueError::AlreadyExists { .. }) => {
-                            api.broker.update_queue(&name, &input, removals).await
-                        }
-                        Err(e) => Err(e),
-                    }
-                }
-                Err(e) => Err(e),
-            }
-            .map_err(admin_err)?;
-            Ok(json_response(StatusCode::OK, &queue_json(&q)))
+) -> Answer {
+    let name = api.administered(p, &headers)?;
+    let b = queue_body(&object_body(body)?, &name)?;
+    api.refuse_exchange_name(&name)?;
+    let dead_letter = match (b.dlq, b.max_deliveries) {
+        (Some(q), n) => Some((q, n.unwrap_or(limits::MAX_DELIVERIES.2))),
+        (None, Some(_)) => {
+            return Err(ApiError::bad(
+                "maxDeliveries needs deadLetterQueueId (the queue to move messages to)",
+            )
+            .into());
         }
-        .await,
-    )
+        (None, None) => None,
+    };
+    let input = QueueConfigInput {
+        kind: kind_of(b.fifo),
+        message_ttl: Some(b.ttl.unwrap_or(limits::TTL.2)),
+        ack_timeout: Some(b.lock_ttl.unwrap_or(limits::ACK_TIMEOUT.2)),
+        delivery_delay: Some(b.delay.unwrap_or(0)),
+        dead_letter: dead_letter.clone(),
+        ..QueueConfigInput::default()
+    };
+    let removals = QueueRemovals {
+        dead_letter: dead_letter.is_none(),
+        ..QueueRemovals::default()
+    };
+    let q = match api.broker.get_queue(&name) {
+        Ok(_) => api.broker.update_queue(&name, &input, removals).await,
+        Err(QueueError::NotFound { .. }) => match api.broker.create_queue(&name, &input).await {
+            Ok((q, _)) => Ok(q),
+            // Created meanwhile by another call: replace.
+            Err(QueueError::AlreadyExists { .. }) => {
+                api.broker.update_queue(&name, &input, removals).await
+            }
+            Err(e) => Err(e),
+        },
+        Err(e) => Err(e),
+    }
+    .map_err(admin_err)?;
+    Ok(json_response(StatusCode::OK, &queue_json(&q)))
 }
 
 async fn get_queue(
     State(api): State<Arc<Api>>,
     p: Result<Path<Named>, PathRejection>,
     headers: HeaderMap,
-) -> Response {
-    done((|| {
-        let (_, _, _, name) = path(p)?;
-        api.allowed(&headers, Action::Admin, &name)?;
-        let q = api.broker.get_queue(&name).map_err(admin_err)?;
-        Ok(json_response(StatusCode::OK, &queue_json(&q)))
-    })())
+) -> Answer {
+    let name = api.administered(p, &headers)?;
+    let q = api.broker.get_queue(&name).map_err(admin_err)?;
+    Ok(json_response(StatusCode::OK, &queue_json(&q)))
 }
 
 /// `PATCH` v1: the given fields change; without `deadLetterQueueId` the
@@ -334,9 +377,8 @@ async fn patch_queue(
     headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
     v2: bool,
-) -> Result<Response, ApiError> {
-    let (_, _, _, name) = path(p)?;
-    api.allowed(headers, Action::Admin, &name)?;
+) -> Answer {
+    let name = api.administered(p, headers)?;
     let b = queue_body(&object_body(body)?, &name)?;
     let current = api.broker.get_queue(&name).map_err(admin_err)?;
     let existing = current.config.dead_letter.as_ref();
@@ -354,7 +396,8 @@ async fn patch_queue(
             _ => {
                 return Err(ApiError::bad(
                     "maxDeliveries needs deadLetterQueueId (the queue to move messages to)",
-                ));
+                )
+                .into());
             }
         },
         (None, None) => (None, !v2),
@@ -384,8 +427,8 @@ async fn patch_queue_v1(
     p: Result<Path<Named>, PathRejection>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
-) -> Response {
-    done(patch_queue(&api, p, &headers, body, false).await)
+) -> Answer {
+    patch_queue(&api, p, &headers, body, false).await
 }
 
 async fn patch_queue_v2(
@@ -393,97 +436,84 @@ async fn patch_queue_v2(
     p: Result<Path<Named>, PathRejection>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
-) -> Response {
-    done(patch_queue(&api, p, &headers, body, true).await)
+) -> Answer {
+    patch_queue(&api, p, &headers, body, true).await
 }
 
 /// `PUT .../queues/{queue}/fallback`: cross-region failover has no
 /// meaning on one local server: 501, as the Admin API answers what a
 /// broker does not implement.
-async fn fallback(headers: HeaderMap, State(api): State<Arc<Api>>) -> Response {
-    done(api.caller(&headers).and_then(|_| {
-        Err(ApiError::new(
-            StatusCode::NOT_IMPLEMENTED,
-            "cross-region failover (fallback queues) is not supported by Letterbox",
-        ))
-    }))
+async fn fallback(headers: HeaderMap, State(api): State<Arc<Api>>) -> Answer {
+    api.caller(&headers)?;
+    Err(ApiError::new(
+        StatusCode::NOT_IMPLEMENTED,
+        "cross-region failover (fallback queues) is not supported by Letterbox",
+    )
+    .into())
 }
 
 async fn delete_queue(
     State(api): State<Arc<Api>>,
     p: Result<Path<Named>, PathRejection>,
     headers: HeaderMap,
-) -> Response {
-    done(
-        async {
-            let (_, _, _, name) = path(p)?;
-            api.allowed(&headers, Action::Admin, &name)?;
-            api.broker
-                .delete_queue(&name, false)
-                .await
-                .map_err(admin_err)?;
-            Ok(no_content())
-        }
-        .await,
-    )
+) -> Answer {
+    let name = api.administered(p, &headers)?;
+    api.broker
+        .delete_queue(&name, false)
+        .await
+        .map_err(admin_err)?;
+    Ok(no_content())
 }
 
 async fn purge_queue(
     State(api): State<Arc<Api>>,
     p: Result<Path<Named>, PathRejection>,
     headers: HeaderMap,
-) -> Response {
-    done(
-        async {
-            let (_, _, _, name) = path(p)?;
-            api.allowed(&headers, Action::Admin, &name)?;
-            api.broker.purge_queue(&name).await.map_err(admin_err)?;
-            Ok(no_content())
-        }
-        .await,
-    )
+) -> Answer {
+    let name = api.administered(p, &headers)?;
+    api.broker.purge_queue(&name).await.map_err(admin_err)?;
+    Ok(no_content())
 }
 
 // ---- destinations ----------------------------------------------------------
 
-impl Api {
-    /// Every queue, in name order.
-    fn all_queues(&self, prefix: &str) -> Result<Vec<QueueInfo>, ApiError> {
-        let mut out = Vec::new();
-        let mut after: Option<String> = None;
-        loop {
-            let (page, next) = self
-                .broker
-                .list_queues(prefix, limits::MAX_RECEIVE, after.as_deref())
-                .map_err(admin_err)?;
-            out.extend(page);
-            match next {
-                Some(n) => after = Some(n),
-                None => return Ok(out),
-            }
+/// Every item of an engine listing, page by page: `list` answers the page
+/// after a name (the first page after `None`) and the name after it, if
+/// there are more.
+fn every<T>(
+    mut list: impl FnMut(Option<&str>) -> Result<(Vec<T>, Option<String>), QueueError>,
+) -> Result<Vec<T>, ApiError> {
+    let mut out = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let (page, next) = list(after.as_deref()).map_err(admin_err)?;
+        out.extend(page);
+        match next {
+            Some(n) => after = Some(n),
+            None => return Ok(out),
         }
+    }
+}
+
+impl Api {
+    /// Every queue whose name starts with `prefix`, in name order.
+    fn all_queues(&self, prefix: &str) -> Result<Vec<QueueInfo>, ApiError> {
+        every(|after| self.broker.list_queues(prefix, limits::MAX_RECEIVE, after))
     }
 
     /// Every exchange, in name order.
     fn all_exchanges(&self) -> Result<Vec<ExchangeInfo>, ApiError> {
-        let mut out = Vec::new();
-        let mut after: Option<String> = None;
-        loop {
-            let (page, next) = self
-                .broker
-                .list_exchanges(limits::MAX_RECEIVE, after.as_deref())
-                .map_err(admin_err)?;
-            out.extend(page);
-            match next {
-                Some(n) => after = Some(n),
-                None => return Ok(out),
-            }
-        }
+        every(|after| self.broker.list_exchanges(limits::MAX_RECEIVE, after))
     }
 }
 
 fn exchange_json(name: &str) -> Value {
     json!({"type": "exchange", "exchangeId": name, "encrypted": false})
+}
+
+/// The ids of a comma-separated list (`destinationIds`).
+fn id_list(list: &str) -> impl Iterator<Item = &str> {
+    list.split(',').map(str::trim).filter(|s| !s.is_empty())
 }
 
 fn count_param(params: &[(String, String)], name: &str, default: usize) -> Result<usize, ApiError> {
@@ -504,71 +534,62 @@ async fn list_destinations(
     p: Result<Path<Region>, PathRejection>,
     headers: HeaderMap,
     RawQuery(q): RawQuery,
-) -> Response {
-    done((|| {
-        path(p)?;
-        let caller = api.caller(&headers)?;
-        let params = query(q.as_deref());
-        let (queues, exchanges) = match param(&params, "destinationType") {
-            None | Some("all") => (true, true),
-            Some("queue") => (true, false),
-            Some("exchange") => (false, true),
-            Some(other) => {
-                return Err(ApiError::bad(format!(
-                    "destinationType {other:?} must be all, queue or exchange"
-                )));
-            }
-        };
-        let minimal = match param(&params, "inclusion") {
-            None | Some("all") => false,
-            Some("minimal") => true,
-            Some(other) => {
-                return Err(ApiError::bad(format!(
-                    "inclusion {other:?} must be all or minimal"
-                )));
-            }
-        };
-        let prefix = param(&params, "startsWith").unwrap_or("");
-        let ids: Option<Vec<&str>> = param(&params, "destinationIds").map(|s| {
-            s.split(',')
-                .map(str::trim)
-                .filter(|s| !s.is_empty())
-                .collect()
-        });
-        let offset = count_param(&params, "offset", 0)?;
-        let limit = count_param(&params, "limit", 20)?;
-        let mut all: Vec<(String, Value)> = Vec::new();
-        if queues {
-            for q in api.all_queues(prefix)? {
-                let v = if minimal {
-                    json!({"type": "queue", "queueId": q.name})
-                } else {
-                    queue_json(&q)
-                };
-                all.push((q.name, v));
+) -> Answer {
+    path(p)?;
+    let caller = api.caller(&headers)?;
+    let params = query(q.as_deref());
+    let (queues, exchanges) = match param(&params, "destinationType") {
+        None | Some("all") => (true, true),
+        Some("queue") => (true, false),
+        Some("exchange") => (false, true),
+        Some(other) => {
+            return Err(ApiError::bad(format!(
+                "destinationType {other:?} must be all, queue or exchange"
+            ))
+            .into());
+        }
+    };
+    let minimal = match param(&params, "inclusion") {
+        None | Some("all") => false,
+        Some("minimal") => true,
+        Some(other) => {
+            return Err(
+                ApiError::bad(format!("inclusion {other:?} must be all or minimal")).into(),
+            );
+        }
+    };
+    let prefix = param(&params, "startsWith").unwrap_or("");
+    let ids: Option<Vec<&str>> = param(&params, "destinationIds").map(|s| id_list(s).collect());
+    let offset = count_param(&params, "offset", 0)?;
+    let limit = count_param(&params, "limit", 20)?;
+    let mut all: Vec<(String, Value)> = Vec::new();
+    if queues {
+        for q in api.all_queues(prefix)? {
+            let v = if minimal {
+                json!({"type": "queue", "queueId": q.name})
+            } else {
+                queue_json(&q)
+            };
+            all.push((q.name, v));
+        }
+    }
+    if exchanges {
+        for x in api.all_exchanges()? {
+            if x.name.starts_with(prefix) {
+                all.push((x.name.clone(), exchange_json(&x.name)));
             }
         }
-        if exchanges {
-            for x in api.all_exchanges()? {
-                if x.name.starts_with(prefix) {
-                    all.push((x.name.clone(), exchange_json(&x.name)));
-                }
-            }
-        }
-        all.sort_by(|a, b| a.0.cmp(&b.0));
-        let page: Vec<Value> = all
-            .into_iter()
-            .filter(|(n, _)| caller.sees(n))
-            .filter(|(n, _)| ids.as_ref().is_none_or(|ids| ids.contains(&n.as_str())))
-            .skip(offset)
-            .take(limit)
-            .map(|(_, v)| v)
-            .collect();
-        if page.is_empty() {
-            return Ok(no_content());
-        }
-        Ok(json_response(StatusCode::OK, &Value::Array(page)))
-    })())
+    }
+    all.sort_by(|a, b| a.0.cmp(&b.0));
+    let page: Vec<Value> = all
+        .into_iter()
+        .filter(|(n, _)| caller.sees(n))
+        .filter(|(n, _)| ids.as_ref().is_none_or(|ids| ids.contains(&n.as_str())))
+        .skip(offset)
+        .take(limit)
+        .map(|(_, v)| v)
+        .collect();
+    Ok(listing(page))
 }
 
 // ---- exchanges -------------------------------------------------------------
@@ -579,46 +600,34 @@ async fn put_exchange(
     p: Result<Path<Named>, PathRejection>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
-) -> Response {
-    done(
-        async {
-            let (_, _, _, name) = path(p)?;
-            api.allowed(&headers, Action::Admin, &name)?;
-            let b = object_body(body)?;
-            if let Some(v) = b.get("encrypted")
-                && !v.is_boolean()
-            {
-                return Err(ApiError::bad(format!(
-                    "encrypted must be true or false, not {}",
-                    kind(v)
-                )));
-            }
-            if api.broker.get_queue(&name).is_ok() {
-                return Err(ApiError::bad(format!(
-                    "a queue named {name} exists: queues and exchanges share one namespace of destinations"
-                )));
-            }
-            api.broker
-                .create_exchange(&name)
-                .await
-                .map_err(admin_err)?;
-            Ok(json_response(StatusCode::OK, &exchange_json(&name)))
-        }
-        .await,
-    )
+) -> Answer {
+    let name = api.administered(p, &headers)?;
+    let b = object_body(body)?;
+    if let Some(v) = b.get("encrypted")
+        && !v.is_boolean()
+    {
+        return Err(
+            ApiError::bad(format!("encrypted must be true or false, not {}", kind(v))).into(),
+        );
+    }
+    if api.broker.get_queue(&name).is_ok() {
+        return Err(ApiError::bad(format!(
+            "a queue named {name} exists: queues and exchanges share one namespace of destinations"
+        ))
+        .into());
+    }
+    api.broker.create_exchange(&name).await.map_err(admin_err)?;
+    Ok(json_response(StatusCode::OK, &exchange_json(&name)))
 }
 
 async fn get_exchange(
     State(api): State<Arc<Api>>,
     p: Result<Path<Named>, PathRejection>,
     headers: HeaderMap,
-) -> Response {
-    done((|| {
-        let (_, _, _, name) = path(p)?;
-        api.allowed(&headers, Action::Admin, &name)?;
-        api.broker.get_exchange(&name).map_err(admin_err)?;
-        Ok(json_response(StatusCode::OK, &exchange_json(&name)))
-    })())
+) -> Answer {
+    let name = api.administered(p, &headers)?;
+    api.broker.get_exchange(&name).map_err(admin_err)?;
+    Ok(json_response(StatusCode::OK, &exchange_json(&name)))
 }
 
 /// `PATCH` of an exchange: its only field, `encrypted`, has no effect, so
@@ -628,10 +637,8 @@ async fn get_exchange_patch(
     p: Result<Path<Named>, PathRejection>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
-) -> Response {
-    if let Err(e) = object_body(body) {
-        return e.admin().into_response();
-    }
+) -> Answer {
+    object_body(body)?;
     get_exchange(State(api), p, headers).await
 }
 
@@ -639,16 +646,10 @@ async fn delete_exchange(
     State(api): State<Arc<Api>>,
     p: Result<Path<Named>, PathRejection>,
     headers: HeaderMap,
-) -> Response {
-    done(
-        async {
-            let (_, _, _, name) = path(p)?;
-            api.allowed(&headers, Action::Admin, &name)?;
-            api.broker.delete_exchange(&name).await.map_err(admin_err)?;
-            Ok(no_content())
-        }
-        .await,
-    )
+) -> Answer {
+    let name = api.administered(p, &headers)?;
+    api.broker.delete_exchange(&name).await.map_err(admin_err)?;
+    Ok(no_content())
 }
 
 // ---- bindings --------------------------------------------------------------
@@ -701,25 +702,18 @@ async fn exchange_bindings(
     p: Result<Path<Named>, PathRejection>,
     headers: HeaderMap,
     RawQuery(q): RawQuery,
-) -> Response {
-    done((|| {
-        let (_, _, _, name) = path(p)?;
-        api.allowed(&headers, Action::Admin, &name)?;
-        let params = query(q.as_deref());
-        let rules = with_rules(&params)?;
-        let x = api.broker.get_exchange(&name).map_err(admin_err)?;
-        let all: Vec<Value> = x
-            .bindings
-            .iter()
-            .filter(|(q, _)| q.starts_with(param(&params, "startsWith").unwrap_or("")))
-            .map(|(q, f)| binding_json(&name, q, rules.then_some(f.as_slice())))
-            .collect();
-        let out = page(all, &params)?;
-        if out.is_empty() {
-            return Ok(no_content());
-        }
-        Ok(json_response(StatusCode::OK, &Value::Array(out)))
-    })())
+) -> Answer {
+    let name = api.administered(p, &headers)?;
+    let params = query(q.as_deref());
+    let rules = with_rules(&params)?;
+    let x = api.broker.get_exchange(&name).map_err(admin_err)?;
+    let all: Vec<Value> = x
+        .bindings
+        .iter()
+        .filter(|(q, _)| q.starts_with(param(&params, "startsWith").unwrap_or("")))
+        .map(|(q, f)| binding_json(&name, q, rules.then_some(f.as_slice())))
+        .collect();
+    Ok(listing(page(all, &params)?))
 }
 
 /// `GET .../bindings/queues/{queue}`: the exchanges bound to it.
@@ -728,31 +722,24 @@ async fn queue_bindings(
     p: Result<Path<Named>, PathRejection>,
     headers: HeaderMap,
     RawQuery(q): RawQuery,
-) -> Response {
-    done((|| {
-        let (_, _, _, name) = path(p)?;
-        api.allowed(&headers, Action::Admin, &name)?;
-        let params = query(q.as_deref());
-        let rules = with_rules(&params)?;
-        api.broker.get_queue(&name).map_err(admin_err)?;
-        let prefix = param(&params, "startsWith").unwrap_or("");
-        let all: Vec<Value> = api
-            .all_exchanges()?
-            .iter()
-            .filter(|x| x.name.starts_with(prefix))
-            .filter_map(|x| {
-                x.bindings
-                    .iter()
-                    .find(|(q, _)| *q == name)
-                    .map(|(q, f)| binding_json(&x.name, q, rules.then_some(f.as_slice())))
-            })
-            .collect();
-        let out = page(all, &params)?;
-        if out.is_empty() {
-            return Ok(no_content());
-        }
-        Ok(json_response(StatusCode::OK, &Value::Array(out)))
-    })())
+) -> Answer {
+    let name = api.administered(p, &headers)?;
+    let params = query(q.as_deref());
+    let rules = with_rules(&params)?;
+    api.broker.get_queue(&name).map_err(admin_err)?;
+    let prefix = param(&params, "startsWith").unwrap_or("");
+    let all: Vec<Value> = api
+        .all_exchanges()?
+        .iter()
+        .filter(|x| x.name.starts_with(prefix))
+        .filter_map(|x| {
+            x.bindings
+                .iter()
+                .find(|(q, _)| *q == name)
+                .map(|(q, f)| binding_json(&x.name, q, rules.then_some(f.as_slice())))
+        })
+        .collect();
+    Ok(listing(page(all, &params)?))
 }
 
 impl Api {
@@ -771,17 +758,20 @@ impl Api {
             })
     }
 
-    /// The caller may administer both ends of a binding.
-    fn binding_admin(
+    /// Replaces the routing rules of an existing binding (404 when there
+    /// is none).
+    async fn set_rules(
         &self,
-        headers: &HeaderMap,
         exchange: &str,
         queue: &str,
+        filter: Vec<(String, String)>,
     ) -> Result<(), ApiError> {
-        let p = self.caller(headers)?;
-        p.check(Action::Admin, exchange)
-            .and_then(|()| p.check(Action::Admin, queue))
-            .map_err(ApiError::from_auth)
+        self.binding(exchange, queue)?;
+        self.broker
+            .bind(exchange, queue, filter)
+            .await
+            .map_err(admin_err)?;
+        Ok(())
     }
 }
 
@@ -791,28 +781,22 @@ async fn put_binding(
     State(api): State<Arc<Api>>,
     p: Result<Path<Pair>, PathRejection>,
     headers: HeaderMap,
-) -> Response {
-    done(
-        async {
-            let (_, _, _, exchange, queue) = path(p)?;
-            api.binding_admin(&headers, &exchange, &queue)?;
-            let filter = match api.binding(&exchange, &queue) {
-                Ok(f) => f,
-                Err(e) if e.status == StatusCode::NOT_FOUND => Vec::new(),
-                Err(e) => return Err(e),
-            };
-            api.broker.get_queue(&queue).map_err(admin_err)?;
-            api.broker
-                .bind(&exchange, &queue, filter)
-                .await
-                .map_err(admin_err)?;
-            Ok(json_response(
-                StatusCode::OK,
-                &binding_json(&exchange, &queue, None),
-            ))
-        }
-        .await,
-    )
+) -> Answer {
+    let (exchange, queue) = api.administered_binding(p, &headers)?;
+    let filter = match api.binding(&exchange, &queue) {
+        Ok(f) => f,
+        Err(e) if e.status == StatusCode::NOT_FOUND => Vec::new(),
+        Err(e) => return Err(e.into()),
+    };
+    api.broker.get_queue(&queue).map_err(admin_err)?;
+    api.broker
+        .bind(&exchange, &queue, filter)
+        .await
+        .map_err(admin_err)?;
+    Ok(json_response(
+        StatusCode::OK,
+        &binding_json(&exchange, &queue, None),
+    ))
 }
 
 async fn get_binding(
@@ -820,36 +804,27 @@ async fn get_binding(
     p: Result<Path<Pair>, PathRejection>,
     headers: HeaderMap,
     RawQuery(q): RawQuery,
-) -> Response {
-    done((|| {
-        let (_, _, _, exchange, queue) = path(p)?;
-        api.binding_admin(&headers, &exchange, &queue)?;
-        let rules = with_rules(&query(q.as_deref()))?;
-        let f = api.binding(&exchange, &queue)?;
-        Ok(json_response(
-            StatusCode::OK,
-            &binding_json(&exchange, &queue, rules.then_some(f.as_slice())),
-        ))
-    })())
+) -> Answer {
+    let (exchange, queue) = api.administered_binding(p, &headers)?;
+    let rules = with_rules(&query(q.as_deref()))?;
+    let f = api.binding(&exchange, &queue)?;
+    Ok(json_response(
+        StatusCode::OK,
+        &binding_json(&exchange, &queue, rules.then_some(f.as_slice())),
+    ))
 }
 
 async fn delete_binding(
     State(api): State<Arc<Api>>,
     p: Result<Path<Pair>, PathRejection>,
     headers: HeaderMap,
-) -> Response {
-    done(
-        async {
-            let (_, _, _, exchange, queue) = path(p)?;
-            api.binding_admin(&headers, &exchange, &queue)?;
-            api.broker
-                .unbind(&exchange, &queue)
-                .await
-                .map_err(admin_err)?;
-            Ok(no_content())
-        }
-        .await,
-    )
+) -> Answer {
+    let (exchange, queue) = api.administered_binding(p, &headers)?;
+    api.broker
+        .unbind(&exchange, &queue)
+        .await
+        .map_err(admin_err)?;
+    Ok(no_content())
 }
 
 /// The filter of a routing-rules body: at most one rule, and only string
@@ -926,24 +901,14 @@ async fn put_rules(
     p: Result<Path<Pair>, PathRejection>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
-) -> Response {
-    done(
-        async {
-            let (_, _, _, exchange, queue) = path(p)?;
-            api.binding_admin(&headers, &exchange, &queue)?;
-            let filter = routing_filter(&object_body(body)?)?;
-            api.binding(&exchange, &queue)?;
-            api.broker
-                .bind(&exchange, &queue, filter.clone())
-                .await
-                .map_err(admin_err)?;
-            Ok(json_response(
-                StatusCode::CREATED,
-                &json!({"exchangeId": exchange, "queueId": queue, "routingRules": rules_json(&filter)}),
-            ))
-        }
-        .await,
-    )
+) -> Answer {
+    let (exchange, queue) = api.administered_binding(p, &headers)?;
+    let filter = routing_filter(&object_body(body)?)?;
+    api.set_rules(&exchange, &queue, filter.clone()).await?;
+    Ok(json_response(
+        StatusCode::CREATED,
+        &json!({"exchangeId": exchange, "queueId": queue, "routingRules": rules_json(&filter)}),
+    ))
 }
 
 /// `DELETE .../rules/routing`: the binding routes every message again.
@@ -951,20 +916,10 @@ async fn delete_rules(
     State(api): State<Arc<Api>>,
     p: Result<Path<Pair>, PathRejection>,
     headers: HeaderMap,
-) -> Response {
-    done(
-        async {
-            let (_, _, _, exchange, queue) = path(p)?;
-            api.binding_admin(&headers, &exchange, &queue)?;
-            api.binding(&exchange, &queue)?;
-            api.broker
-                .bind(&exchange, &queue, Vec::new())
-                .await
-                .map_err(admin_err)?;
-            Ok(no_content())
-        }
-        .await,
-    )
+) -> Answer {
+    let (exchange, queue) = api.administered_binding(p, &headers)?;
+    api.set_rules(&exchange, &queue, Vec::new()).await?;
+    Ok(no_content())
 }
 
 // ---- stats -----------------------------------------------------------------
@@ -977,32 +932,26 @@ async fn queue_stats(
     p: Result<Path<Region>, PathRejection>,
     headers: HeaderMap,
     RawQuery(q): RawQuery,
-) -> Response {
-    done((|| {
-        path(p)?;
-        let caller = api.caller(&headers)?;
-        let params = query(q.as_deref());
-        let ids = param(&params, "destinationIds").ok_or_else(|| {
-            ApiError::bad("destinationIds is required (comma-separated queue ids)")
-        })?;
-        let mut out = Vec::new();
-        for id in ids.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-            caller
-                .check(Action::Admin, id)
-                .map_err(ApiError::from_auth)?;
-            match api.broker.stats(id) {
-                Ok(s) => out.push(json!({
-                    "destination": id,
-                    "messages": s.total,
-                    "inflightMessages": s.in_flight,
-                })),
-                Err(QueueError::NotFound { .. }) => {}
-                Err(e) => return Err(admin_err(e)),
-            }
+) -> Answer {
+    path(p)?;
+    let caller = api.caller(&headers)?;
+    let params = query(q.as_deref());
+    let ids = param(&params, "destinationIds")
+        .ok_or_else(|| ApiError::bad("destinationIds is required (comma-separated queue ids)"))?;
+    let mut out = Vec::new();
+    for id in id_list(ids) {
+        caller
+            .check(Action::Admin, id)
+            .map_err(ApiError::from_auth)?;
+        match api.broker.stats(id) {
+            Ok(s) => out.push(json!({
+                "destination": id,
+                "messages": s.total,
+                "inflightMessages": s.in_flight,
+            })),
+            Err(QueueError::NotFound { .. }) => {}
+            Err(e) => return Err(admin_err(e).into()),
         }
-        if out.is_empty() {
-            return Ok(no_content());
-        }
-        Ok(json_response(StatusCode::OK, &Value::Array(out)))
-    })())
+    }
+    Ok(listing(out))
 }

@@ -646,6 +646,16 @@ impl Api {
     }
 }
 
+/// The JSON object body of a single settle call. When it is something
+/// else, the error starts with `takes`, what the call takes.
+fn settle_body(body: Result<Bytes, BytesRejection>, takes: &str) -> Result<Value, ApiError> {
+    let v = json_body(&body_bytes(body)?)?;
+    if !v.is_object() {
+        return Err(ApiError::bad(format!("{takes}, not {}", message::kind(&v))));
+    }
+    Ok(v)
+}
+
 /// `DELETE .../messages/{id}` with `{"lockId": ...}`: acknowledge.
 async fn ack_one(
     State(api): State<Arc<Api>>,
@@ -655,33 +665,13 @@ async fn ack_one(
 ) -> Result<Response, ApiError> {
     let (_, _, dest, id) = path(p)?;
     api.allowed(&headers, Action::Consume, &dest)?;
-    let v = json_body(&body_bytes(body)?)?;
-    if !v.is_object() {
-        return Err(ApiError::bad(format!(
-            "an ack takes {{\"lockId\": ...}}, not {}",
-            message::kind(&v)
-        )));
-    }
+    let v = settle_body(body, "an ack takes {\"lockId\": ...}")?;
     let item = Item {
         message_id: id,
         lock_id: string_field(&v, "", "lockId")?,
         ttl_ms: 0,
     };
     single(api.settle(&dest, Op::Ack, vec![item]).await?)
-}
-
-/// `DELETE .../messages` with `[{messageId, lockId}, ...]`: acknowledge a
-/// batch.
-async fn ack_batch(
-    State(api): State<Arc<Api>>,
-    p: Result<Path<Dest>, PathRejection>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    let (_, _, dest) = path(p)?;
-    api.allowed(&headers, Action::Consume, &dest)?;
-    let items = api.batch_items(json_body(&body_bytes(body)?)?, false)?;
-    Ok(batch(api.settle(&dest, Op::Ack, items).await?))
 }
 
 /// `DELETE .../messages/{id}/locks/{lock}`: release (nack) a lock.
@@ -700,20 +690,6 @@ async fn nack_one(
     single(api.settle(&dest, Op::Nack, vec![item]).await?)
 }
 
-/// `DELETE .../messages/locks` with `[{messageId, lockId}, ...]`: release
-/// a batch of locks.
-async fn nack_batch(
-    State(api): State<Arc<Api>>,
-    p: Result<Path<Dest>, PathRejection>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    let (_, _, dest) = path(p)?;
-    api.allowed(&headers, Action::Consume, &dest)?;
-    let items = api.batch_items(json_body(&body_bytes(body)?)?, false)?;
-    Ok(batch(api.settle(&dest, Op::Nack, items).await?))
-}
-
 /// `PATCH .../messages/{id}/locks/{lock}` with `{"ttl": n}`: set the lock
 /// to expire `ttl` from now.
 async fn extend_one(
@@ -724,19 +700,50 @@ async fn extend_one(
 ) -> Result<Response, ApiError> {
     let (_, _, dest, id, lock) = path(p)?;
     api.allowed(&headers, Action::Consume, &dest)?;
-    let v = json_body(&body_bytes(body)?)?;
-    if !v.is_object() {
-        return Err(ApiError::bad(format!(
-            "a lock TTL change takes {{\"ttl\": n}}, not {}",
-            message::kind(&v)
-        )));
-    }
+    let v = settle_body(body, "a lock TTL change takes {\"ttl\": n}")?;
     let item = Item {
         message_id: id,
         ttl_ms: api.ttl_field(&v, "")?,
         lock_id: lock,
     };
     single(api.settle(&dest, Op::Extend, vec![item]).await?)
+}
+
+/// A batch settle call: `op` on the items of the body (with a `ttl` each
+/// for [`Op::Extend`]), answered with a status per item.
+async fn settle_batch(
+    api: &Api,
+    p: Result<Path<Dest>, PathRejection>,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+    op: Op,
+) -> Result<Response, ApiError> {
+    let (_, _, dest) = path(p)?;
+    api.allowed(headers, Action::Consume, &dest)?;
+    let items = api.batch_items(json_body(&body_bytes(body)?)?, op == Op::Extend)?;
+    Ok(batch(api.settle(&dest, op, items).await?))
+}
+
+/// `DELETE .../messages` with `[{messageId, lockId}, ...]`: acknowledge a
+/// batch.
+async fn ack_batch(
+    State(api): State<Arc<Api>>,
+    p: Result<Path<Dest>, PathRejection>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    settle_batch(&api, p, &headers, body, Op::Ack).await
+}
+
+/// `DELETE .../messages/locks` with `[{messageId, lockId}, ...]`: release
+/// a batch of locks.
+async fn nack_batch(
+    State(api): State<Arc<Api>>,
+    p: Result<Path<Dest>, PathRejection>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    settle_batch(&api, p, &headers, body, Op::Nack).await
 }
 
 /// `PATCH .../messages/locks` with `[{messageId, lockId, ttl}, ...]`.
@@ -746,8 +753,5 @@ async fn extend_batch(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let (_, _, dest) = path(p)?;
-    api.allowed(&headers, Action::Consume, &dest)?;
-    let items = api.batch_items(json_body(&body_bytes(body)?)?, true)?;
-    Ok(batch(api.settle(&dest, Op::Extend, items).await?))
+    settle_batch(&api, p, &headers, body, Op::Extend).await
 }

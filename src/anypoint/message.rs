@@ -324,6 +324,27 @@ mod tests {
 
     use super::*;
 
+    /// A delivery from the queue `q`, published, enqueued and delivered
+    /// once at time 0, without a lock (auto-ack) or a group.
+    fn delivered(message_id: &str, body: Bytes, properties: Vec<(String, String)>) -> Delivery {
+        Delivery {
+            queue: "q".into(),
+            message_id: message_id.into(),
+            body,
+            properties,
+            ack_token: None,
+            delivery_count: 1,
+            published_at: 0,
+            first_delivered_at: 0,
+            enqueued_at: 0,
+            expires_at: 0,
+            lease_deadline: 0,
+            group_id: None,
+            dead_letters: Vec::new(),
+            attempts: Vec::new(),
+        }
+    }
+
     #[test]
     fn properties_keep_their_json_types_and_headers_come_back_as_strings() {
         let m = new_message(
@@ -342,20 +363,12 @@ mod tests {
         let mut props = m.properties.clone();
         props.sort();
         let d = Delivery {
-            queue: "q".into(),
-            message_id: "m-1".into(),
-            body: m.body.clone(),
-            properties: props,
             ack_token: Some("tok".into()),
             delivery_count: 2,
             published_at: 1_641_002_902_000,
-            first_delivered_at: 0,
             enqueued_at: 1_000,
             expires_at: 61_000,
-            lease_deadline: 0,
-            group_id: None,
-            dead_letters: Vec::new(),
-            attempts: Vec::new(),
+            ..delivered("m-1", m.body.clone(), props)
         };
         let v = delivery(d, Visibility::Full);
         assert_eq!(
@@ -433,22 +446,7 @@ mod tests {
         .expect("valid");
         ungroup(&mut m);
         assert_eq!(m.group_id, None);
-        let d = Delivery {
-            queue: "q".into(),
-            message_id: "a".into(),
-            body: Bytes::new(),
-            properties: m.properties.clone(),
-            ack_token: None,
-            delivery_count: 1,
-            published_at: 0,
-            first_delivered_at: 0,
-            enqueued_at: 0,
-            expires_at: 0,
-            lease_deadline: 0,
-            group_id: None,
-            dead_letters: Vec::new(),
-            attempts: Vec::new(),
-        };
+        let d = delivered("a", Bytes::new(), m.properties.clone());
         let v = delivery(d, Visibility::Full);
         assert_eq!(
             (
@@ -463,20 +461,12 @@ mod tests {
     #[test]
     fn hidden_and_binary_bodies() {
         let d = |body: &'static [u8]| Delivery {
-            queue: "q".into(),
-            message_id: "m".into(),
-            body: Bytes::from_static(body),
-            properties: vec![(META_PROPERTY.into(), "not json".into())],
-            ack_token: None,
-            delivery_count: 1,
-            published_at: 0,
-            first_delivered_at: 0,
-            enqueued_at: 0,
-            expires_at: 0,
-            lease_deadline: 0,
             group_id: Some("g".into()),
-            dead_letters: Vec::new(),
-            attempts: Vec::new(),
+            ..delivered(
+                "m",
+                Bytes::from_static(body),
+                vec![(META_PROPERTY.into(), "not json".into())],
+            )
         };
         let v = delivery(d(b"secret"), Visibility::None);
         assert_eq!(
