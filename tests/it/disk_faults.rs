@@ -164,6 +164,40 @@ fn term(child: &Child) {
     rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
 }
 
+/// [`start`], then a client and its queue `q`.
+async fn start_with_queue(
+    wrapper: &[&str],
+    data: &Path,
+    log: &Path,
+    args: &[&str],
+) -> (Child, Clients) {
+    let (child, addr) =
+        start(wrapper, data, log, args).unwrap_or_else(|e| panic!("start {wrapper:?}: {e}"));
+    let mut c = connect(addr).await;
+    c.create("q", config()).await;
+    (child, c)
+}
+
+/// Every message id in queue `q` after a restart (without a wrapper).
+async fn ids_after_restart(
+    data: &Path,
+    log: &Path,
+    args: &[&str],
+) -> std::collections::BTreeSet<String> {
+    let (mut child, addr) = start(&[], data, log, args).expect("restart");
+    let mut c = connect(addr).await;
+    let have = ids_in_queue(&mut c).await;
+    child.kill().unwrap();
+    child.wait().unwrap();
+    have
+}
+
+/// Fails unless every acknowledged publish (`acked`) is in `have`.
+fn assert_none_lost(acked: &[String], have: &std::collections::BTreeSet<String>) {
+    let lost: Vec<&String> = acked.iter().filter(|id| !have.contains(*id)).collect();
+    assert!(lost.is_empty(), "acknowledged and lost: {lost:?}");
+}
+
 /// Publishes `n` messages of `size` bytes with ids `<prefix>-<i>`.
 async fn publish_batch(
     c: &mut Clients,
@@ -228,9 +262,7 @@ async fn a_full_disk_refuses_publishes_keeps_acks_and_resumes_when_space_returns
     let data = mnt.join("data");
     let log = tmp.path().join("server.log");
     let args = ["--min-free-disk", "16MiB", "--checkpoint-interval", "200ms"];
-    let (mut child, addr) = start(&[], &data, &log, &args).expect("start");
-    let mut c = connect(addr).await;
-    c.create("q", config()).await;
+    let (mut child, mut c) = start_with_queue(&[], &data, &log, &args).await;
     let mut stored = Vec::new();
     let mut refused = None;
     for round in 0..400 {
@@ -279,11 +311,7 @@ async fn a_full_disk_refuses_publishes_keeps_acks_and_resumes_when_space_returns
     term(&child);
     let st = wait_exit(&mut child, Duration::from_secs(30)).await;
     assert_eq!(st.and_then(|s| s.code()), Some(0));
-    let (mut child, addr) = start(&[], &data, &log, &args).expect("restart");
-    let mut c = connect(addr).await;
-    assert_eq!(ids_in_queue(&mut c).await, want);
-    child.kill().unwrap();
-    child.wait().unwrap();
+    assert_eq!(ids_after_restart(&data, &log, &args).await, want);
 }
 
 #[tokio::test]
@@ -298,9 +326,7 @@ async fn running_out_of_space_without_headroom_is_fail_stop_and_loses_nothing() 
     let log = tmp.path().join("server.log");
     // No free-space threshold: the writes themselves meet ENOSPC.
     let args = ["--min-free-disk", "0", "--checkpoint-interval", "100ms"];
-    let (mut child, addr) = start(&[], &data, &log, &args).expect("start");
-    let mut c = connect(addr).await;
-    c.create("q", config()).await;
+    let (mut child, mut c) = start_with_queue(&[], &data, &log, &args).await;
     let mut acked = Vec::new();
     let mut failed = 0;
     for round in 0..400 {
@@ -324,13 +350,7 @@ async fn running_out_of_space_without_headroom_is_fail_stop_and_loses_nothing() 
     );
     // More room, and a restart: every acknowledged publish is there.
     run("mount", &["-o", "remount,size=64m"], Some(&mnt)).expect("grow the tmpfs");
-    let (mut child, addr) = start(&[], &data, &log, &args).expect("restart");
-    let mut c = connect(addr).await;
-    let have = ids_in_queue(&mut c).await;
-    let lost: Vec<&String> = acked.iter().filter(|id| !have.contains(*id)).collect();
-    assert!(lost.is_empty(), "acknowledged and lost: {lost:?}");
-    child.kill().unwrap();
-    child.wait().unwrap();
+    assert_none_lost(&acked, &ids_after_restart(&data, &log, &args).await);
 }
 
 #[tokio::test]
@@ -357,9 +377,7 @@ async fn a_file_system_turning_read_only_is_fail_stop_and_loses_nothing() {
     let data = mnt.join("data");
     let log = tmp.path().join("server.log");
     let args = ["--min-free-disk", "0"];
-    let (mut child, addr) = start(&[], &data, &log, &args).expect("start");
-    let mut c = connect(addr).await;
-    c.create("q", config()).await;
+    let (mut child, mut c) = start_with_queue(&[], &data, &log, &args).await;
     let mut acked = Vec::new();
     for round in 0..10 {
         acked.extend(
@@ -394,13 +412,7 @@ async fn a_file_system_turning_read_only_is_fail_stop_and_loses_nothing() {
         ))),
     )
     .expect("mount again");
-    let (mut child, addr) = start(&[], &data, &log, &args).expect("restart");
-    let mut c = connect(addr).await;
-    let have = ids_in_queue(&mut c).await;
-    let lost: Vec<&String> = acked.iter().filter(|id| !have.contains(*id)).collect();
-    assert!(lost.is_empty(), "acknowledged and lost: {lost:?}");
-    child.kill().unwrap();
-    child.wait().unwrap();
+    assert_none_lost(&acked, &ids_after_restart(&data, &log, &args).await);
 }
 
 #[tokio::test]
@@ -417,10 +429,8 @@ async fn a_failing_fdatasync_is_fail_stop_and_never_retried() {
     let ctrl = tmp.path().join("fiu");
     let ctrl_s = ctrl.to_str().unwrap();
     let args = ["--min-free-disk", "0"];
-    let (mut child, addr) =
-        start(&["fiu-run", "-x", "-f", ctrl_s], &data, &log, &args).expect("start under fiu-run");
-    let mut c = connect(addr).await;
-    c.create("q", config()).await;
+    let (mut child, mut c) =
+        start_with_queue(&["fiu-run", "-x", "-f", ctrl_s], &data, &log, &args).await;
     let acked = publish_batch(&mut c, "m", 0, 10, 100)
         .await
         .expect("publish");
@@ -451,14 +461,7 @@ async fn a_failing_fdatasync_is_fail_stop_and_never_retried() {
         "one failure, no retry: {text}"
     );
     // Without the fault, the next start recovers from disk.
-    let (mut child, addr) = start(&[], &data, &log, &args).expect("restart");
-    let mut c = connect(addr).await;
-    let have = ids_in_queue(&mut c).await;
-    for id in &acked {
-        assert!(have.contains(id), "{id} acknowledged and lost");
-    }
-    child.kill().unwrap();
-    child.wait().unwrap();
+    assert_none_lost(&acked, &ids_after_restart(&data, &log, &args).await);
 }
 
 // ---- damaged or lost data at start -------------------------------------
@@ -516,6 +519,19 @@ fn assert_refused(s: &TestServer, before: &[(PathBuf, u64)], needle: &str) -> St
         );
     }
     err
+}
+
+/// Writes `contents` over the data directory's file `file`, then
+/// [`assert_refused`].
+fn assert_refused_after_writing(
+    s: &TestServer,
+    before: &[(PathBuf, u64)],
+    file: &str,
+    contents: &str,
+    needle: &str,
+) -> String {
+    std::fs::write(s.data_dir().join(file), contents).unwrap();
+    assert_refused(s, before, needle)
 }
 
 /// Damage to the database is either repaired from the log (when the log
@@ -625,12 +641,13 @@ async fn a_database_older_than_its_last_checkpoint_is_refused() {
     // looks like: the CHECKPOINT record is ahead of what the database and
     // the log hold together.
     let (s, before) = checkpointed_dir().await;
-    std::fs::write(
-        s.data_dir().join("CHECKPOINT"),
+    let err = assert_refused_after_writing(
+        &s,
+        &before,
+        "CHECKPOINT",
         "letterbox checkpoint\napplied 1000000\n",
-    )
-    .unwrap();
-    let err = assert_refused(&s, &before, "/db");
+        "/db",
+    );
     assert!(err.contains("damaged or truncated"), "{err}");
 }
 
@@ -678,11 +695,12 @@ async fn a_truncated_log_segment_holding_payloads_is_refused() {
 #[tokio::test]
 async fn a_stale_format_is_refused_and_nothing_is_touched() {
     let (s, before) = stopped_dir().await;
-    std::fs::write(
-        s.data_dir().join("FORMAT"),
+    let err = assert_refused_after_writing(
+        &s,
+        &before,
+        "FORMAT",
         "letterbox data directory\nformat 0\n",
-    )
-    .unwrap();
-    let err = assert_refused(&s, &before, "FORMAT");
+        "FORMAT",
+    );
     assert!(err.contains("format 0"), "{err}");
 }

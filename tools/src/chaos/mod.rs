@@ -264,6 +264,56 @@ impl Nemesis {
         *self.hits.entry(class.to_string()).or_default() += 1;
     }
 
+    /// Starts a server and waits until it is ready; `None` if it did not
+    /// get there (the epoch then ended as "not ready").
+    async fn spawn_ready(&mut self) -> Result<Option<Server>> {
+        let mut s = self.spawn(None)?;
+        if !self.ready(&mut s).await? {
+            let status = s.kill();
+            self.after_exit(
+                &EpochEnd {
+                    class: "not ready".into(),
+                    status,
+                },
+                false,
+            )?;
+            return Ok(None);
+        }
+        Ok(Some(s))
+    }
+
+    /// Stops a server with SIGTERM at the end of the run (a kill after
+    /// 30 s), and checks the exit.
+    async fn final_stop(&mut self, mut s: Server) -> Result<()> {
+        s.term();
+        let status = s.wait_exit(Duration::from_secs(30)).await;
+        self.after_exit(
+            &EpochEnd {
+                class: "final stop".into(),
+                status,
+            },
+            true,
+        )
+    }
+
+    /// An epoch ended by kill point class `class`: counts the hit, then
+    /// [`Self::after_exit`].
+    fn end(
+        &mut self,
+        class: &str,
+        status: Option<std::process::ExitStatus>,
+        expect_clean: bool,
+    ) -> Result<()> {
+        self.hit(class);
+        self.after_exit(
+            &EpochEnd {
+                class: class.to_string(),
+                status,
+            },
+            expect_clean,
+        )
+    }
+
     /// Chooses the next epoch's kill point class: a shuffled round of all
     /// classes, so that every class comes up as often as the others.
     fn next_class(&mut self) -> String {
@@ -422,8 +472,7 @@ impl Nemesis {
                     ("random".to_string(), s.kill())
                 }
             };
-            self.hit(&class);
-            return self.after_exit(&EpochEnd { class, status }, false);
+            return self.end(&class, status, false);
         }
         match class {
             "startup" | "storm" => {
@@ -439,29 +488,14 @@ impl Nemesis {
                     let ready = s.poll_ready();
                     let status = s.kill();
                     let c = if ready { "random" } else { class };
-                    self.hit(c);
-                    self.after_exit(
-                        &EpochEnd {
-                            class: c.to_string(),
-                            status,
-                        },
-                        false,
-                    )?;
+                    self.end(c, status, false)?;
                 }
                 Ok(())
             }
             "shutdown" | "graceful" => {
-                let mut s = self.spawn(None)?;
-                if !self.ready(&mut s).await? {
-                    let status = s.kill();
-                    return self.after_exit(
-                        &EpochEnd {
-                            class: "not ready".into(),
-                            status,
-                        },
-                        false,
-                    );
-                }
+                let Some(mut s) = self.spawn_ready().await? else {
+                    return Ok(());
+                };
                 let run = self.rng.u64(100..max_run.as_millis().max(200) as u64);
                 tokio::time::sleep(Duration::from_millis(run)).await;
                 s.term();
@@ -475,14 +509,7 @@ impl Nemesis {
                         Some(st) => ("graceful", Some(st)),
                         None => ("shutdown", s.kill()),
                     };
-                    self.hit(c);
-                    self.after_exit(
-                        &EpochEnd {
-                            class: c.into(),
-                            status,
-                        },
-                        true,
-                    )
+                    self.end(c, status, true)
                 } else {
                     let status = s.wait_exit(Duration::from_secs(30)).await;
                     if status.is_none() {
@@ -495,39 +522,17 @@ impl Nemesis {
                         Some(st) => Some(st),
                         None => s.kill(),
                     };
-                    self.hit("graceful");
-                    self.after_exit(
-                        &EpochEnd {
-                            class: "graceful".into(),
-                            status,
-                        },
-                        true,
-                    )
+                    self.end("graceful", status, true)
                 }
             }
             _ => {
-                let mut s = self.spawn(None)?;
-                if !self.ready(&mut s).await? {
-                    let status = s.kill();
-                    return self.after_exit(
-                        &EpochEnd {
-                            class: "not ready".into(),
-                            status,
-                        },
-                        false,
-                    );
-                }
+                let Some(mut s) = self.spawn_ready().await? else {
+                    return Ok(());
+                };
                 let run = self.rng.u64(50..max_run.as_millis().max(100) as u64);
                 tokio::time::sleep(Duration::from_millis(run)).await;
                 let status = s.kill();
-                self.hit("random");
-                self.after_exit(
-                    &EpochEnd {
-                        class: "random".into(),
-                        status,
-                    },
-                    false,
-                )
+                self.end("random", status, false)
             }
         }
     }
@@ -752,7 +757,7 @@ pub async fn run(args: Args) -> Result<i32> {
 
     // Final phase: a clean server, producers and admin stop, consumers ack
     // everything but poison, until every queue is empty.
-    let mut s = match running {
+    let s = match running {
         Some(s) => s,
         None => {
             let mut s = nem.spawn(None)?;
@@ -818,16 +823,7 @@ pub async fn run(args: Args) -> Result<i32> {
         };
         soak_verdict(&soak_samples, after, &mut nem.health);
     }
-    s.term();
-    let status = s.wait_exit(Duration::from_secs(30)).await;
-    nem.after_exit(
-        &EpochEnd {
-            class: "final stop".into(),
-            status,
-        },
-        true,
-    )?;
-    drop(s);
+    nem.final_stop(s).await?;
 
     // Restart once more: nothing may reappear, the counters must hold.
     let mut s = nem.spawn(None)?;
@@ -841,16 +837,7 @@ pub async fn run(args: Args) -> Result<i32> {
             Err(e) => nem.health.push(format!("final sweep failed: {e}")),
         }
     }
-    s.term();
-    let status = s.wait_exit(Duration::from_secs(30)).await;
-    nem.after_exit(
-        &EpochEnd {
-            class: "final stop".into(),
-            status,
-        },
-        true,
-    )?;
-    drop(s);
+    nem.final_stop(s).await?;
     if !args.no_verify
         && let Some(problem) = verify(&bin, &nem.spec.data)?
     {

@@ -194,21 +194,24 @@ fn refused(o: &Outcome) -> bool {
     !o.is_ok()
 }
 
-/// The configuration of the workload's queues.
+/// How a call that returned `r` ended.
+fn call_outcome<T>(r: &Result<T, tonic::Status>) -> Outcome {
+    match r {
+        Ok(_) => Outcome::Ok,
+        Err(s) => Outcome::from_status(s),
+    }
+}
+
+/// The configuration of the workload's queues: that of their DLQs, plus
+/// the dead letter policy.
 pub fn source_config(q: &str) -> pb::QueueConfig {
     pb::QueueConfig {
-        kind: if q == FIFO {
-            pb::QueueKind::Fifo as i32
-        } else {
-            pb::QueueKind::Standard as i32
-        },
-        ack_timeout_ms: Some(ACK_TIMEOUT_MS),
         dead_letter: Some(pb::DeadLetterPolicy {
             queue: dlq_of(q),
             max_deliveries: MAX_DELIVERIES,
         }),
         dead_letter_on_expiry: Some(q == TTL),
-        ..Default::default()
+        ..dlq_config(q)
     }
 }
 
@@ -251,12 +254,7 @@ pub fn expected_shape(c: &pb::QueueConfig) -> QueueShape {
         },
         ttl_ms: c.message_ttl_ms.unwrap_or(7 * 24 * 3600 * 1000),
         ack_timeout_ms: c.ack_timeout_ms.unwrap_or(120_000),
-        max_length: c.max_length.unwrap_or(0),
-        dead_letter: c
-            .dead_letter
-            .as_ref()
-            .map(|d| (d.queue.clone(), d.max_deliveries)),
-        dead_letter_on_expiry: c.dead_letter_on_expiry.unwrap_or(false),
+        ..shape(c)
     }
 }
 
@@ -274,10 +272,7 @@ pub async fn create_queue(
             config: Some(config.clone()),
         })
         .await;
-    let outcome = match &r {
-        Ok(_) => Outcome::Ok,
-        Err(s) => Outcome::from_status(s),
-    };
+    let outcome = call_outcome(&r);
     sh.hist.admin(Admin {
         op: "create",
         queue: name.into(),
@@ -375,10 +370,7 @@ pub async fn producer(sh: Arc<Shared>, p: usize) -> anyhow::Result<()> {
             })
             .await;
         let done = sh.hist.now();
-        let outcome = match &r {
-            Ok(_) => Outcome::Ok,
-            Err(s) => Outcome::from_status(s),
-        };
+        let outcome = call_outcome(&r);
         let failed = refused(&outcome);
         sh.hist.publish(Publish {
             queue: queue.into(),
@@ -478,31 +470,51 @@ fn settle_result(r: &pb::SettleResult) -> SettleResult {
     }
 }
 
+/// The result of a settle call that answered with no result for a token.
+fn no_result() -> SettleResult {
+    SettleResult::Call(Outcome::Info {
+        code: "Ok".into(),
+        msg: "no result".into(),
+    })
+}
+
+/// Records a unary settle call of one token (delivery `idx`), invoked at
+/// `inv`, that returned `r` (its settle results); `timeout_ms` of an
+/// extend, else 0.
+fn record_settle(
+    sh: &Shared,
+    idx: usize,
+    kind: SettleKind,
+    inv: Stamp,
+    r: Result<Vec<pb::SettleResult>, tonic::Status>,
+    timeout_ms: u64,
+) {
+    let result = match r {
+        Ok(results) => match results.first() {
+            Some(r) => settle_result(r),
+            None => no_result(),
+        },
+        Err(s) => SettleResult::Call(Outcome::from_status(&s)),
+    };
+    sh.hist.settle(Settle {
+        delivery: idx,
+        kind,
+        inv,
+        done: sh.hist.now(),
+        result,
+        timeout_ms,
+    });
+}
+
 async fn ack(sh: &Shared, client: &mut MessagingServiceClient<Channel>, idx: usize, token: &str) {
     let inv = sh.hist.now();
     let r = client
         .ack(pb::AckRequest {
             ack_tokens: vec![token.to_string()],
         })
-        .await;
-    let result = match r {
-        Ok(resp) => match resp.into_inner().results.first() {
-            Some(r) => settle_result(r),
-            None => SettleResult::Call(Outcome::Info {
-                code: "Ok".into(),
-                msg: "no result".into(),
-            }),
-        },
-        Err(s) => SettleResult::Call(Outcome::from_status(&s)),
-    };
-    sh.hist.settle(Settle {
-        delivery: idx,
-        kind: SettleKind::Ack,
-        inv,
-        done: sh.hist.now(),
-        result,
-        timeout_ms: 0,
-    });
+        .await
+        .map(|resp| resp.into_inner().results);
+    record_settle(sh, idx, SettleKind::Ack, inv, r, 0);
 }
 
 async fn nack(sh: &Shared, client: &mut MessagingServiceClient<Channel>, idx: usize, token: &str) {
@@ -515,25 +527,9 @@ async fn nack(sh: &Shared, client: &mut MessagingServiceClient<Channel>, idx: us
                 ..Default::default()
             }],
         })
-        .await;
-    let result = match r {
-        Ok(resp) => match resp.into_inner().results.first() {
-            Some(r) => settle_result(r),
-            None => SettleResult::Call(Outcome::Info {
-                code: "Ok".into(),
-                msg: "no result".into(),
-            }),
-        },
-        Err(s) => SettleResult::Call(Outcome::from_status(&s)),
-    };
-    sh.hist.settle(Settle {
-        delivery: idx,
-        kind: SettleKind::Nack,
-        inv,
-        done: sh.hist.now(),
-        result,
-        timeout_ms: 0,
-    });
+        .await
+        .map(|resp| resp.into_inner().results);
+    record_settle(sh, idx, SettleKind::Nack, inv, r, 0);
 }
 
 async fn extend(
@@ -551,25 +547,9 @@ async fn extend(
                 timeout_ms: ms,
             }],
         })
-        .await;
-    let result = match r {
-        Ok(resp) => match resp.into_inner().results.first() {
-            Some(r) => settle_result(r),
-            None => SettleResult::Call(Outcome::Info {
-                code: "Ok".into(),
-                msg: "no result".into(),
-            }),
-        },
-        Err(s) => SettleResult::Call(Outcome::from_status(&s)),
-    };
-    sh.hist.settle(Settle {
-        delivery: idx,
-        kind: SettleKind::Extend,
-        inv,
-        done: sh.hist.now(),
-        result,
-        timeout_ms: ms,
-    });
+        .await
+        .map(|resp| resp.into_inner().results);
+    record_settle(sh, idx, SettleKind::Extend, inv, r, ms);
 }
 
 /// Handles one unary delivery by its fate; long holds run in their own
@@ -773,10 +753,7 @@ pub async fn stream_consumer(sh: Arc<Shared>) -> anyhow::Result<()> {
                             } else {
                                 match s.results.get(i) {
                                     Some(r) => settle_result(r),
-                                    None => SettleResult::Call(Outcome::Info {
-                                        code: "Ok".into(),
-                                        msg: "no result".into(),
-                                    }),
+                                    None => no_result(),
                                 }
                             };
                             sh.hist.settle(Settle {
@@ -880,10 +857,7 @@ pub async fn admin_worker(sh: Arc<Shared>) -> anyhow::Result<()> {
                         ..Default::default()
                     })
                     .await;
-                let outcome = match &r {
-                    Ok(_) => Outcome::Ok,
-                    Err(s) => Outcome::from_status(s),
-                };
+                let outcome = call_outcome(&r);
                 sh.hist.admin(Admin {
                     op: "update",
                     queue: name,
@@ -908,10 +882,7 @@ pub async fn admin_worker(sh: Arc<Shared>) -> anyhow::Result<()> {
                         force: false,
                     })
                     .await;
-                let outcome = match &r {
-                    Ok(_) => Outcome::Ok,
-                    Err(s) => Outcome::from_status(s),
-                };
+                let outcome = call_outcome(&r);
                 sh.hist.admin(Admin {
                     op: "delete",
                     queue: name,

@@ -579,21 +579,30 @@ impl BatchPublisher {
     }
 }
 
+/// Hands `item` to a batching publisher's task (`tx`, `None` once
+/// closed); the future resolves with the result of the call that carried
+/// it. `task` names the task in errors.
+fn queue_for_batch<T>(
+    tx: Option<&mpsc::UnboundedSender<(T, BatchAck)>>,
+    item: T,
+    task: &'static str,
+) -> Result<AckFuture> {
+    let (ack, acked) = oneshot::channel();
+    tx.ok_or_else(|| anyhow!("publisher closed"))?
+        .send((item, ack))
+        .map_err(|_| anyhow!("{task} task stopped"))?;
+    Ok(Box::pin(async move {
+        acked
+            .await
+            .map_err(|_| anyhow!("{task} task stopped"))?
+            .map_err(|e| anyhow!("{e}"))
+    }))
+}
+
 #[async_trait]
 impl Publisher for BatchPublisher {
     async fn publish(&mut self, payload: Bytes) -> Result<AckFuture> {
-        let (ack, acked) = oneshot::channel();
-        self.tx
-            .as_ref()
-            .ok_or_else(|| anyhow!("publisher closed"))?
-            .send((payload, ack))
-            .map_err(|_| anyhow!("batch publisher task stopped"))?;
-        Ok(Box::pin(async move {
-            acked
-                .await
-                .map_err(|_| anyhow!("batch publisher task stopped"))?
-                .map_err(|e| anyhow!("{e}"))
-        }))
+        queue_for_batch(self.tx.as_ref(), payload, "batch publisher")
     }
 
     async fn close(mut self: Box<Self>) -> Result<()> {
@@ -620,10 +629,95 @@ fn nack_item(ack_token: String, dead_letter: bool) -> NackItem {
     }
 }
 
-/// Async settles: everything queued (up to 1000 tokens) per `Ack` (and
-/// `Nack`) call, one call at a time. Failures are reported at the next
+/// How a delivery is settled.
+#[derive(Clone, Copy)]
+enum Verdict {
+    Ack,
+    /// Nack; `true`: dead-letter it now.
+    Nack(bool),
+}
+
+impl Verdict {
+    /// Hands the settle of `token` to a consumer's ack task (async ack
+    /// mode): not waited for.
+    fn queue(self, acker: &mpsc::UnboundedSender<AckCmd>, token: String) -> Result<()> {
+        let cmd = match self {
+            Verdict::Ack => AckCmd::Token(token),
+            Verdict::Nack(dead_letter) => AckCmd::Nack(token, dead_letter),
+        };
+        acker.send(cmd).map_err(|_| anyhow!("ack task stopped"))
+    }
+}
+
+/// A delivery of either consumer, settled by [`Verdict`]; its [`Settle`]
+/// follows.
+#[async_trait]
+trait SettleBy: Send {
+    /// In async ack mode, hands the settle to the consumer's ack task;
+    /// else settles with one call (or stream request), awaited.
+    async fn settle(self: Box<Self>, verdict: Verdict) -> Result<()>;
+}
+
+#[async_trait]
+impl<T: SettleBy> Settle for T {
+    async fn ack(self: Box<Self>) -> Result<()> {
+        self.settle(Verdict::Ack).await
+    }
+
+    async fn nack(self: Box<Self>) -> Result<()> {
+        self.settle(Verdict::Nack(false)).await
+    }
+
+    async fn dead_letter(self: Box<Self>) -> Result<()> {
+        self.settle(Verdict::Nack(true)).await
+    }
+}
+
+/// Where [`settle_loop`] sends its batches: unary `Ack` / `Nack` calls
+/// ([`Messaging`]), or `StreamAck` / `StreamNack` requests on a
+/// subscription ([`SubCtx`]).
+trait SettleBatch: Send {
+    /// Acks `tokens`; fails unless each is settled.
+    fn ack_batch(&mut self, tokens: Vec<String>) -> impl Future<Output = Result<()>> + Send;
+    /// Nacks `items`; fails unless each is settled.
+    fn nack_batch(&mut self, items: Vec<NackItem>) -> impl Future<Output = Result<()>> + Send;
+}
+
+impl SettleBatch for Messaging {
+    async fn ack_batch(&mut self, tokens: Vec<String>) -> Result<()> {
+        let n = tokens.len();
+        match self
+            .ack(AckRequest {
+                ack_tokens: tokens,
+                ..Default::default()
+            })
+            .await
+        {
+            Ok(r) => check_settled("Ack", n, &r.get_ref().results),
+            Err(s) => Err(anyhow!("Ack ({n} tokens): {s}")),
+        }
+    }
+
+    async fn nack_batch(&mut self, items: Vec<NackItem>) -> Result<()> {
+        let n = items.len();
+        match self
+            .nack(NackRequest {
+                items,
+                ..Default::default()
+            })
+            .await
+        {
+            Ok(r) => check_settled("Nack", n, &r.get_ref().results),
+            Err(s) => Err(anyhow!("Nack ({n} tokens): {s}")),
+        }
+    }
+}
+
+/// Async settles: everything queued (up to 1000 tokens) per ack (and nack)
+/// batch, one batch at a time: while one waits for its result, the next
+/// tokens pile up and go together. Failures are reported at the next
 /// flush.
-async fn ack_loop(mut client: Messaging, mut rx: mpsc::UnboundedReceiver<AckCmd>) {
+async fn settle_loop(mut to: impl SettleBatch, mut rx: mpsc::UnboundedReceiver<AckCmd>) {
     let mut failure: Option<String> = None;
     while let Some(cmd) = rx.recv().await {
         let mut tokens = Vec::new();
@@ -642,38 +736,15 @@ async fn ack_loop(mut client: Messaging, mut rx: mpsc::UnboundedReceiver<AckCmd>
                 Err(_) => break,
             }
         }
-        if !tokens.is_empty() {
-            let n = tokens.len();
-            let r = match client
-                .ack(AckRequest {
-                    ack_tokens: tokens,
-                    ..Default::default()
-                })
-                .await
-            {
-                Ok(r) => check_settled("Ack", n, &r.get_ref().results),
-                Err(s) => Err(anyhow!("Ack ({n} tokens): {s}")),
-            };
-            if let Err(e) = r {
-                failure.get_or_insert_with(|| format!("{e:#}"));
-            }
+        if !tokens.is_empty()
+            && let Err(e) = to.ack_batch(tokens).await
+        {
+            failure.get_or_insert_with(|| format!("{e:#}"));
         }
-        if !nacks.is_empty() {
-            let n = nacks.len();
-            let items = nacks;
-            let r = match client
-                .nack(NackRequest {
-                    items,
-                    ..Default::default()
-                })
-                .await
-            {
-                Ok(r) => check_settled("Nack", n, &r.get_ref().results),
-                Err(s) => Err(anyhow!("Nack ({n} tokens): {s}")),
-            };
-            if let Err(e) = r {
-                failure.get_or_insert_with(|| format!("{e:#}"));
-            }
+        if !nacks.is_empty()
+            && let Err(e) = to.nack_batch(nacks).await
+        {
+            failure.get_or_insert_with(|| format!("{e:#}"));
         }
         if let Some(f) = flush {
             let _ = f.send(match &failure {
@@ -684,10 +755,27 @@ async fn ack_loop(mut client: Messaging, mut rx: mpsc::UnboundedReceiver<AckCmd>
     }
 }
 
+/// The async ack task of a consumer, and its queue.
+type Acker = (mpsc::UnboundedSender<AckCmd>, JoinHandle<()>);
+
+/// Stops a consumer's ack task (if it has one) once everything queued
+/// before is settled; fails if any of its settles failed.
+async fn stop_acker(acker: Option<Acker>) -> Result<()> {
+    let Some((tx, task)) = acker else {
+        return Ok(());
+    };
+    let (done, flushed) = oneshot::channel();
+    tx.send(AckCmd::Flush(done))
+        .map_err(|_| anyhow!("ack task stopped"))?;
+    let r = flushed.await.map_err(|_| anyhow!("ack task stopped"));
+    task.abort();
+    r?
+}
+
 struct LetterboxConsumer {
     rx: mpsc::Receiver<Result<Delivery>>,
     receiver: JoinHandle<()>,
-    acker: Option<(mpsc::UnboundedSender<AckCmd>, JoinHandle<()>)>,
+    acker: Option<Acker>,
 }
 
 impl LetterboxConsumer {
@@ -695,7 +783,7 @@ impl LetterboxConsumer {
         let prefetch = c.prefetch.max(1) as usize;
         let acker = (c.ack == AckMode::Async).then(|| {
             let (tx, rx) = mpsc::unbounded_channel();
-            (tx, tokio::spawn(ack_loop(client.clone(), rx)))
+            (tx, tokio::spawn(settle_loop(client.clone(), rx)))
         });
         let (tx, rx) = mpsc::channel(prefetch);
         let ctx = SettleCtx {
@@ -781,15 +869,7 @@ impl Consumer for LetterboxConsumer {
 
     async fn close(mut self: Box<Self>) -> Result<()> {
         self.receiver.abort();
-        if let Some((tx, task)) = self.acker.take() {
-            let (done, flushed) = oneshot::channel();
-            tx.send(AckCmd::Flush(done))
-                .map_err(|_| anyhow!("ack task stopped"))?;
-            let r = flushed.await.map_err(|_| anyhow!("ack task stopped"));
-            task.abort();
-            r??;
-        }
-        Ok(())
+        stop_acker(self.acker.take()).await
     }
 }
 
@@ -808,63 +888,42 @@ struct LetterboxSettle {
 }
 
 #[async_trait]
-impl Settle for LetterboxSettle {
-    async fn ack(self: Box<Self>) -> Result<()> {
+impl SettleBy for LetterboxSettle {
+    async fn settle(self: Box<Self>, verdict: Verdict) -> Result<()> {
         let LetterboxSettle {
             token,
             ctx,
             _credit: credit,
         } = *self;
         if let Some(acker) = &ctx.acker {
-            return acker
-                .send(AckCmd::Token(token))
-                .map_err(|_| anyhow!("ack task stopped"));
+            return verdict.queue(acker, token);
         }
-        let r = ctx
-            .client
-            .clone()
-            .ack(AckRequest {
-                ack_tokens: vec![token],
-                ..Default::default()
-            })
-            .await
-            .map_err(|s| anyhow!("Ack: {s}"))?;
+        let mut client = ctx.client.clone();
+        let (what, r) = match verdict {
+            Verdict::Ack => (
+                "Ack",
+                client
+                    .ack(AckRequest {
+                        ack_tokens: vec![token],
+                        ..Default::default()
+                    })
+                    .await
+                    .map(|r| r.into_inner().results),
+            ),
+            Verdict::Nack(dead_letter) => (
+                "Nack",
+                client
+                    .nack(NackRequest {
+                        items: vec![nack_item(token, dead_letter)],
+                        ..Default::default()
+                    })
+                    .await
+                    .map(|r| r.into_inner().results),
+            ),
+        };
+        let results = r.map_err(|s| anyhow!("{what}: {s}"))?;
         drop(credit);
-        check_settled("Ack", 1, &r.get_ref().results)
-    }
-
-    async fn nack(self: Box<Self>) -> Result<()> {
-        self.nack_with(false).await
-    }
-
-    async fn dead_letter(self: Box<Self>) -> Result<()> {
-        self.nack_with(true).await
-    }
-}
-
-impl LetterboxSettle {
-    async fn nack_with(self: Box<Self>, dead_letter: bool) -> Result<()> {
-        let LetterboxSettle {
-            token,
-            ctx,
-            _credit: credit,
-        } = *self;
-        if let Some(acker) = &ctx.acker {
-            return acker
-                .send(AckCmd::Nack(token, dead_letter))
-                .map_err(|_| anyhow!("ack task stopped"));
-        }
-        let r = ctx
-            .client
-            .clone()
-            .nack(NackRequest {
-                items: vec![nack_item(token, dead_letter)],
-                ..Default::default()
-            })
-            .await
-            .map_err(|s| anyhow!("Nack: {s}"))?;
-        drop(credit);
-        check_settled("Nack", 1, &r.get_ref().results)
+        check_settled(what, 1, &results)
     }
 }
 
@@ -990,18 +1049,7 @@ impl OrderedBatchPublisher {
     }
 
     fn send(&self, msg: PublishMessage) -> Result<AckFuture> {
-        let (ack, acked) = oneshot::channel();
-        self.tx
-            .as_ref()
-            .ok_or_else(|| anyhow!("publisher closed"))?
-            .send((msg, ack))
-            .map_err(|_| anyhow!("ordered publisher task stopped"))?;
-        Ok(Box::pin(async move {
-            acked
-                .await
-                .map_err(|_| anyhow!("ordered publisher task stopped"))?
-                .map_err(|e| anyhow!("{e}"))
-        }))
+        queue_for_batch(self.tx.as_ref(), msg, "ordered publisher")
     }
 }
 
@@ -1085,57 +1133,18 @@ async fn stream_settled(what: &str, n: usize, rx: oneshot::Receiver<StreamSettle
     check_settled(what, n, &s.results)
 }
 
-/// Async settles on a subscription: everything queued (up to 1000 tokens)
-/// per `StreamAck` / `StreamNack`, one request at a time (as the unary
-/// acker): while one waits for its result, the next tokens pile up and go
-/// together. (The session settles a stream's requests one after another,
-/// each after its own commit, so many small requests would cost a commit
-/// each.)
-async fn stream_ack_loop(ctx: SubCtx, mut rx: mpsc::UnboundedReceiver<AckCmd>) {
-    let mut failure: Option<String> = None;
-    while let Some(cmd) = rx.recv().await {
-        let mut tokens = Vec::new();
-        let mut nacks = Vec::new();
-        let mut flush = None;
-        match cmd {
-            AckCmd::Token(t) => tokens.push(t),
-            AckCmd::Nack(t, dl) => nacks.push(nack_item(t, dl)),
-            AckCmd::Flush(f) => flush = Some(f),
-        }
-        while flush.is_none() && tokens.len() < MAX_PER_CALL && nacks.len() < MAX_PER_CALL {
-            match rx.try_recv() {
-                Ok(AckCmd::Token(t)) => tokens.push(t),
-                Ok(AckCmd::Nack(t, dl)) => nacks.push(nack_item(t, dl)),
-                Ok(AckCmd::Flush(f)) => flush = Some(f),
-                Err(_) => break,
-            }
-        }
-        if !tokens.is_empty() {
-            let n = tokens.len();
-            let r = match ctx.ack(tokens).await {
-                Ok(r) => stream_settled("StreamAck", n, r).await,
-                Err(e) => Err(e),
-            };
-            if let Err(e) = r {
-                failure.get_or_insert_with(|| format!("{e:#}"));
-            }
-        }
-        if !nacks.is_empty() {
-            let n = nacks.len();
-            let r = match ctx.nack(nacks).await {
-                Ok(r) => stream_settled("StreamNack", n, r).await,
-                Err(e) => Err(e),
-            };
-            if let Err(e) = r {
-                failure.get_or_insert_with(|| format!("{e:#}"));
-            }
-        }
-        if let Some(f) = flush {
-            let _ = f.send(match &failure {
-                Some(e) => Err(anyhow!("async settles failed: {e}")),
-                None => Ok(()),
-            });
-        }
+/// Async settles on a subscription (as the unary acker, one request at a
+/// time: the session settles a stream's requests one after another, each
+/// after its own commit, so many small requests would cost a commit each).
+impl SettleBatch for SubCtx {
+    async fn ack_batch(&mut self, tokens: Vec<String>) -> Result<()> {
+        let n = tokens.len();
+        stream_settled("StreamAck", n, self.ack(tokens).await?).await
+    }
+
+    async fn nack_batch(&mut self, items: Vec<NackItem>) -> Result<()> {
+        let n = items.len();
+        stream_settled("StreamNack", n, self.nack(items).await?).await
     }
 }
 
@@ -1143,7 +1152,7 @@ async fn stream_ack_loop(ctx: SubCtx, mut rx: mpsc::UnboundedReceiver<AckCmd>) {
 struct SubscribeConsumer {
     rx: mpsc::Receiver<Result<Delivery>>,
     reader: JoinHandle<()>,
-    acker: Option<(mpsc::UnboundedSender<AckCmd>, JoinHandle<()>)>,
+    acker: Option<Acker>,
 }
 
 impl SubscribeConsumer {
@@ -1172,7 +1181,7 @@ impl SubscribeConsumer {
         };
         let acker = (c.ack == AckMode::Async).then(|| {
             let (tx, rx) = mpsc::unbounded_channel();
-            (tx, tokio::spawn(stream_ack_loop(ctx.clone(), rx)))
+            (tx, tokio::spawn(settle_loop(ctx.clone(), rx)))
         });
         ctx.acker = acker.as_ref().map(|(tx, _)| tx.clone());
         // The server never has more than `credit` deliveries unsettled, and
@@ -1239,17 +1248,9 @@ impl Consumer for SubscribeConsumer {
     }
 
     async fn close(mut self: Box<Self>) -> Result<()> {
-        let r = match self.acker.take() {
-            Some((tx, task)) => {
-                let (done, flushed) = oneshot::channel();
-                tx.send(AckCmd::Flush(done))
-                    .map_err(|_| anyhow!("ack task stopped"))?;
-                let r = flushed.await.map_err(|_| anyhow!("ack task stopped"));
-                task.abort();
-                r.and_then(|r| r)
-            }
-            None => Ok(()),
-        };
+        // The reader must run until the acker is done: it hands the acker
+        // its settle results.
+        let r = stop_acker(self.acker.take()).await;
         // Dropping the reader's and our senders ends the stream: the server
         // returns whatever is still unsettled.
         self.reader.abort();
@@ -1262,37 +1263,16 @@ struct SubscribeSettle {
     ctx: SubCtx,
 }
 
-impl SubscribeSettle {
-    async fn nack_with(self: Box<Self>, dead_letter: bool) -> Result<()> {
-        let SubscribeSettle { token, ctx } = *self;
-        if let Some(acker) = &ctx.acker {
-            return acker
-                .send(AckCmd::Nack(token, dead_letter))
-                .map_err(|_| anyhow!("ack task stopped"));
-        }
-        let r = ctx.nack(vec![nack_item(token, dead_letter)]).await?;
-        stream_settled("StreamNack", 1, r).await
-    }
-}
-
 #[async_trait]
-impl Settle for SubscribeSettle {
-    async fn ack(self: Box<Self>) -> Result<()> {
-        let SubscribeSettle { token, ctx } = *self;
+impl SettleBy for SubscribeSettle {
+    async fn settle(self: Box<Self>, verdict: Verdict) -> Result<()> {
+        let SubscribeSettle { token, mut ctx } = *self;
         if let Some(acker) = &ctx.acker {
-            return acker
-                .send(AckCmd::Token(token))
-                .map_err(|_| anyhow!("ack task stopped"));
+            return verdict.queue(acker, token);
         }
-        let r = ctx.ack(vec![token]).await?;
-        stream_settled("StreamAck", 1, r).await
-    }
-
-    async fn nack(self: Box<Self>) -> Result<()> {
-        self.nack_with(false).await
-    }
-
-    async fn dead_letter(self: Box<Self>) -> Result<()> {
-        self.nack_with(true).await
+        match verdict {
+            Verdict::Ack => ctx.ack_batch(vec![token]).await,
+            Verdict::Nack(dead_letter) => ctx.nack_batch(vec![nack_item(token, dead_letter)]).await,
+        }
     }
 }
