@@ -45,8 +45,7 @@ pub(super) fn maybe_rewrite(inner: &Inner) -> Result<bool> {
     if min == 0 {
         return Ok(false);
     }
-    let db = inner.db();
-    let size = db.size_on_disk().map_err(|e| inner.db_error(e))?;
+    let size = inner.db().size_on_disk().map_err(|e| inner.db_error(e))?;
     let live: u64 = lock(&inner.live).counts.values().sum();
     let estimate = live * BYTES_PER_MESSAGE;
     let last = inner.rewritten_bytes.load(Ordering::Relaxed);
