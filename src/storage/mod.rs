@@ -637,7 +637,7 @@ impl Store {
 
     /// Reads and decodes a message's payload, checking its checksum.
     pub fn get_payload(&self, pid: u64) -> Result<Option<PayloadRecord>> {
-        let what = format!("payload {pid}");
+        let what = format_args!("payload {pid}");
         match self.get(&Key::Payload(pid))? {
             None => Ok(None),
             Some(bytes) => {
@@ -652,7 +652,7 @@ impl Store {
     pub fn get_meta(&self, qid: u32, pos: u64) -> Result<Option<MetaRecord>> {
         match self.get(&Key::Meta(qid, pos))? {
             None => Ok(None),
-            Some(bytes) => records::decode(&format!("message {qid}/{pos}"), &bytes).map(Some),
+            Some(bytes) => records::decode(&format_args!("message {qid}/{pos}"), &bytes).map(Some),
         }
     }
 
@@ -680,7 +680,7 @@ impl Store {
                 let (k, v) = item.map_err(|e| self.inner.db_error(e))?;
                 let key = OwnedKey::decode(&k)
                     .ok_or_else(|| StorageError::corrupt(format!("key {k:?}"), "malformed key"))?;
-                let value = records::decode(&format!("{key:?}"), &v)?;
+                let value = records::decode(&records::Lazy(&key), &v)?;
                 Ok((key, value))
             })
     }

@@ -198,6 +198,16 @@ pub fn encode<T: Serialize>(value: &T) -> Bytes {
     out.into_inner().freeze()
 }
 
+/// Shows a value's `Debug` form as the `what` of [`decode`], formatted
+/// only if an error needs it.
+pub struct Lazy<'a, T: std::fmt::Debug>(pub &'a T);
+
+impl<T: std::fmt::Debug> std::fmt::Display for Lazy<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", self.0)
+    }
+}
+
 /// Decodes a record written by [`encode`]; `what` names it in errors.
 pub fn decode<T: DeserializeOwned>(what: &dyn std::fmt::Display, bytes: &[u8]) -> Result<T> {
     match bytes.split_first() {

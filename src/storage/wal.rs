@@ -229,6 +229,46 @@ fn parse_frame(data: &Bytes, pos: usize) -> Option<RawFrame> {
     })
 }
 
+/// The first intact frame of the segment at `path`, read alone.
+fn first_frame(path: &Path) -> Result<Option<RawFrame>> {
+    use std::os::unix::fs::FileExt;
+    let file = std::fs::File::open(path).map_err(|e| StorageError::io("open", path, e))?;
+    let mut header = [0u8; HEADER];
+    match file.read_exact_at(&mut header, 0) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(StorageError::io("read", path, e)),
+    }
+    let len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]) as usize;
+    let size = file
+        .metadata()
+        .map_err(|e| StorageError::io("stat", path, e))?
+        .len();
+    if len == 0 || (HEADER + len) as u64 > size {
+        return Ok(None);
+    }
+    let mut buf = vec![0u8; HEADER + len];
+    file.read_exact_at(&mut buf, 0)
+        .map_err(|e| StorageError::io("read", path, e))?;
+    Ok(parse_frame(&Bytes::from(buf), 0))
+}
+
+/// True when every record of the segment at `path` is at or below `after`
+/// (in the database already), judged from two first frames without
+/// reading the segment: the one of `path`, and the one of the segment that
+/// follows it, `next`. Frames are only ever appended to the current
+/// segment and lsns only go up, so an intact frame in a later segment with
+/// an lsn above `path`'s first was written once `path` was finished: every
+/// lsn of `path` is below it. (That frame may be left from the file's
+/// earlier life, if it was reused and not yet overwritten; the argument
+/// holds all the same.)
+fn applied_whole(path: &Path, next: &Path, after: u64) -> Result<bool> {
+    let (Some(first), Some(following)) = (first_frame(path)?, first_frame(next)?) else {
+        return Ok(false);
+    };
+    Ok(first.lsn < following.lsn && following.lsn <= after.saturating_add(1))
+}
+
 /// The transactions of every intact frame of a segment's data, from the
 /// start until the first frame that is zero or damaged.
 pub fn frames(data: &Bytes) -> impl Iterator<Item = Vec<Mutation>> + '_ {
@@ -316,8 +356,15 @@ pub fn replay(
     // have been met.
     let mut expected: Option<u64> = None;
     let mut ended_at: Option<(PathBuf, u64)> = None;
-    for &number in &segments {
+    for (i, &number) in segments.iter().enumerate() {
         let path = segment_path(dir, number);
+        if ended_at.is_none()
+            && expected.is_none()
+            && let Some(&next) = segments.get(i + 1)
+            && applied_whole(&path, &segment_path(dir, next), after)?
+        {
+            continue;
+        }
         let data =
             Bytes::from(std::fs::read(&path).map_err(|e| StorageError::io("read", &path, e))?);
         if let Some((end_path, broken_lsn)) = &ended_at {
@@ -834,6 +881,46 @@ mod tests {
             vec![1, 2, 3, 4, 5, 6]
         );
         assert_eq!(collect(dir.path(), 4).expect("replay"), vec![5, 6]);
+    }
+
+    #[test]
+    fn segments_wholly_applied_are_not_read() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let buf = write_records(dir.path(), 1, 1..=3);
+        write_records(dir.path(), 2, 4..=6);
+        write_records(dir.path(), 3, 7..=9);
+        // Damage a record of segment 1 (not its first): had it been read,
+        // later records following it would make this a refusal.
+        let mut data = std::fs::read(segment_path(dir.path(), 1)).expect("read");
+        data[buf.len() / 3 + HEADER + 2] ^= 0xff;
+        std::fs::write(segment_path(dir.path(), 1), &data).expect("write");
+        assert_eq!(
+            collect(dir.path(), 3).expect("replay"),
+            vec![4, 5, 6, 7, 8, 9]
+        );
+        assert_eq!(collect(dir.path(), 7).expect("replay"), vec![8, 9]);
+        // Not wholly applied: read, and the damage refused.
+        let err = collect(dir.path(), 2).expect_err("damage is detected");
+        assert!(err.to_string().contains("lsn 3"), "{err}");
+        // A following segment whose first frame is older (left from its
+        // earlier life) says nothing: segment 2 is read.
+        write_records(dir.path(), 3, 1..=2);
+        assert!(
+            applied_whole(
+                &segment_path(dir.path(), 1),
+                &segment_path(dir.path(), 2),
+                3
+            )
+            .expect("judge")
+        );
+        assert!(
+            !applied_whole(
+                &segment_path(dir.path(), 2),
+                &segment_path(dir.path(), 3),
+                9
+            )
+            .expect("judge")
+        );
     }
 
     #[test]
