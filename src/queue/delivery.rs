@@ -233,6 +233,19 @@ impl Broker {
 
     /// Acknowledges deliveries: each message is deleted for good.
     pub async fn ack(&self, tokens: &[String]) -> Result<Vec<Settled>> {
+        let (results, commit) = self.ack_begin(tokens)?;
+        durable(commit).await?;
+        Ok(results)
+    }
+
+    /// The decision of [`Broker::ack`], without waiting for it to be
+    /// durable: the caller waits for the commit before it answers. A
+    /// subscription uses it to lease its next message before that wait, so
+    /// that the ack and the lease share one `fdatasync`.
+    pub(crate) fn ack_begin(
+        &self,
+        tokens: &[String],
+    ) -> Result<(Vec<Settled>, Option<crate::storage::Commit>)> {
         validate::batch("ack_tokens", tokens.len())?;
         let parsed = parse_tokens("ack_tokens", tokens.iter().map(String::as_str))?;
         let now = self.now();
@@ -266,8 +279,7 @@ impl Broker {
             }
             (results, self.submit(&st, change))
         };
-        durable(commit).await?;
-        Ok(results)
+        Ok((results, commit))
     }
 
     /// Rejects deliveries: each counts as a failed attempt.

@@ -26,6 +26,7 @@ use crate::pb::subscribe_request::Kind as In;
 use crate::pb::subscribe_response::Kind as Out;
 use crate::queue::model::{Nack, ReceiveOptions, Settled};
 use crate::queue::{Broker, QueueError, validate};
+use crate::storage::Commit;
 
 /// Most deliveries taken in one turn, so that sessions share a queue.
 const TURN: u32 = 64;
@@ -62,6 +63,9 @@ pub(crate) async fn session(
     // Unsettled deliveries: token → lease deadline.
     let mut unsettled: HashMap<String, u64> = HashMap::new();
     let queue = open.queue.clone();
+    // Acks decided and logged, answered once durable: after the next
+    // receive has leased (see `answer_acks`).
+    let mut acks: Vec<PendingAck> = Vec::new();
     tracing::debug!(queue = %queue, credit, "subscription opened");
     let end = loop {
         if broker.is_closing() {
@@ -99,6 +103,9 @@ pub(crate) async fn session(
                     if tx.send(Ok(msg)).await.is_err() {
                         break "client went away".to_string();
                     }
+                    if let Err(why) = answer_acks(&mut acks, &tx).await {
+                        break why;
+                    }
                     // Let other sessions of the queue have a turn.
                     tokio::task::yield_now().await;
                     continue;
@@ -110,6 +117,9 @@ pub(crate) async fn session(
                 }
             }
         }
+        if let Err(why) = answer_acks(&mut acks, &tx).await {
+            break why;
+        }
         let next_deadline = unsettled.values().min().copied();
         let sleep = next_deadline.map_or(Duration::from_secs(3600), |d| {
             Duration::from_millis(d.saturating_sub(broker.clock().now_ms()).max(1))
@@ -117,8 +127,10 @@ pub(crate) async fn session(
         tokio::select! {
             msg = inbound.message() => match msg {
                 Ok(Some(req)) => {
-                    if let Err(why) = handle(&broker, &principal, req, &mut credit, &mut unsettled, &tx).await {
-                        break why;
+                    match handle(&broker, &principal, req, &mut credit, &mut unsettled, &tx).await {
+                        Ok(Some(ack)) => acks.push(ack),
+                        Ok(None) => {}
+                        Err(why) => break why,
                     }
                 }
                 Ok(None) => break "client closed the stream".to_string(),
@@ -152,7 +164,34 @@ fn prune_expired(broker: &Broker, unsettled: &mut HashMap<String, u64>) {
     unsettled.retain(|_, deadline| *deadline > now);
 }
 
-/// Handles one client message; `Err` ends the session.
+/// An ack whose decision is logged and whose answer waits for it to be
+/// durable.
+struct PendingAck {
+    commit: Commit,
+    answer: pb::SubscribeResponse,
+}
+
+/// Answers the pending acks once they are durable. The session leases its
+/// next messages first: an ack frees credit, and the lease that uses it is
+/// logged right behind the ack, so that both share one `fdatasync` (a
+/// consumer with a credit of 1 would otherwise wait for two per message).
+/// The acked deliveries no longer count against the credit meanwhile: if
+/// the ack is lost to a crash, the lease logged after it is lost too.
+async fn answer_acks(acks: &mut Vec<PendingAck>, tx: &Tx) -> Result<(), String> {
+    for a in acks.drain(..) {
+        if let Err(e) = a.commit.wait().await {
+            let _ = tx.send(Err(to_status(QueueError::from(e)))).await;
+            return Err("storage failed".into());
+        }
+        tx.send(Ok(a.answer))
+            .await
+            .map_err(|_| "client went away".to_string())?;
+    }
+    Ok(())
+}
+
+/// Handles one client message; `Err` ends the session. A successful ack
+/// comes back to be answered once durable (see [`answer_acks`]).
 async fn handle(
     broker: &Broker,
     principal: &Principal,
@@ -160,7 +199,7 @@ async fn handle(
     credit: &mut u32,
     unsettled: &mut HashMap<String, u64>,
     tx: &Tx,
-) -> Result<(), String> {
+) -> Result<Option<PendingAck>, String> {
     // Tokens of other queues need the caller's grant on those queues too.
     let (request_id, tokens): (u64, Vec<&str>) = match &req.kind {
         Some(In::Ack(a)) => (
@@ -190,8 +229,10 @@ async fn handle(
         return tx
             .send(Ok(msg))
             .await
+            .map(|()| None)
             .map_err(|_| "client went away".to_string());
     }
+    let mut commit = None;
     // (request id, outcome, tokens, whether a success keeps the delivery held)
     let (request_id, result, tokens, keeps): (
         u64,
@@ -201,10 +242,13 @@ async fn handle(
     ) = match req.kind {
         Some(In::Credit(n)) => {
             *credit = n.min(MAX_CREDIT);
-            return Ok(());
+            return Ok(None);
         }
         Some(In::Ack(a)) => {
-            let r = broker.ack(&a.ack_tokens).await;
+            let r = broker.ack_begin(&a.ack_tokens).map(|(results, c)| {
+                commit = c;
+                results
+            });
             (a.request_id, r, a.ack_tokens, false)
         }
         Some(In::Nack(n)) => {
@@ -247,7 +291,7 @@ async fn handle(
                 .await;
             return Err("second open".into());
         }
-        None => return Ok(()),
+        None => return Ok(None),
     };
     let settled = match result {
         Ok(results) => {
@@ -286,7 +330,14 @@ async fn handle(
     let msg = pb::SubscribeResponse {
         kind: Some(Out::Settled(settled)),
     };
+    if let Some(commit) = commit {
+        return Ok(Some(PendingAck {
+            commit,
+            answer: msg,
+        }));
+    }
     tx.send(Ok(msg))
         .await
+        .map(|()| None)
         .map_err(|_| "client went away".to_string())
 }
