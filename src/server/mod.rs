@@ -207,8 +207,12 @@ impl Server {
         let broker_opts = config.broker.clone();
         // Opening replays the log and scans the database: blocking work.
         let (broker, report) = tokio::task::spawn_blocking(move || {
-            let (store, report) = Store::open(&dir, store_opts)?;
+            let started = std::time::Instant::now();
+            let (store, mut report) = Store::open(&dir, store_opts)?;
             let broker = Broker::open(store, clock, broker_opts)?;
+            // Recovery is the whole of it: the store's replay and the
+            // engine's indexes rebuilt from the database.
+            report.elapsed = started.elapsed();
             Ok::<_, ServerError>((broker, report))
         })
         .await
