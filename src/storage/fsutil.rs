@@ -199,10 +199,21 @@ fn write_format(dir: &Path, path: &PathBuf) -> Result<()> {
 /// than this (damaged or truncated, with the log that fed it retired) is
 /// refused instead of serving less than was acknowledged.
 pub fn write_checkpoint(dir: &Path, lsn: u64) -> Result<()> {
-    let path = dir.join(CHECKPOINT_FILE);
-    let tmp = dir.join("CHECKPOINT.tmp");
+    replace_file(
+        dir,
+        CHECKPOINT_FILE,
+        &format!("{CHECKPOINT_HEADER}\napplied {lsn}\n"),
+    )
+}
+
+/// Replaces the file `name` of `dir` with `text` atomically and durably:
+/// written to `name.tmp`, fsynced, renamed over `name`, and the directory
+/// fsynced. A crash leaves the old content or the new one.
+fn replace_file(dir: &Path, name: &str, text: &str) -> Result<()> {
+    let path = dir.join(name);
+    let tmp = dir.join(format!("{name}.tmp"));
     let mut f = File::create(&tmp).map_err(|e| StorageError::io("create", &tmp, e))?;
-    f.write_all(format!("{CHECKPOINT_HEADER}\napplied {lsn}\n").as_bytes())
+    f.write_all(text.as_bytes())
         .and_then(|()| f.sync_all())
         .map_err(|e| StorageError::io("write", &tmp, e))?;
     std::fs::rename(&tmp, &path).map_err(|e| StorageError::io("rename", &path, e))?;
@@ -279,14 +290,11 @@ pub fn current_database(dir: &Path) -> Result<PathBuf> {
 /// fsync of the directory): until this returns the previous one stays
 /// current, whatever happens.
 pub fn set_current_database(dir: &Path, name: &str) -> Result<()> {
-    let path = dir.join(DATABASE_FILE);
-    let tmp = dir.join("DATABASE.tmp");
-    let mut f = File::create(&tmp).map_err(|e| StorageError::io("create", &tmp, e))?;
-    f.write_all(format!("{DATABASE_HEADER}\ncurrent {name}\n").as_bytes())
-        .and_then(|()| f.sync_all())
-        .map_err(|e| StorageError::io("write", &tmp, e))?;
-    std::fs::rename(&tmp, &path).map_err(|e| StorageError::io("rename", &path, e))?;
-    sync_dir(dir)
+    replace_file(
+        dir,
+        DATABASE_FILE,
+        &format!("{DATABASE_HEADER}\ncurrent {name}\n"),
+    )
 }
 
 /// Database directories of `dir` other than `current`: what a rewrite
