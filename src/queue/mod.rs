@@ -40,13 +40,14 @@ pub mod token;
 pub mod validate;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use crate::clock::Clock;
 use crate::storage::records::MetaRecord;
-use crate::storage::{Store, SysKey, Txn};
+use crate::storage::{OpenReport, Store, StoreOptions, SysKey, Txn};
 
 pub use error::{QueueError, Result};
 use state::{QueueState, Timers};
@@ -184,15 +185,44 @@ impl Broker {
     /// Builds the engine over an opened store, rebuilding the in-memory
     /// indexes from it.
     pub fn open(store: Store, clock: Arc<dyn Clock>, opts: BrokerOptions) -> Result<Broker> {
-        let state = recovery::load(&store, clock.now_ms())?;
-        Ok(Broker {
+        let loaded = recovery::load(&store.reader(), clock.now_ms())?;
+        Ok(Broker::assemble(store, loaded, clock, opts))
+    }
+
+    /// Opens the data directory's store and rebuilds the indexes from it,
+    /// the rebuild overlapping the store's own scan ([`Store::open_with`]).
+    pub fn start(
+        dir: &Path,
+        store_opts: StoreOptions,
+        clock: Arc<dyn Clock>,
+        opts: BrokerOptions,
+    ) -> Result<(Broker, OpenReport)> {
+        let now = clock.now_ms();
+        let (store, report, loaded) =
+            Store::open_with(dir, store_opts, |reader| recovery::load(reader, now))?;
+        Ok((Broker::assemble(store, loaded?, clock, opts), report))
+    }
+
+    fn assemble(
+        store: Store,
+        (state, cleanup): (State, Txn),
+        clock: Arc<dyn Clock>,
+        opts: BrokerOptions,
+    ) -> Broker {
+        if !cleanup.is_empty() {
+            tracing::info!("deleting records of queues deleted before the last stop");
+            // Durable at the next commit; losing it to a crash only means
+            // doing it again at the next start.
+            let _ = store.submit(cleanup);
+        }
+        Broker {
             store,
             clock,
             opts,
             state: Mutex::new(state),
             closing: AtomicBool::new(false),
             shutdown: tokio_util::sync::CancellationToken::new(),
-        })
+        }
     }
 
     /// Starts a graceful shutdown: waiting receives return at once (with

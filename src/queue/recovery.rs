@@ -8,14 +8,16 @@
 use crate::storage::records::{
     CountersRecord, DedupRecord, ExchangeRecord, GroupRecord, MetaRecord, QueueRecord,
 };
-use crate::storage::{Key, OwnedKey, Space, Store, SysKey, Txn};
+use crate::storage::{Key, OwnedKey, Reader, Space, SysKey, Txn};
 
 use super::State;
 use super::error::Result;
 use super::persist;
 use super::state::{Entry, EntryState, QueueState};
 
-pub(crate) fn load(store: &Store, now: u64) -> Result<State> {
+/// The indexes, and the deletions of records left by queues deleted
+/// before the last stop (to submit once the store runs).
+pub(crate) fn load(store: &Reader, now: u64) -> Result<(State, Txn)> {
     let mut st = State::default();
     for item in store.scan::<QueueRecord>(Space::Queues) {
         let (key, rec) = item?;
@@ -69,6 +71,16 @@ pub(crate) fn load(store: &Store, now: u64) -> Result<State> {
         }
     }
     let mut max_pos = 0u64;
+    // The entries of one queue (keys come in queue, then position order),
+    // added together once the scan leaves the queue.
+    let mut batch: Option<(u32, Vec<(u64, Entry)>)> = None;
+    let flush = |st: &mut State, batch: &mut Option<(u32, Vec<(u64, Entry)>)>| {
+        if let Some((qid, entries)) = batch.take()
+            && let Some(q) = st.queues.get_mut(&qid)
+        {
+            q.add_all(entries, &mut st.timers);
+        }
+    };
     for item in store.scan::<MetaRecord>(Space::Metas) {
         let (key, meta) = item?;
         let OwnedKey::Meta(qid, pos) = key else {
@@ -101,8 +113,15 @@ pub(crate) fn load(store: &Store, now: u64) -> Result<State> {
             size: meta.size,
             group,
         };
-        q.add(pos, entry, &mut st.timers);
+        if batch.as_ref().is_some_and(|(b, _)| *b != qid) {
+            flush(&mut st, &mut batch);
+        }
+        batch
+            .get_or_insert_with(|| (qid, Vec::new()))
+            .1
+            .push((pos, entry));
     }
+    flush(&mut st, &mut batch);
     for item in store.scan::<DedupRecord>(Space::Dedups) {
         let (key, rec) = item?;
         let OwnedKey::Dedup(qid, k) = key else {
@@ -128,11 +147,5 @@ pub(crate) fn load(store: &Store, now: u64) -> Result<State> {
         .next_qid
         .max(u32::try_from(next_qid).unwrap_or(u32::MAX))
         .max(1);
-    if !cleanup.is_empty() {
-        tracing::info!("deleting records of queues deleted before the last stop");
-        // Durable at the next commit; losing it to a crash only means
-        // doing it again at the next start.
-        let _ = store.submit(cleanup);
-    }
-    Ok(st)
+    Ok((st, cleanup))
 }

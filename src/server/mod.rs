@@ -31,7 +31,7 @@ use crate::clock::Clock;
 use crate::pb::admin_service_server::AdminServiceServer;
 use crate::pb::messaging_service_server::MessagingServiceServer;
 use crate::queue::{Broker, BrokerOptions, QueueError};
-use crate::storage::{OpenReport, StorageError, Store, StoreOptions};
+use crate::storage::{OpenReport, StorageError, StoreOptions};
 
 pub use service::Service;
 
@@ -208,8 +208,7 @@ impl Server {
         // Opening replays the log and scans the database: blocking work.
         let (broker, report) = tokio::task::spawn_blocking(move || {
             let started = std::time::Instant::now();
-            let (store, mut report) = Store::open(&dir, store_opts)?;
-            let broker = Broker::open(store, clock, broker_opts)?;
+            let (broker, mut report) = Broker::start(&dir, store_opts, clock, broker_opts)?;
             // Recovery is the whole of it: the store's replay and the
             // engine's indexes rebuilt from the database.
             report.elapsed = started.elapsed();

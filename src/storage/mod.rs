@@ -418,6 +418,83 @@ impl std::fmt::Debug for Store {
     }
 }
 
+/// The database as the log's replay left it, read while a store opens
+/// ([`Store::open_with`]) or before its first submission.
+pub struct Reader {
+    db: sled::Db,
+    path: PathBuf,
+    /// A recent key a scan reached (see [`warm_metas`]).
+    reached: Mutex<Vec<u8>>,
+}
+
+impl Reader {
+    /// Iterates the keys of one space with decoded values.
+    pub fn scan<T: serde::de::DeserializeOwned>(
+        &self,
+        space: Space,
+    ) -> impl Iterator<Item = Result<(OwnedKey, T)>> + '_ {
+        let mut n = 0u32;
+        self.db.scan_prefix(space.prefix()).map(move |item| {
+            let (k, v) = item.map_err(|e| StorageError::Db {
+                path: self.path.clone(),
+                source: e,
+            })?;
+            n = n.wrapping_add(1);
+            if n.is_multiple_of(WARM_STEP) {
+                let mut reached = lock(&self.reached);
+                reached.clear();
+                reached.extend_from_slice(&k);
+            }
+            let key = OwnedKey::decode(&k)
+                .ok_or_else(|| StorageError::corrupt(format!("key {k:?}"), "malformed key"))?;
+            let value = records::decode(&records::Lazy(&key), &v)?;
+            Ok((key, value))
+        })
+    }
+
+    /// Reads a system value.
+    pub fn get_sys(&self, key: SysKey) -> Result<Option<u64>> {
+        read_sys(&self.db, key, &self.path)
+    }
+}
+
+/// Items between two looks at the other thread's progress.
+const WARM_STEP: u32 = 256;
+
+/// Reads the message records backwards from the last, until it meets the
+/// key the forward scan of `reader` reached: the pages that scan is going
+/// to need come into sled's cache from this thread (a page read from the
+/// file and decoded is most of a scan's cost).
+fn warm_metas(reader: &Reader) {
+    let mut n = 0u32;
+    for item in reader.db.scan_prefix([keys::TAG_META]).rev() {
+        let Ok((k, _)) = item else { return };
+        n = n.wrapping_add(1);
+        if n.is_multiple_of(WARM_STEP) && lock(&reader.reached).as_slice() >= k.as_ref() {
+            return;
+        }
+    }
+}
+
+/// Live payload pointers per log segment, and the furthest byte a pointer
+/// reaches in each.
+fn count_payloads(db: &sled::Db, db_dir: &Path) -> Result<(payloads::Live, HashMap<u64, u64>)> {
+    let mut live = payloads::Live::default();
+    let mut reach: HashMap<u64, u64> = HashMap::new();
+    for item in db.scan_prefix([keys::TAG_PAYLOAD]) {
+        let (_, v) = item.map_err(|e| StorageError::Db {
+            path: db_dir.to_path_buf(),
+            source: e,
+        })?;
+        if let Some(loc) = payloads::Loc::decode(&v) {
+            live.add(loc.seg);
+            let end = reach.entry(loc.seg).or_default();
+            *end = (*end).max(loc.off + u64::from(loc.len));
+        }
+    }
+    Ok((live, reach))
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A poisoned lock means a thread panicked while holding it; the data
     // it guards is still consistent (every section is a few assignments).
@@ -429,6 +506,24 @@ impl Store {
     /// format, replays the log into the database, checkpoints, and starts
     /// the log writer and the applier.
     pub fn open(dir: &Path, opts: StoreOptions) -> Result<(Store, OpenReport)> {
+        let (store, report, ()) = Store::open_with(dir, opts, |_| ())?;
+        Ok((store, report))
+    }
+
+    /// [`Store::open`], running `load` on the database once the log is
+    /// replayed into it, on a thread of its own while the store counts its
+    /// payload pointers (the two full scans of a start overlap), and
+    /// returning what it returned. `load` sees the database as the replay
+    /// left it; nothing is submitted before it returns.
+    pub fn open_with<T, F>(
+        dir: &Path,
+        opts: StoreOptions,
+        load: F,
+    ) -> Result<(Store, OpenReport, T)>
+    where
+        T: Send,
+        F: FnOnce(&Reader) -> T + Send,
+    {
         let started = Instant::now();
         fsutil::create_private_dir(dir)?;
         let dir_lock = fsutil::lock_dir(dir)?;
@@ -478,19 +573,30 @@ impl Store {
         db.flush().map_err(dbe)?;
         fsutil::sync_tree(&db_dir)?;
         fsutil::write_checkpoint(dir, end.last_lsn)?;
-        // Count payload pointers; segments without any are retired, the
-        // others kept (pinned) for their payloads.
-        let mut live = payloads::Live::default();
-        // The furthest byte a pointer reaches, per segment.
-        let mut reach: HashMap<u64, u64> = HashMap::new();
-        for item in db.scan_prefix([keys::TAG_PAYLOAD]) {
-            let (_, v) = item.map_err(dbe)?;
-            if let Some(loc) = payloads::Loc::decode(&v) {
-                live.add(loc.seg);
-                let end = reach.entry(loc.seg).or_default();
-                *end = (*end).max(loc.off + u64::from(loc.len));
+        // Count payload pointers (segments without any are retired, the
+        // others kept, pinned, for their payloads) while `load` reads.
+        let reader = Reader {
+            db: db.clone(),
+            path: db_dir.clone(),
+            reached: Mutex::default(),
+        };
+        let (counted, loaded) = std::thread::scope(|s| {
+            let loading = std::thread::Builder::new()
+                .name("letterbox-load".into())
+                .spawn_scoped(s, || load(&reader))
+                .map_err(|e| StorageError::io("spawn a thread", dir, e))?;
+            let counted = count_payloads(&db, &db_dir);
+            if counted.is_ok() {
+                warm_metas(&reader);
             }
-        }
+            let loaded = match loading.join() {
+                Ok(r) => r,
+                // sled panics on some damage: the caller reports it.
+                Err(p) => std::panic::resume_unwind(p),
+            };
+            Ok::<_, StorageError>((counted, loaded))
+        })?;
+        let (mut live, reach) = counted?;
         // Totals start at what is live now: a share of it must go before a
         // segment is worth compacting.
         let pool = Arc::new(wal::Pool::open(&wal_dir, opts.segment_size)?);
@@ -586,7 +692,19 @@ impl Store {
                 _lock: dir_lock,
             },
             report,
+            loaded,
         ))
+    }
+
+    /// Read access to the database, for [`Store::open`]'s callers that
+    /// rebuild from it (it reads the database, not the memtable: only
+    /// valid before the first submission).
+    pub fn reader(&self) -> Reader {
+        Reader {
+            db: self.inner.db(),
+            path: self.inner.db_path(),
+            reached: Mutex::default(),
+        }
     }
 
     /// Negative control: blocks until `lsn` is durable.
@@ -664,25 +782,6 @@ impl Store {
                 |_| StorageError::corrupt(format!("system key {key:?}"), "not 8 bytes"),
             )?))),
         }
-    }
-
-    /// Iterates the database's keys of one space with decoded values. Only
-    /// valid before the first submission (it reads the database, not the
-    /// memtable); used to rebuild the engine's indexes at start.
-    pub fn scan<T: serde::de::DeserializeOwned>(
-        &self,
-        space: Space,
-    ) -> impl Iterator<Item = Result<(OwnedKey, T)>> + '_ {
-        self.inner
-            .db()
-            .scan_prefix(space.prefix())
-            .map(move |item| {
-                let (k, v) = item.map_err(|e| self.inner.db_error(e))?;
-                let key = OwnedKey::decode(&k)
-                    .ok_or_else(|| StorageError::corrupt(format!("key {k:?}"), "malformed key"))?;
-                let value = records::decode(&records::Lazy(&key), &v)?;
-                Ok((key, value))
-            })
     }
 
     /// False while free space on the data directory's file system is below
