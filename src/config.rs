@@ -69,6 +69,13 @@ pub struct ServeArgs {
     /// acked before they ever reach it).
     #[arg(long, env = "LETTERBOX_APPLY_INTERVAL", default_value = "500ms")]
     pub apply_interval: Millis,
+    /// Most bytes of durable changes held in memory until they are
+    /// applied to the database; publishes wait above it, so publishers
+    /// faster than the database slow down to its pace instead of filling
+    /// memory (and lengthening a graceful stop or the replay after a
+    /// crash). Acks and receives never wait.
+    #[arg(long, env = "LETTERBOX_MAX_UNAPPLIED", default_value = "256MiB")]
+    pub max_unapplied: ByteSize,
     /// Checkpoint after this many bytes of log.
     #[arg(long, env = "LETTERBOX_CHECKPOINT_BYTES", default_value = "128MiB")]
     pub checkpoint_bytes: ByteSize,
@@ -190,6 +197,13 @@ impl ServeArgs {
         c.store.checkpoint_interval = self.checkpoint_interval.0;
         c.store.checkpoint_bytes = self.checkpoint_bytes.0;
         c.store.apply_interval = self.apply_interval.0.max(Duration::from_millis(1));
+        if self.max_unapplied.0 < 1 << 20 {
+            return Err(format!(
+                "--max-unapplied / LETTERBOX_MAX_UNAPPLIED: {} bytes is below the minimum of 1MiB",
+                self.max_unapplied.0
+            ));
+        }
+        c.store.max_unapplied_bytes = usize::try_from(self.max_unapplied.0).unwrap_or(usize::MAX);
         c.store.cache_bytes = self.cache_size.0;
         c.store.rewrite_min_bytes = self.db_rewrite_min.0;
         c.shutdown_grace = self.shutdown_grace.0;
@@ -418,6 +432,20 @@ publish = ["orders"]
         let a = parse(&[], "[[principals]]\nname = \"x\"\n").unwrap();
         let e = a.server_config().unwrap_err();
         assert!(e.contains("principals[0] (x)"), "{e}");
+    }
+
+    #[test]
+    fn the_unapplied_bound_has_a_floor_and_reaches_the_store() {
+        let e = parse(&["--max-unapplied", "64KiB"], "")
+            .unwrap()
+            .server_config()
+            .unwrap_err();
+        assert!(e.contains("--max-unapplied") && e.contains("65536"), "{e}");
+        let c = parse(&[], "max_unapplied = \"32MiB\"\n")
+            .unwrap()
+            .server_config()
+            .unwrap();
+        assert_eq!(c.store.max_unapplied_bytes, 32 << 20);
     }
 
     #[test]

@@ -204,6 +204,7 @@ impl Broker {
         exchange: &str,
         msgs: Vec<NewMessage>,
     ) -> Result<Vec<Published>> {
+        self.publish_room().await;
         self.begin_publish_to_exchange(exchange, msgs)?.done().await
     }
 

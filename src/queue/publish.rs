@@ -49,7 +49,15 @@ impl Broker {
     /// Publishes a batch of messages into a queue, all or nothing; answers
     /// once the batch is durable.
     pub async fn publish(&self, queue: &str, msgs: Vec<NewMessage>) -> Result<Vec<Published>> {
+        self.publish_room().await;
         self.begin_publish(queue, msgs)?.done().await
+    }
+
+    /// Waits while the database is too far behind the log to take more
+    /// messages (see [`crate::storage::Store::room`]); every publish path
+    /// calls it before [`Broker::begin_publish`].
+    pub async fn publish_room(&self) {
+        self.store.room().await;
     }
 
     /// The deciding half of [`Broker::publish`]: validates, stores and logs

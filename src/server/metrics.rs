@@ -143,7 +143,7 @@ impl Collector for Figures {
             }
         }
         let store = self.broker.store().stats();
-        let counters: [(&str, &str, u64); 7] = [
+        let counters: [(&str, &str, u64); 8] = [
             (
                 "letterbox_log_syncs",
                 "fdatasync calls on the write-ahead log (one per group commit)",
@@ -175,6 +175,11 @@ impl Collector for Figures {
                 store.rewrites,
             ),
             (
+                "letterbox_publish_waits",
+                "Publishes that waited for the database to catch up (unapplied changes over --max-unapplied)",
+                store.room_waits,
+            ),
+            (
                 "letterbox_recovery_replayed_records",
                 "Log records replayed at the last start",
                 self.replayed,
@@ -189,11 +194,16 @@ impl Collector for Figures {
             )?)?;
         }
         let failed = i64::from(self.broker.store().failure().borrow().is_some());
-        let gauges: [(&str, &str, f64); 3] = [
+        let gauges: [(&str, &str, f64); 4] = [
             (
                 "letterbox_log_pinned_segments",
                 "Log segments kept only for the message bodies they hold",
                 to_f64(store.pinned_segments),
+            ),
+            (
+                "letterbox_log_unapplied_bytes",
+                "Bytes of durable changes held in memory until they are applied to the database",
+                to_f64(store.unapplied_bytes),
             ),
             (
                 "letterbox_recovery_seconds",
@@ -245,6 +255,11 @@ pub(crate) fn registry(broker: Arc<Broker>, recovery: Duration, replayed: u64) -
         "letterbox_log_sync_batch_records",
         "Transactions made durable by one fdatasync",
         m.batch_records,
+    );
+    r.register(
+        "letterbox_apply_seconds",
+        "Time of each application of the changes held in memory to the database",
+        m.apply_seconds,
     );
     r.register_collector(Box::new(Figures {
         broker,

@@ -100,7 +100,10 @@ pub(crate) async fn session(
                     let target = req.publish.as_ref().map(publish_target).unwrap_or_default();
                     let denied = allow(&principal, Action::Publish, target).err();
                     let begun = match &denied {
-                        None => begin(&broker, req.publish),
+                        None => {
+                            broker.publish_room().await;
+                            begin(&broker, req.publish)
+                        }
                         Some(_) => Err(QueueError::FailedPrecondition(String::new())),
                     };
                     pending.push_back(async move {

@@ -48,7 +48,7 @@ pub mod wal;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
@@ -73,6 +73,10 @@ pub struct StoreOptions {
     pub apply_interval: Duration,
     /// Apply early once the memtable holds this many bytes.
     pub apply_bytes: usize,
+    /// Most bytes of durable changes not yet applied to the database:
+    /// above it [`Store::room`] waits (publishers slow down to the pace
+    /// of the database instead of piling changes up in memory).
+    pub max_unapplied_bytes: usize,
     /// Longest time between checkpoints.
     pub checkpoint_interval: Duration,
     /// Checkpoint once this many log bytes were written since the last one.
@@ -93,6 +97,7 @@ impl Default for StoreOptions {
             segment_size: 64 << 20,
             apply_interval: Duration::from_millis(500),
             apply_bytes: 64 << 20,
+            max_unapplied_bytes: 256 << 20,
             checkpoint_interval: Duration::from_secs(30),
             checkpoint_bytes: 128 << 20,
             cache_bytes: 256 << 20,
@@ -136,6 +141,10 @@ pub struct StoreStats {
     pub relocated: u64,
     /// Database rewrites (space given back to the file system).
     pub rewrites: u64,
+    /// Bytes of submitted changes not yet applied to the database.
+    pub unapplied_bytes: u64,
+    /// Times [`Store::room`] had to wait for the database to catch up.
+    pub room_waits: u64,
 }
 
 /// A transaction under construction: puts and deletes applied atomically.
@@ -322,6 +331,8 @@ struct State {
     active_bytes: usize,
     /// Changes being applied to sled; still read until they are.
     frozen: Option<Arc<Memtable>>,
+    /// `active_bytes` of the frozen memtable when it was frozen.
+    frozen_bytes: usize,
     /// Transactions waiting for the log writer.
     pending: Vec<Pending>,
     /// Set on close or failure: no more submissions.
@@ -347,8 +358,15 @@ struct Inner {
     state: Mutex<State>,
     /// Wakes the log writer when `pending` gets work.
     commit_cv: Condvar,
-    /// Wakes the applier (memtable full, close).
+    /// Wakes the applier (memtable full, close, a publisher waiting for
+    /// room).
     apply_cv: Condvar,
+    /// `active_bytes` + `frozen_bytes`, read without the state lock.
+    unapplied: AtomicUsize,
+    /// Told when the applier has applied a generation (room for
+    /// publishers) or the store stopped.
+    room: tokio::sync::Notify,
+    room_waits: AtomicU64,
     durable: Mutex<u64>,
     durable_cv: Condvar,
     failure: watch::Sender<Option<String>>,
@@ -388,6 +406,9 @@ pub struct StoreMetrics {
     pub sync_seconds: prometheus_client::metrics::histogram::Histogram,
     /// Transactions made durable by each `fdatasync`.
     pub batch_records: prometheus_client::metrics::histogram::Histogram,
+    /// Seconds of each application of a memtable generation to the
+    /// database.
+    pub apply_seconds: prometheus_client::metrics::histogram::Histogram,
 }
 
 impl StoreMetrics {
@@ -399,6 +420,8 @@ impl StoreMetrics {
             sync_seconds: Histogram::new(exponential_buckets(50e-6, 2.0, 17)),
             // 1 to 4096.
             batch_records: Histogram::new(exponential_buckets(1.0, 2.0, 13)),
+            // 1 ms to about 65 s.
+            apply_seconds: Histogram::new(exponential_buckets(1e-3, 2.0, 17)),
         }
     }
 }
@@ -647,11 +670,15 @@ impl Store {
                 active: HashMap::new(),
                 active_bytes: 0,
                 frozen: None,
+                frozen_bytes: 0,
                 pending: Vec::new(),
                 closed: None,
             }),
             commit_cv: Condvar::new(),
             apply_cv: Condvar::new(),
+            unapplied: AtomicUsize::new(0),
+            room: tokio::sync::Notify::new(),
+            room_waits: AtomicU64::new(0),
             durable: Mutex::new(end.last_lsn),
             durable_cv: Condvar::new(),
             failure,
@@ -784,6 +811,31 @@ impl Store {
         }
     }
 
+    /// Waits while the changes not yet applied to the database are over
+    /// `max_unapplied_bytes` (and wakes the applier). Publishers call it
+    /// before they add messages, so a burst faster than the database can
+    /// take is held up here rather than piled up in memory, where it
+    /// would also lengthen a graceful stop and the replay after a crash.
+    /// Returns at once once the store has stopped (the submit then fails).
+    pub async fn room(&self) {
+        let i = &self.inner;
+        let mut counted = false;
+        loop {
+            let notified = i.room.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if !i.room_wanted() || i.failed() || lock(&i.state).closed.is_some() {
+                return;
+            }
+            if !counted {
+                counted = true;
+                i.room_waits.fetch_add(1, Ordering::Relaxed);
+            }
+            i.apply_cv.notify_one();
+            notified.await;
+        }
+    }
+
     /// False while free space on the data directory's file system is below
     /// the configured minimum: the engine then refuses publishes.
     /// Checked again at once after every MiB of log
@@ -829,6 +881,8 @@ impl Store {
             pinned_segments: lock(&i.live).pinned.len() as u64,
             relocated: i.relocated.load(Ordering::Relaxed),
             rewrites: i.rewrites.load(Ordering::Relaxed),
+            unapplied_bytes: i.unapplied.load(Ordering::Relaxed) as u64,
+            room_waits: i.room_waits.load(Ordering::Relaxed),
         }
     }
 
@@ -844,6 +898,7 @@ impl Store {
         }
         self.inner.commit_cv.notify_all();
         self.inner.apply_cv.notify_all();
+        self.inner.room.notify_waiters();
         for t in lock(&self.threads).drain(..) {
             let _ = t.join();
         }
@@ -873,6 +928,7 @@ impl Drop for Store {
         drop(st);
         self.inner.commit_cv.notify_all();
         self.inner.apply_cv.notify_all();
+        self.inner.room.notify_waiters();
         for t in lock(&self.threads).drain(..) {
             let _ = t.join();
         }
@@ -1078,8 +1134,9 @@ impl Inner {
         }
         let lsn = st.next_lsn;
         st.next_lsn += 1;
+        let mut added = 0;
         for m in &txn.muts {
-            st.active_bytes += m.key.len() + m.value.as_ref().map_or(0, Bytes::len) + 48;
+            added += m.key.len() + m.value.as_ref().map_or(0, Bytes::len) + 48;
             match st.active.get_mut(&m.key) {
                 // Created and deleted within one generation: the database
                 // never needs to hear of it.
@@ -1111,6 +1168,8 @@ impl Inner {
             }
             v.extend(txn.volatile);
         }
+        st.active_bytes += added;
+        self.unapplied.fetch_add(added, Ordering::Relaxed);
         let full = st.active_bytes > self.opts.apply_bytes;
         st.pending.push(Pending {
             lsn,
@@ -1165,10 +1224,17 @@ impl Inner {
         self.commit_cv.notify_all();
         self.apply_cv.notify_all();
         self.durable_cv.notify_all();
+        self.room.notify_waiters();
     }
 
     fn failed(&self) -> bool {
         self.failure.borrow().is_some()
+    }
+
+    /// True while changes waiting for the database are over the bound
+    /// (publishers wait in [`Store::room`]).
+    fn room_wanted(&self) -> bool {
+        self.unapplied.load(Ordering::Relaxed) >= self.opts.max_unapplied_bytes
     }
 
     fn refresh_space(&self) {
@@ -1301,7 +1367,9 @@ fn applier(inner: &Inner) {
             let (st, _) = inner
                 .apply_cv
                 .wait_timeout_while(st, inner.opts.apply_interval, |s| {
-                    s.closed.is_none() && s.active_bytes <= inner.opts.apply_bytes
+                    s.closed.is_none()
+                        && s.active_bytes <= inner.opts.apply_bytes
+                        && !inner.room_wanted()
                 })
                 .unwrap_or_else(|e| e.into_inner());
             st.closed.is_some()
@@ -1363,10 +1431,11 @@ fn apply_once(inner: &Inner) -> Result<()> {
             return Ok(());
         }
         let frozen = Arc::new(std::mem::take(&mut st.active));
-        st.active_bytes = 0;
+        st.frozen_bytes = std::mem::take(&mut st.active_bytes);
         st.frozen = Some(Arc::clone(&frozen));
         (frozen, st.next_lsn - 1)
     };
+    let started = Instant::now();
     if !inner.wait_durable(upto) {
         return Err(StorageError::Stopped {
             reason: "log writer failed".into(),
@@ -1464,8 +1533,18 @@ fn apply_once(inner: &Inner) -> Result<()> {
             live.remove(seg);
         }
     }
-    lock(&inner.state).frozen = None;
+    {
+        let mut st = lock(&inner.state);
+        st.frozen = None;
+        let bytes = std::mem::take(&mut st.frozen_bytes);
+        inner.unapplied.fetch_sub(bytes, Ordering::Relaxed);
+    }
     inner.applied.store(upto, Ordering::Relaxed);
+    inner
+        .metrics
+        .apply_seconds
+        .observe(started.elapsed().as_secs_f64());
+    inner.room.notify_waiters();
     Ok(())
 }
 

@@ -125,6 +125,9 @@ async fn prometheus_metrics_move_with_the_queues() {
     assert!(v("letterbox_log_syncs_total") >= 1.0);
     assert!(v("letterbox_log_sync_batch_records_count") >= 1.0);
     assert!(v("letterbox_recovery_seconds") >= 0.0);
+    assert_eq!(v("letterbox_publish_waits_total"), 0.0);
+    assert!(v("letterbox_log_unapplied_bytes") >= 0.0);
+    assert!(v("letterbox_apply_seconds_count") >= 0.0);
     assert_eq!(v("letterbox_storage_failed"), 0.0);
     let (missing, _) = http_get(metrics, "/nothing").await;
     assert!(missing.contains("404"), "{missing}");
