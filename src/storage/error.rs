@@ -77,6 +77,14 @@ impl StorageError {
         }
     }
 
+    /// Maps sled's errors on the database in `path`: `.map_err(StorageError::db(path))`.
+    pub(crate) fn db(path: &std::path::Path) -> impl Fn(sled::Error) -> Self + Copy + '_ {
+        move |source| StorageError::Db {
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+
     pub(crate) fn corrupt(what: impl Into<String>, reason: impl std::fmt::Display) -> Self {
         StorageError::Corrupt {
             what: what.into(),

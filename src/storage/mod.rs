@@ -458,10 +458,7 @@ impl Reader {
     ) -> impl Iterator<Item = Result<(OwnedKey, T)>> + '_ {
         let mut n = 0u32;
         self.db.scan_prefix(space.prefix()).map(move |item| {
-            let (k, v) = item.map_err(|e| StorageError::Db {
-                path: self.path.clone(),
-                source: e,
-            })?;
+            let (k, v) = item.map_err(StorageError::db(&self.path))?;
             n = n.wrapping_add(1);
             if n.is_multiple_of(WARM_STEP) {
                 let mut reached = lock(&self.reached);
@@ -505,10 +502,7 @@ fn count_payloads(db: &sled::Db, db_dir: &Path) -> Result<(payloads::Live, HashM
     let mut live = payloads::Live::default();
     let mut reach: HashMap<u64, u64> = HashMap::new();
     for item in db.scan_prefix([keys::TAG_PAYLOAD]) {
-        let (_, v) = item.map_err(|e| StorageError::Db {
-            path: db_dir.to_path_buf(),
-            source: e,
-        })?;
+        let (_, v) = item.map_err(StorageError::db(db_dir))?;
         if let Some(loc) = payloads::Loc::decode(&v) {
             live.add(loc.seg);
             let end = reach.entry(loc.seg).or_default();
@@ -571,10 +565,7 @@ impl Store {
         }
         fsutil::create_private_dir(&wal_dir)?;
         let db = open_db(&db_dir, opts.cache_bytes)?;
-        let dbe = |e: sled::Error| StorageError::Db {
-            path: db_dir.clone(),
-            source: e,
-        };
+        let dbe = StorageError::db(&db_dir);
         // The entries of `wal/` and `db/` (created by sled) in the data
         // directory must be durable before anything in them counts.
         fsutil::sync_dir(dir)?;
@@ -973,10 +964,7 @@ pub(crate) fn open_db(db_dir: &Path, cache_bytes: u64) -> Result<sled::Db> {
         opened = open();
     }
     match opened {
-        Ok(r) => r.map_err(|e| StorageError::Db {
-            path: db_dir.to_path_buf(),
-            source: e,
-        }),
+        Ok(r) => r.map_err(StorageError::db(db_dir)),
         Err(panic) => Err(StorageError::corrupt(
             db_dir.display().to_string(),
             format!(
@@ -1007,10 +995,7 @@ pub(crate) fn replay_into(
     applied: u64,
     db_dir: &Path,
 ) -> Result<(wal::ReplayEnd, sled::Batch)> {
-    let dbe = |e: sled::Error| StorageError::Db {
-        path: db_dir.to_path_buf(),
-        source: e,
-    };
+    let dbe = StorageError::db(db_dir);
     // Replay what the log has beyond the database. Payload values stay
     // in the log: the database gets pointers to them.
     let mut batch = sled::Batch::default();
@@ -1073,10 +1058,7 @@ fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> Result<std::thread::J
 fn read_sys(db: &sled::Db, key: SysKey, path: &Path) -> Result<Option<u64>> {
     let v = db
         .get(Key::Sys(key).encode())
-        .map_err(|e| StorageError::Db {
-            path: path.to_path_buf(),
-            source: e,
-        })?;
+        .map_err(StorageError::db(path))?;
     match v {
         None => Ok(None),
         Some(iv) => Ok(Some(u64::from_be_bytes(iv.as_ref().try_into().map_err(
@@ -1112,10 +1094,7 @@ fn check_db_format(db: &sled::Db, path: &Path, fresh: bool) -> Result<()> {
                 Key::Sys(SysKey::FormatVersion).encode(),
                 &u64::from(supported).to_be_bytes(),
             )
-            .map_err(|e| StorageError::Db {
-                path: path.to_path_buf(),
-                source: e,
-            })?;
+            .map_err(StorageError::db(path))?;
             Ok(())
         }
     }

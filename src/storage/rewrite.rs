@@ -79,10 +79,7 @@ pub(super) fn rewrite(inner: &Inner, size_before: u64) -> Result<()> {
     if new_path.exists() {
         std::fs::remove_dir_all(&new_path).map_err(|e| StorageError::io("remove", &new_path, e))?;
     }
-    let new_err = |e| StorageError::Db {
-        path: new_path.clone(),
-        source: e,
-    };
+    let new_err = StorageError::db(&new_path);
     let old = inner.db();
     let new = open_db(&new_path, inner.opts.cache_bytes)?;
     let mut batch = sled::Batch::default();
