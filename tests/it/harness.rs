@@ -290,6 +290,25 @@ pub fn with_dlq(dlq: &str, max: u32) -> pb::QueueConfig {
 }
 
 impl Clients {
+    /// Opens a `PublishStream`: requests go in through the sender (the
+    /// stream ends when it is dropped), answers come out of the stream.
+    pub async fn publish_stream(
+        &mut self,
+        capacity: usize,
+    ) -> (
+        tokio::sync::mpsc::Sender<pb::PublishStreamRequest>,
+        tonic::Streaming<pb::PublishStreamResponse>,
+    ) {
+        let (tx, rx) = tokio::sync::mpsc::channel(capacity);
+        let answers = self
+            .msg
+            .publish_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await
+            .expect("stream")
+            .into_inner();
+        (tx, answers)
+    }
+
     pub async fn create(&mut self, name: &str, config: pb::QueueConfig) -> pb::Queue {
         self.admin
             .create_queue(pb::CreateQueueRequest {

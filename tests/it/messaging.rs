@@ -452,13 +452,7 @@ async fn a_publish_stream_stores_in_order_and_answers_each_publish() {
     let s = TestServer::start().await;
     let mut c = s.clients().await;
     c.create("q", config()).await;
-    let (tx, rx) = tokio::sync::mpsc::channel(256);
-    let mut answers = c
-        .msg
-        .publish_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
-        .await
-        .expect("stream")
-        .into_inner();
+    let (tx, mut answers) = c.publish_stream(256).await;
     for seq in 1..=100u64 {
         let queue = if seq == 50 { "missing" } else { "q" };
         let publish = pb::PublishRequest {
@@ -530,13 +524,7 @@ async fn publishers_wait_for_the_database_and_lose_nothing() {
         assert_eq!(r.into_inner().results.len(), 100);
     }
     // And 1 MB more through a publish stream.
-    let (tx, rx) = tokio::sync::mpsc::channel(16);
-    let mut answers = c
-        .msg
-        .publish_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
-        .await
-        .expect("stream")
-        .into_inner();
+    let (tx, mut answers) = c.publish_stream(16).await;
     let sender = tokio::spawn(async move {
         for (seq, from) in (2400..3400).step_by(100).enumerate() {
             let publish = pb::PublishRequest {
