@@ -1407,6 +1407,14 @@ fn apply_once(inner: &Inner) -> Result<()> {
     let (frozen, upto) = {
         let mut st = lock(&inner.state);
         if st.active.is_empty() {
+            // Everything submitted since the last apply was created and
+            // deleted in between: nothing to apply, and nothing held.
+            let held = std::mem::take(&mut st.active_bytes);
+            drop(st);
+            if held > 0 {
+                inner.unapplied.fetch_sub(held, Ordering::Relaxed);
+                inner.room.notify_waiters();
+            }
             return Ok(());
         }
         let frozen = Arc::new(std::mem::take(&mut st.active));
