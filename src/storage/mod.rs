@@ -810,6 +810,10 @@ impl Store {
     /// Returns at once once the store has stopped (the submit then fails).
     pub async fn room(&self) {
         let i = &self.inner;
+        if !i.room_wanted() {
+            // The common case, without registering with the `Notify`.
+            return;
+        }
         let mut counted = false;
         loop {
             let notified = i.room.notified();
