@@ -470,20 +470,25 @@ async fn a_bad_record_of_the_current_database_refuses_to_start() {
     );
 }
 
-#[tokio::test]
-async fn room_waits_for_the_applier_when_too_much_is_unapplied_and_wakes_it() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    // The applier sleeps for an hour once it has gone to sleep: only a
-    // waiting publisher's wake-up makes it apply.
-    let opts = StoreOptions {
+/// A 64 KiB bound on unapplied bytes, and an applier that applies only
+/// when woken (its interval is an hour, its early trigger 1 GiB).
+fn bounded_opts() -> StoreOptions {
+    StoreOptions {
         apply_interval: Duration::from_secs(3600),
         apply_bytes: 1 << 30,
         max_unapplied_bytes: 64 << 10,
         checkpoint_interval: Duration::from_secs(3600),
         checkpoint_bytes: u64::MAX,
         ..small_opts()
-    };
-    let (store, _) = Store::open(dir.path(), opts).expect("open");
+    }
+}
+
+#[tokio::test]
+async fn room_waits_for_the_applier_when_too_much_is_unapplied_and_wakes_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // The applier sleeps for an hour once it has gone to sleep: only a
+    // waiting publisher's wake-up makes it apply.
+    let (store, _) = Store::open(dir.path(), bounded_opts()).expect("open");
     let body = Bytes::from(vec![7u8; 1024]);
     tokio::time::timeout(Duration::from_secs(1), store.room())
         .await
@@ -519,15 +524,7 @@ fn body_len(store: &Store, pid: u64) -> Option<usize> {
 #[tokio::test]
 async fn room_is_given_back_when_everything_held_was_created_and_deleted() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let opts = StoreOptions {
-        apply_interval: Duration::from_secs(3600),
-        apply_bytes: 1 << 30,
-        max_unapplied_bytes: 64 << 10,
-        checkpoint_interval: Duration::from_secs(3600),
-        checkpoint_bytes: u64::MAX,
-        ..small_opts()
-    };
-    let (store, _) = Store::open(dir.path(), opts).expect("open");
+    let (store, _) = Store::open(dir.path(), bounded_opts()).expect("open");
     let body = Bytes::from(vec![7u8; 1024]);
     // Published and acked before any apply: the memtable ends up empty,
     // but the bytes went through it.
