@@ -712,16 +712,44 @@ impl Data {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Default)]
+#[derive(Debug, PartialEq, Default)]
 pub(crate) struct Leaf {
     pub(crate) keys: Vec<IVec>,
     pub(crate) values: Vec<IVec>,
 }
 
-#[derive(Clone, Debug, PartialEq, Default)]
+#[derive(Debug, PartialEq, Default)]
 pub(crate) struct Index {
     pub(crate) keys: Vec<IVec>,
     pub(crate) pointers: Vec<PageId>,
+}
+
+// A node is cloned to apply one change to the copy (`PageCache::link`,
+// a parent split), which is most often an insert. A derived clone has no
+// spare capacity, so that insert reallocated and copied both vectors; the
+// copies below keep room for one more element.
+fn clone_with_room<T: Clone>(xs: &[T]) -> Vec<T> {
+    let mut copy = Vec::with_capacity(xs.len() + 1);
+    copy.extend_from_slice(xs);
+    copy
+}
+
+impl Clone for Leaf {
+    fn clone(&self) -> Leaf {
+        Leaf {
+            keys: clone_with_room(&self.keys),
+            values: clone_with_room(&self.values),
+        }
+    }
+}
+
+impl Clone for Index {
+    fn clone(&self) -> Index {
+        Index {
+            keys: clone_with_room(&self.keys),
+            pointers: clone_with_room(&self.pointers),
+        }
+    }
 }
 
 #[cfg(feature = "lock_free_delays")]
