@@ -1512,10 +1512,16 @@ fn apply_once(inner: &Inner) -> Result<()> {
             }
             // A fresh key deleted is never in the database.
             None if slot.fresh => {}
+            // A payload's pointer goes out of the batch: the removal
+            // hands back the pointer it removed (whose segment loses a
+            // reference), where reading it first would walk the tree
+            // twice for every message acked. Keys are distinct within a
+            // generation, so this order is as good as the batch's.
+            None if payload => {
+                let gone = db.remove(k.as_ref()).map_err(db_err)?;
+                removed.extend(gone.and_then(|v| payloads::Loc::decode(&v)).map(|l| l.seg));
+            }
             None => {
-                if payload {
-                    removed.extend(old(k)?.map(|l| l.seg));
-                }
                 batch.remove(k.as_ref());
             }
         }
