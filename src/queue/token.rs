@@ -32,13 +32,16 @@ impl AckToken {
     /// Parses a token given in a request; `field` names it in errors.
     pub fn parse(field: &str, text: &str) -> Result<AckToken> {
         let bad = |reason: &str| QueueError::invalid(field, text, reason);
-        if text.len() != 40 || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
+        let digits = text.as_bytes();
+        if digits.len() != 2 * RAW {
             return Err(bad("is not an ack token (40 hex digits)"));
         }
-        let mut raw = [0u8; 20];
-        for (i, byte) in raw.iter_mut().enumerate() {
-            *byte =
-                u8::from_str_radix(&text[2 * i..2 * i + 2], 16).map_err(|_| bad("is not hex"))?;
+        let mut raw = [0u8; RAW];
+        for (byte, pair) in raw.iter_mut().zip(digits.chunks_exact(2)) {
+            match (nibble(pair[0]), nibble(pair[1])) {
+                (Some(hi), Some(lo)) => *byte = hi << 4 | lo,
+                _ => return Err(bad("is not an ack token (40 hex digits)")),
+            }
         }
         let t = AckToken {
             qid: u32::from_be_bytes([raw[0], raw[1], raw[2], raw[3]]),
@@ -53,16 +56,34 @@ impl AckToken {
     }
 }
 
+/// Bytes in a token: the body and its CRC-32.
+const RAW: usize = 20;
+
+/// The value of one hex digit (either case).
+fn nibble(digit: u8) -> Option<u8> {
+    match digit {
+        b'0'..=b'9' => Some(digit - b'0'),
+        b'a'..=b'f' => Some(digit - b'a' + 10),
+        b'A'..=b'F' => Some(digit - b'A' + 10),
+        _ => None,
+    }
+}
+
+// Written digit by digit from a table: one token goes out with every
+// delivery and comes back with every ack, and `{:02x}` per byte was about
+// 4 % of the server's CPU in a drain.
 impl std::fmt::Display for AckToken {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
         let body = self.body();
-        for b in body
-            .iter()
-            .chain(crc32fast::hash(&body).to_be_bytes().iter())
-        {
-            write!(f, "{b:02x}")?;
+        let crc = crc32fast::hash(&body).to_be_bytes();
+        let mut text = [0u8; 2 * RAW];
+        for (pair, b) in text.chunks_exact_mut(2).zip(body.iter().chain(crc.iter())) {
+            pair[0] = DIGITS[usize::from(b >> 4)];
+            pair[1] = DIGITS[usize::from(b & 0x0f)];
         }
-        Ok(())
+        // Only ASCII digits were written.
+        f.write_str(std::str::from_utf8(&text).map_err(|_| std::fmt::Error)?)
     }
 }
 
@@ -79,6 +100,15 @@ mod tests {
         };
         let s = t.to_string();
         assert_eq!(s.len(), 40);
+        assert!(s.starts_with("00000007000001000000000000000003"), "{s}");
+        assert_eq!(s, s.to_lowercase());
+        assert_eq!(
+            AckToken::parse("t", &s.to_uppercase()).expect("either case"),
+            t
+        );
+        // Forty bytes that are not forty hex digits.
+        assert!(AckToken::parse("t", &format!("é{}", &s[2..])).is_err());
+        assert!(AckToken::parse("t", &format!("+{}", &s[1..])).is_err());
         assert_eq!(AckToken::parse("t", &s).expect("parses"), t);
         let mut damaged = s.clone().into_bytes();
         damaged[10] = if damaged[10] == b'0' { b'1' } else { b'0' };
