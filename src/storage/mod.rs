@@ -323,6 +323,11 @@ struct Slot {
 /// batched publishing.
 type Memtable = HashMap<Bytes, Slot, foldhash::fast::RandomState>;
 
+/// Where the log writer put each payload value: key → (lsn, place). One
+/// insert per published message, by the log writer; hashed like the
+/// memtable.
+type Placed = HashMap<Bytes, (u64, payloads::Loc), foldhash::fast::RandomState>;
+
 struct Pending {
     lsn: u64,
     submitted: Instant,
@@ -391,7 +396,7 @@ struct Inner {
     segments: Arc<Mutex<Vec<(u64, u64)>>>,
     pool: Arc<wal::Pool>,
     /// Where the log writer put each payload value: key → (lsn, place).
-    placed: Mutex<HashMap<Bytes, (u64, payloads::Loc)>>,
+    placed: Mutex<Placed>,
     /// Payload pointers per segment; pinned segments.
     live: Mutex<payloads::Live>,
     /// Segment files open for payload reads.
@@ -1456,14 +1461,16 @@ fn apply_once(inner: &Inner) -> Result<()> {
     let mut ordered: Vec<(&Bytes, &Slot)> = frozen.iter().collect();
     ordered.sort_unstable_by(|a, b| a.0.cmp(b.0));
     let placed = {
+        // Most of the map is this generation's: take it whole and put
+        // back the few places logged since the freeze.
         let mut map = lock(&inner.placed);
-        let mut mine = HashMap::new();
-        map.retain(|k, (lsn, loc)| {
+        let mut mine = std::mem::take(&mut *map);
+        mine.retain(|k, (lsn, loc)| {
             if *lsn <= upto {
-                mine.insert(k.clone(), (*lsn, *loc));
-                false
-            } else {
                 true
+            } else {
+                map.insert(k.clone(), (*lsn, *loc));
+                false
             }
         });
         mine
