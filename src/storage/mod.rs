@@ -1461,18 +1461,27 @@ fn apply_once(inner: &Inner) -> Result<()> {
     let mut ordered: Vec<(&Bytes, &Slot)> = frozen.iter().collect();
     ordered.sort_unstable_by(|a, b| a.0.cmp(b.0));
     let placed = {
-        // Most of the map is this generation's: take it whole and put
-        // back the few places logged since the freeze.
-        let mut map = lock(&inner.placed);
-        let mut mine = std::mem::take(&mut *map);
+        // Most of the map is this generation's: take it whole (the log
+        // writer, which inserts into it after every write, is not held up
+        // while it is sorted out) and put back the few places logged
+        // since the freeze, unless the writer has placed that key again
+        // meanwhile (later still).
+        let mut mine = std::mem::take(&mut *lock(&inner.placed));
+        let mut newer = Vec::new();
         mine.retain(|k, (lsn, loc)| {
             if *lsn <= upto {
                 true
             } else {
-                map.insert(k.clone(), (*lsn, *loc));
+                newer.push((k.clone(), (*lsn, *loc)));
                 false
             }
         });
+        if !newer.is_empty() {
+            let mut map = lock(&inner.placed);
+            for (k, place) in newer {
+                map.entry(k).or_insert(place);
+            }
+        }
         mine
     };
     // Pointer counts change only once the batch is applied.
