@@ -43,7 +43,12 @@ for rep in $(seq "$REPS"); do
             grep -q "127.0.0.1:$PORT" "$WORK/server.log" 2>/dev/null && break
             sleep 0.1
         done
-        server=$(pgrep -f "^$bin serve --data-dir $dir" | head -1)
+        server=$(pgrep -f "^$bin serve --data-dir $dir" | head -1 || true)
+        if [ -z "$server" ]; then
+            echo "$bin did not start:" >&2
+            cat "$WORK/server.log" >&2
+            exit 1
+        fi
         out=$("$LOADGEN" run --target letterbox --letterbox-url "http://127.0.0.1:$PORT" \
             --reps 1 "$@" 2>&1 | grep -v '^{' | grep 'msg/s' | sed 's/.*rep 1\] //')
         apply=0
