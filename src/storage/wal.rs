@@ -550,6 +550,13 @@ impl Pool {
     }
 }
 
+/// Bytes of zeros a preallocation writes and flushes at a time. The log
+/// writer's `fdatasync` calls wait behind whatever write-back is queued on
+/// the same disk: a step of 4 MiB held them up 9-18 ms on the benchmark
+/// machine, one of 256 KiB about 1 ms (BENCHMARKS.md, "Preallocation in
+/// small steps").
+const PREALLOC_STEP: usize = 256 << 10;
+
 /// Creates segment `number` of `size` bytes filled with zeros and makes it
 /// durable (file and directory).
 pub fn preallocate(dir: &Path, number: u64, size: u64) -> Result<Segment> {
@@ -562,25 +569,18 @@ pub fn preallocate(dir: &Path, number: u64, size: u64) -> Result<Segment> {
         .truncate(true)
         .open(&tmp)
         .map_err(|e| StorageError::io("create", &tmp, e))?;
-    let zeros = vec![0u8; 1 << 20];
+    let zeros = vec![0u8; PREALLOC_STEP];
     let mut left = size;
-    let mut since_sync = 0u64;
     while left > 0 {
-        let n = usize::try_from(left.min(zeros.len() as u64)).unwrap_or(zeros.len());
+        let n = usize::try_from(left).map_or(PREALLOC_STEP, |l| l.min(PREALLOC_STEP));
         if let Err(e) = file.write_all(&zeros[..n]) {
             let _ = std::fs::remove_file(&tmp);
             return Err(StorageError::io("preallocate", &tmp, e));
         }
         left -= n as u64;
-        since_sync += n as u64;
-        // Flush in small steps: one large write-back would hold up the log
-        // writer's fdatasync calls on the same disk for a long moment.
-        if since_sync >= 4 << 20 {
-            since_sync = 0;
-            if let Err(e) = file.sync_data() {
-                let _ = std::fs::remove_file(&tmp);
-                return Err(StorageError::io("fsync", &tmp, e));
-            }
+        if let Err(e) = file.sync_data() {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(StorageError::io("fsync", &tmp, e));
         }
     }
     if let Err(e) = file.sync_all() {
