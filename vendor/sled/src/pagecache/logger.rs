@@ -718,7 +718,9 @@ pub(crate) fn read_message<R: ReadAt>(
         "tried to read a message from the red zone"
     );
 
-    let msg_header_buf = &mut [0; 128];
+    // One read takes the header and, for most pages (a leaf holds at most
+    // 16 records), the whole message; a longer one is read again below.
+    let msg_header_buf = &mut [0; 4096];
     let _read_bytes = file.pread_exact_or_eof(msg_header_buf, lid)?;
     let header_cursor = &mut msg_header_buf.as_ref();
     let len_before = header_cursor.len();
