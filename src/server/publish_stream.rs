@@ -2,10 +2,12 @@
 //! logged at once (so they are stored in the order sent), their durability
 //! awaited concurrently (so they share fsyncs), and answered in order.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
-use futures_util::StreamExt;
 use futures_util::stream::FuturesOrdered;
+use futures_util::{FutureExt, StreamExt};
 use tokio::sync::mpsc;
 use tonic::{Status, Streaming};
 
@@ -74,8 +76,31 @@ fn refused(sequence: u64, s: &Status) -> pb::PublishStreamResponse {
     }
 }
 
+/// A publish read from the stream: refused by access control, or begun
+/// (decided and logged, or failed).
+enum Read {
+    Denied(Status),
+    Begun(Result<Publishing, QueueError>),
+}
+
+/// The answer to publish `sequence`, once it is durable or failed.
+async fn reply(sequence: u64, read: Read) -> Result<pb::PublishStreamResponse, Status> {
+    match read {
+        Read::Denied(s) => Ok(refused(sequence, &s)),
+        Read::Begun(Ok(p)) => answer(sequence, p.done().await),
+        Read::Begun(Err(e)) => answer(sequence, Err(e)),
+    }
+}
+
+/// The wait for room in the store (see [`Broker::publish_room`]).
+type RoomWait = Pin<Box<dyn Future<Output = ()> + Send>>;
+
 /// Runs one publish stream until the client closes it and every publish
 /// is answered. Each publish is authorized for `principal` on its own.
+///
+/// A publish read while the store has no room for more is held, and no
+/// more are read, until there is room; the answers of the publishes before
+/// it go out meanwhile.
 pub(crate) async fn session(
     broker: Arc<Broker>,
     principal: Arc<Principal>,
@@ -84,38 +109,41 @@ pub(crate) async fn session(
 ) {
     let mut pending = FuturesOrdered::new();
     let mut reading = true;
+    let mut held: Option<(u64, Option<pb::PublishRequest>, RoomWait)> = None;
     loop {
         tokio::select! {
             biased;
-            Some(reply) = pending.next(), if !pending.is_empty() => {
-                let reply: Result<pb::PublishStreamResponse, Status> = reply;
-                let failed = reply.is_err();
-                if tx.send(reply).await.is_err() || failed {
+            Some(answer) = pending.next(), if !pending.is_empty() => {
+                let answer: Result<pb::PublishStreamResponse, Status> = answer;
+                let failed = answer.is_err();
+                if tx.send(answer).await.is_err() || failed {
                     return;
                 }
             }
-            msg = inbound.message(), if reading && pending.len() < MAX_IN_FLIGHT => match msg {
+            () = async {
+                if let Some((_, _, wait)) = held.as_mut() {
+                    wait.await;
+                }
+            }, if held.is_some() => {
+                if let Some((sequence, publish, _)) = held.take() {
+                    pending.push_back(reply(sequence, Read::Begun(begin(&broker, publish))));
+                }
+            }
+            msg = inbound.message(), if reading && held.is_none() && pending.len() < MAX_IN_FLIGHT => match msg {
                 Ok(Some(req)) => {
                     let sequence = req.sequence;
                     let target = req.publish.as_ref().map(publish_target).unwrap_or_default();
-                    let denied = allow(&principal, Action::Publish, target).err();
-                    let begun = match &denied {
-                        None => {
-                            broker.publish_room().await;
-                            begin(&broker, req.publish)
-                        }
-                        Some(_) => Err(QueueError::FailedPrecondition(String::new())),
-                    };
-                    pending.push_back(async move {
-                        if let Some(s) = denied {
-                            return Ok(refused(sequence, &s));
-                        }
-                        let r = match begun {
-                            Ok(p) => p.done().await,
-                            Err(e) => Err(e),
-                        };
-                        answer(sequence, r)
-                    });
+                    if let Err(s) = allow(&principal, Action::Publish, target) {
+                        pending.push_back(reply(sequence, Read::Denied(s)));
+                        continue;
+                    }
+                    let room = Arc::clone(&broker);
+                    let mut wait: RoomWait = Box::pin(async move { room.publish_room().await });
+                    if (&mut wait).now_or_never().is_some() {
+                        pending.push_back(reply(sequence, Read::Begun(begin(&broker, req.publish))));
+                    } else {
+                        held = Some((sequence, req.publish, wait));
+                    }
                 }
                 Ok(None) => reading = false,
                 Err(_) => return,
