@@ -113,10 +113,10 @@ pub(crate) async fn session(
     loop {
         tokio::select! {
             biased;
-            Some(answer) = pending.next(), if !pending.is_empty() => {
-                let answer: Result<pb::PublishStreamResponse, Status> = answer;
-                let failed = answer.is_err();
-                if tx.send(answer).await.is_err() || failed {
+            Some(response) = pending.next(), if !pending.is_empty() => {
+                let response: Result<pb::PublishStreamResponse, Status> = response;
+                let failed = response.is_err();
+                if tx.send(response).await.is_err() || failed {
                     return;
                 }
             }

@@ -553,8 +553,8 @@ impl Pool {
 /// Bytes of zeros a preallocation writes and flushes at a time. The log
 /// writer's `fdatasync` calls wait behind whatever write-back is queued on
 /// the same disk: a step of 4 MiB held them up 9-18 ms on the benchmark
-/// machine, one of 256 KiB about 1 ms (BENCHMARKS.md, "Preallocation in
-/// small steps").
+/// machine; with 256 KiB steps most of those slow calls went
+/// (BENCHMARKS.md, "Preallocation in small steps").
 const PREALLOC_STEP: usize = 256 << 10;
 
 /// Creates segment `number` of `size` bytes filled with zeros and makes it
