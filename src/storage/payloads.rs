@@ -175,7 +175,7 @@ impl Files {
 /// of a payload key found in its intact frames.
 pub(crate) fn payloads_in(dir: &Path, seg: u64) -> Result<Vec<(Bytes, Bytes, Loc)>> {
     let path = wal::segment_path(dir, seg);
-    let data = Bytes::from(std::fs::read(&path).map_err(|e| StorageError::io("read", &path, e))?);
+    let data = wal::read_frames(&path)?;
     let mut out = Vec::new();
     for muts in wal::frames(&data) {
         for m in muts {

@@ -229,6 +229,73 @@ fn parse_frame(data: &Bytes, pos: usize) -> Option<RawFrame> {
     })
 }
 
+/// Bytes read at a time by [`read_frames`].
+const READ_STEP: usize = 1 << 20;
+
+/// Reads the part of the segment file at `path` that holds its frames:
+/// from the start, following each frame's length field, up to the first
+/// zero length, a length that runs past the end of the file, or a frame
+/// whose lsn is not above the one before it (a reused segment's older
+/// records follow its current ones), that frame and the one after it
+/// included. A segment is zeros or old records beyond its last frame, and
+/// reading those was most of the work (and of the memory) of replaying a
+/// segment still being written. Every check the replay makes on the bytes
+/// (a frame's checksum, its lsn against the one before, the frame after a
+/// damaged one) looks only at bytes this reads, so the answers are those
+/// the whole file would give.
+pub(crate) fn read_frames(path: &Path) -> Result<Bytes> {
+    use std::io::Read;
+    let mut file = std::fs::File::open(path).map_err(|e| StorageError::io("open", path, e))?;
+    let size = file
+        .metadata()
+        .map_err(|e| StorageError::io("stat", path, e))?
+        .len();
+    let size = usize::try_from(size).unwrap_or(usize::MAX);
+    // Capacity only: pages the reads do not reach are never touched.
+    let mut data: Vec<u8> = Vec::with_capacity(size);
+    let mut fill = |data: &mut Vec<u8>, want: usize| -> Result<()> {
+        while data.len() < want.min(size) {
+            let step = (want - data.len()).max(READ_STEP) as u64;
+            let n = (&mut file)
+                .take(step)
+                .read_to_end(data)
+                .map_err(|e| StorageError::io("read", path, e))?;
+            if n == 0 {
+                break;
+            }
+        }
+        Ok(())
+    };
+    let mut pos = 0usize;
+    let mut last_lsn: Option<u64> = None;
+    // Frames still to take after the current ones end.
+    let mut extra: Option<u32> = None;
+    loop {
+        fill(&mut data, pos.saturating_add(HEADER))?;
+        let Some(len) = frame_len_hint(&data, pos) else {
+            break;
+        };
+        let Some(next) = pos.checked_add(len).filter(|&n| n <= size) else {
+            break;
+        };
+        if let Some(header) = data.get(pos + 8..pos + 16) {
+            let lsn = u64::from_le_bytes(header.try_into().unwrap_or_default());
+            if extra.is_none() && last_lsn.is_some_and(|l| lsn <= l) {
+                extra = Some(1);
+            }
+            last_lsn = Some(lsn);
+        }
+        fill(&mut data, next)?;
+        pos = next;
+        match &mut extra {
+            Some(0) => break,
+            Some(n) => *n -= 1,
+            None => {}
+        }
+    }
+    Ok(Bytes::from(data))
+}
+
 /// The first intact frame of the segment at `path`, read alone.
 fn first_frame(path: &Path) -> Result<Option<RawFrame>> {
     use std::os::unix::fs::FileExt;
@@ -365,8 +432,7 @@ pub fn replay(
         {
             continue;
         }
-        let data =
-            Bytes::from(std::fs::read(&path).map_err(|e| StorageError::io("read", &path, e))?);
+        let data = read_frames(&path)?;
         if let Some((end_path, broken_lsn)) = &ended_at {
             // The log ended in an earlier segment: this one must be unused.
             if let Some(f) = parse_frame(&data, 0)
@@ -989,6 +1055,84 @@ mod tests {
         drop(w);
         let seen = collect(dir.path(), 0).expect("replay");
         assert_eq!(seen, (1..=lsn).collect::<Vec<_>>());
+    }
+
+    /// Frames of `kib` KiB for `lsns` (all of one batch from `first`).
+    fn big_frames(lsns: std::ops::RangeInclusive<u64>, first: u64, kib: usize) -> Vec<u8> {
+        let value = "v".repeat(kib << 10);
+        let mut buf = Vec::new();
+        for lsn in lsns {
+            frame(
+                lsn,
+                first,
+                &[put(&format!("k{lsn}"), &value)],
+                &mut buf,
+                |_| false,
+            );
+        }
+        buf
+    }
+
+    /// Writes `frames` as segment 1, zeros to 8 MiB after them.
+    fn write_segment(dir: &Path, frames: &[u8]) {
+        let mut data = frames.to_vec();
+        data.resize(8 << 20, 0);
+        std::fs::write(segment_path(dir, 1), &data).expect("write");
+    }
+
+    #[test]
+    fn a_segment_is_read_only_as_far_as_its_frames() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = segment_path(dir.path(), 1);
+        // Zeros after the frames are not read.
+        let current = big_frames(11..=13, 11, 300);
+        write_segment(dir.path(), &current);
+        let read = read_frames(&path).expect("read");
+        assert!(
+            read.len() >= current.len() && read.len() < 4 << 20,
+            "{}",
+            read.len()
+        );
+        assert_eq!(collect(dir.path(), 10).expect("replay"), vec![11, 12, 13]);
+        // Older records after them (a reused segment): the first of them
+        // and the one after it are read, no more.
+        let old = big_frames(1..=9, 1, 300);
+        let one = old.len() / 9;
+        let mut reused = current.clone();
+        reused.extend_from_slice(&old);
+        write_segment(dir.path(), &reused);
+        let read = read_frames(&path).expect("read");
+        assert!(read.len() >= current.len() + 2 * one, "{}", read.len());
+        assert!(
+            read.len() < current.len() + 2 * one + READ_STEP + HEADER,
+            "{}",
+            read.len()
+        );
+        assert_eq!(collect(dir.path(), 10).expect("replay"), vec![11, 12, 13]);
+    }
+
+    #[test]
+    fn damage_is_judged_on_what_the_partial_read_holds() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        // Frames larger than a read step, so that what is read is what
+        // the frames' lengths lead to.
+        let mut frames = big_frames(1..=1, 1, 1536);
+        let first = frames.len();
+        frames.extend(big_frames(2..=2, 2, 1536));
+        frames.extend(big_frames(3..=3, 3, 1536));
+        // Lsn 2's body damaged, lsn 3 written after it: refused.
+        let mut damaged = frames.clone();
+        damaged[first + HEADER + 100] ^= 0xff;
+        write_segment(dir.path(), &damaged);
+        let err = collect(dir.path(), 0).expect_err("damage is detected");
+        assert!(err.to_string().contains("damaged"), "{err}");
+        // Lsn 2's own lsn damaged (it no longer looks newer than lsn 1):
+        // the frame after it is read all the same, and the damage refused.
+        let mut damaged = frames.clone();
+        damaged[first + 8..first + 16].copy_from_slice(&0u64.to_le_bytes());
+        write_segment(dir.path(), &damaged);
+        let err = collect(dir.path(), 0).expect_err("damage is detected");
+        assert!(err.to_string().contains("damaged"), "{err}");
     }
 
     #[test]
