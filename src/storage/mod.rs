@@ -406,6 +406,10 @@ struct Inner {
     /// Negative control: values kept in memory only.
     #[cfg(feature = "fault-no-delivery-count")]
     volatile: Mutex<HashMap<Bytes, Bytes>>,
+    /// Tests: run by the applier once a frozen generation is durable,
+    /// before it takes the payload places (see [`Store::hold_applier`]).
+    #[cfg(test)]
+    after_freeze: Mutex<Option<Box<dyn FnMut() + Send>>>,
 }
 
 /// Distributions of the commit path, for the metrics endpoint.
@@ -702,6 +706,8 @@ impl Store {
             metrics: StoreMetrics::new(),
             #[cfg(feature = "fault-no-delivery-count")]
             volatile: Mutex::default(),
+            #[cfg(test)]
+            after_freeze: Mutex::default(),
         });
         inner.refresh_space();
         let mut threads = Vec::new();
@@ -734,6 +740,24 @@ impl Store {
             path: self.inner.db_path(),
             reached: Mutex::default(),
         }
+    }
+
+    /// Tests: the next time the applier has frozen a generation and seen
+    /// it durable, it tells `frozen` and then waits, with everything it
+    /// froze still unapplied, until `release` is sent to (or dropped).
+    #[cfg(test)]
+    pub(crate) fn hold_applier(
+        &self,
+        frozen: std::sync::mpsc::Sender<()>,
+        release: std::sync::mpsc::Receiver<()>,
+    ) {
+        let mut once = Some((frozen, release));
+        *lock(&self.inner.after_freeze) = Some(Box::new(move || {
+            if let Some((frozen, release)) = once.take() {
+                let _ = frozen.send(());
+                let _ = release.recv();
+            }
+        }));
     }
 
     /// Negative control: blocks until `lsn` is durable.
@@ -1196,10 +1220,7 @@ impl Inner {
     }
 
     fn db_error(&self, e: sled::Error) -> StorageError {
-        StorageError::Db {
-            path: self.db_path(),
-            source: e,
-        }
+        StorageError::db(&self.db_path())(e)
     }
 
     /// Stops the store for good after an I/O error.
@@ -1446,6 +1467,10 @@ fn apply_once(inner: &Inner) -> Result<()> {
         return Err(StorageError::Stopped {
             reason: "log writer failed".into(),
         });
+    }
+    #[cfg(test)]
+    if let Some(hook) = lock(&inner.after_freeze).as_mut() {
+        hook();
     }
     // Applied in chunks: sled's `apply_batch` holds a lock that stops
     // every read of the database until the whole batch is in, and the

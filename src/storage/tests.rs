@@ -547,3 +547,53 @@ async fn room_is_given_back_when_everything_held_was_created_and_deleted() {
     assert!(store.stats().unapplied_bytes < 64 << 10);
     assert_eq!(body_len(&store, 5), None);
 }
+
+/// The database's own value for a payload key: a pointer into the log
+/// when the applier knew where the log writer put the payload.
+fn stored_pointer(store: &Store, pid: u64) -> Option<payloads::Loc> {
+    let raw = store
+        .inner
+        .db()
+        .get(Key::Payload(pid).encode())
+        .expect("read")?;
+    payloads::Loc::decode(&raw)
+}
+
+#[tokio::test]
+async fn payloads_logged_while_a_generation_is_applied_keep_their_places() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (store, _) = Store::open(dir.path(), small_opts()).expect("open");
+    let (frozen_tx, frozen) = std::sync::mpsc::channel();
+    let (release, release_rx) = std::sync::mpsc::channel();
+    store.hold_applier(frozen_tx, release_rx);
+    let mut t = Txn::new();
+    t.put_payload(1, payload(1));
+    store.submit(t).wait().await.expect("durable");
+    // The applier froze the generation of payload 1 and holds it.
+    frozen
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the applier froze a generation");
+    // Payload 2 is logged (and placed) after that freeze: it belongs to
+    // the next generation, and its place must wait for it.
+    let mut t = Txn::new();
+    t.put_payload(2, payload(2));
+    let c = store.submit(t);
+    let lsn2 = c.lsn;
+    c.wait().await.expect("durable");
+    release.send(()).expect("release");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while store.inner.applied.load(Ordering::Relaxed) < lsn2 {
+        assert!(Instant::now() < deadline, "payload 2 never applied");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    for pid in [1, 2] {
+        let loc = stored_pointer(&store, pid)
+            .unwrap_or_else(|| panic!("payload {pid} is stored whole, not as a pointer"));
+        assert!(loc.len > 0, "{loc:?}");
+    }
+    assert_eq!(body(&store, 2).as_deref(), Some("body-2"));
+    store.close().expect("close");
+    let (store, _) = Store::open(dir.path(), small_opts()).expect("reopen");
+    assert_eq!(body(&store, 1).as_deref(), Some("body-1"));
+    assert_eq!(body(&store, 2).as_deref(), Some("body-2"));
+}
