@@ -473,3 +473,5 @@ impl Server {
 
 #[cfg(test)]
 mod hostile_tests;
+#[cfg(test)]
+mod publish_stream_tests;
