@@ -39,6 +39,9 @@ pub struct Iter {
     pub(super) lo: Bound<IVec>,
     pub(super) cached_node: Option<(PageId, Node)>,
     pub(super) going_forward: bool,
+    /// Going forward: the index in `cached_node`'s leaf of the key after
+    /// the one returned last (letterbox: read without a search).
+    pub(super) next_index: Option<usize>,
 }
 
 impl Iter {
@@ -83,7 +86,42 @@ impl Iter {
         }
     }
 
+    /// The next key of the leaf the last forward step read, taken by its
+    /// index: the key `successor` would find there (a leaf's keys are
+    /// sorted and distinct), without the search. `Some(None)`: past the
+    /// upper bound; `None`: no such key (the search moves on).
+    fn next_in_cached_leaf(
+        &mut self,
+    ) -> Option<Option<<Self as Iterator>::Item>> {
+        if !self.going_forward {
+            return None;
+        }
+        let index = self.next_index?;
+        let (_, node) = self.cached_node.as_ref()?;
+        let leaf = node.data.leaf_ref()?;
+        let encoded = leaf.keys.get(index)?;
+        let key = node.prefix_decode(encoded);
+        let value = leaf.values[index].clone();
+        self.next_index = Some(index + 1);
+        self.lo = Bound::Excluded(key.clone());
+        let within = match self.hi {
+            Bound::Unbounded => true,
+            Bound::Included(ref h) => *h >= key,
+            Bound::Excluded(ref h) => *h > key,
+        };
+        if within {
+            Some(Some(Ok((key, value))))
+        } else {
+            self.next_index = None;
+            Some(None)
+        }
+    }
+
     pub(crate) fn next_inner(&mut self) -> Option<<Self as Iterator>::Item> {
+        if let Some(step) = self.next_in_cached_leaf() {
+            return step;
+        }
+        self.next_index = None;
         let guard = pin();
         let (mut pid, mut node) = if let (true, Some((pid, node))) =
             (self.going_forward, self.cached_node.take())
@@ -117,10 +155,11 @@ impl Iter {
                 continue;
             }
 
-            if let Some((key, value)) = node.successor(&self.lo) {
+            if let Some((index, key, value)) = node.successor_at(&self.lo) {
                 self.lo = Bound::Excluded(key.clone());
                 self.cached_node = Some((pid, node));
                 self.going_forward = true;
+                self.next_index = Some(index + 1);
 
                 match self.hi {
                     Bound::Unbounded => return Some(Ok((key, value))),
@@ -203,6 +242,7 @@ impl DoubleEndedIterator for Iter {
                 self.hi = Bound::Excluded(key.clone());
                 self.cached_node = Some((pid, node));
                 self.going_forward = false;
+                self.next_index = None;
 
                 match self.lo {
                     Bound::Unbounded => return Some(Ok((key, value))),

@@ -45,7 +45,7 @@ impl Node {
             + self.data.rss()
     }
 
-    fn prefix_decode(&self, key: &[u8]) -> IVec {
+    pub(crate) fn prefix_decode(&self, key: &[u8]) -> IVec {
         prefix::decode(self.prefix(), key)
     }
 
@@ -463,6 +463,15 @@ impl Node {
         &self,
         bound: &Bound<IVec>,
     ) -> Option<(IVec, IVec)> {
+        self.successor_at(bound).map(|(_, k, v)| (k, v))
+    }
+
+    /// [`Node::successor`], with the index of the key in the leaf
+    /// (letterbox: for `Iter`'s next step without a search).
+    pub(crate) fn successor_at(
+        &self,
+        bound: &Bound<IVec>,
+    ) -> Option<(usize, IVec, IVec)> {
         assert!(!self.data.is_index());
 
         // This encoding happens this way because
@@ -495,7 +504,11 @@ impl Node {
                 _ => {}
             }
             let decoded_key = self.prefix_decode(k);
-            return Some((decoded_key, leaf.values[start + idx].clone()));
+            return Some((
+                start + idx,
+                decoded_key,
+                leaf.values[start + idx].clone(),
+            ));
         }
 
         None

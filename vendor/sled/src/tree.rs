@@ -1230,6 +1230,7 @@ impl Tree {
             lo,
             cached_node: None,
             going_forward: true,
+            next_index: None,
         }
     }
 
