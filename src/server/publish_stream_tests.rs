@@ -30,6 +30,18 @@ fn publish(n: usize, size: usize) -> pb::PublishRequest {
     }
 }
 
+/// The next answer of a publish stream, within 20 s (`late` otherwise).
+async fn next_answer(
+    answers: &mut tonic::Streaming<pb::PublishStreamResponse>,
+    late: &str,
+) -> pb::PublishStreamResponse {
+    tokio::time::timeout(Duration::from_secs(20), answers.message())
+        .await
+        .expect(late)
+        .expect("answer")
+        .expect("an answer")
+}
+
 /// A publish that finds the store over its bound of unapplied changes
 /// waits for room, and meanwhile the session answers the publishes before
 /// it as they become durable. The applier is held, so the wait lasts until
@@ -96,11 +108,11 @@ async fn answers_go_out_while_a_publish_waits_for_room() {
         .await
         .expect("join");
     waited.expect("the second publish never woke the applier");
-    let first = tokio::time::timeout(Duration::from_secs(20), answers.message())
-        .await
-        .expect("no answer while the second publish waits for room")
-        .expect("answer")
-        .expect("an answer");
+    let first = next_answer(
+        &mut answers,
+        "no answer while the second publish waits for room",
+    )
+    .await;
     assert_eq!(
         (first.sequence, first.code, first.results.len()),
         (0, 0, 30)
@@ -113,11 +125,7 @@ async fn answers_go_out_while_a_publish_waits_for_room() {
         "answered without room"
     );
     release.send(()).expect("release");
-    let second = tokio::time::timeout(Duration::from_secs(20), answers.message())
-        .await
-        .expect("the second publish waited for good")
-        .expect("answer")
-        .expect("an answer");
+    let second = next_answer(&mut answers, "the second publish waited for good").await;
     assert_eq!(
         (second.sequence, second.code, second.results.len()),
         (1, 0, 1)
