@@ -268,8 +268,8 @@ pub(crate) fn read_frames(path: &Path) -> Result<Bytes> {
     };
     let mut pos = 0usize;
     let mut last_lsn: Option<u64> = None;
-    // Frames still to take after the current ones end.
-    let mut extra: Option<u32> = None;
+    // An older frame was met: the frame after it is the last one read.
+    let mut older_met = false;
     loop {
         fill(&mut data, pos.saturating_add(HEADER))?;
         let Some(len) = frame_len_hint(&data, pos) else {
@@ -278,20 +278,18 @@ pub(crate) fn read_frames(path: &Path) -> Result<Bytes> {
         let Some(next) = pos.checked_add(len).filter(|&n| n <= size) else {
             break;
         };
-        if let Some(header) = data.get(pos + 8..pos + 16) {
-            let lsn = u64::from_le_bytes(header.try_into().unwrap_or_default());
-            if extra.is_none() && last_lsn.is_some_and(|l| lsn <= l) {
-                extra = Some(1);
-            }
-            last_lsn = Some(lsn);
-        }
+        let lsn = data
+            .get(pos + 8..pos + 16)
+            .and_then(|h| h.try_into().ok())
+            .map(u64::from_le_bytes);
+        let older = matches!((last_lsn, lsn), (Some(l), Some(n)) if n <= l);
+        last_lsn = lsn.or(last_lsn);
         fill(&mut data, next)?;
         pos = next;
-        match &mut extra {
-            Some(0) => break,
-            Some(n) => *n -= 1,
-            None => {}
+        if older_met {
+            break;
         }
+        older_met = older;
     }
     Ok(Bytes::from(data))
 }
