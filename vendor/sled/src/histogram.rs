@@ -47,7 +47,22 @@ pub struct Histogram {
 impl Default for Histogram {
     #[allow(unsafe_code)]
     fn default() -> Histogram {
-        #[cfg(not(feature = "miri_optimizations"))]
+        // With `no_metrics` nothing is ever recorded or read (`measure`
+        // and `percentile` do nothing), so the 512 KiB of buckets would
+        // only be memory written once and kept: leave them out.
+        #[cfg(feature = "no_metrics")]
+        {
+            Histogram {
+                vals: Vec::new(),
+                sum: AtomicUsize::new(0),
+                count: AtomicUsize::new(0),
+            }
+        }
+
+        #[cfg(all(
+            not(feature = "no_metrics"),
+            not(feature = "miri_optimizations")
+        ))]
         {
             let mut vals = Vec::with_capacity(BUCKETS);
             vals.resize_with(BUCKETS, Default::default);
@@ -59,7 +74,7 @@ impl Default for Histogram {
             }
         }
 
-        #[cfg(feature = "miri_optimizations")]
+        #[cfg(all(not(feature = "no_metrics"), feature = "miri_optimizations"))]
         {
             // Avoid calling Vec::resize_with with a large length because its
             // internals cause stacked borrows tracking information to add an
