@@ -20,7 +20,9 @@
 //!   with the lsn of its last record (`SysKey::AppliedLsn`). sled is never
 //!   ahead of the durable log.
 //! * Message bodies are written once, in the log: the database keeps a
-//!   pointer to each payload's place in its log segment (see `payloads`).
+//!   pointer to each payload's place in its log segment (see `payloads`),
+//!   and so does the memtable once the payload is durable (the log writer
+//!   swaps the body for its place before it answers; see `Slot`).
 //! * A checkpoint flushes sled, fsyncs every file of the database and its
 //!   directories (sled's own flush only calls `sync_file_range`), and then
 //!   retires log segments whose records are all applied and to which no
@@ -306,14 +308,20 @@ impl Commit {
 
 /// A memtable slot: the latest value of a key (`None`: deleted), the lsn
 /// of the record that wrote it, whether the key did not exist before this
-/// generation of the memtable, and whether the put applies only if the
-/// key exists then (a payload relocation).
+/// generation of the memtable, whether the put applies only if the key
+/// exists then (a payload relocation), and whether `value` is no longer
+/// the payload itself but its place in the log ([`payloads::Loc`]): once
+/// a payload is durable the log writer swaps it for its place, so the
+/// body's memory goes back as soon as the fsync is done instead of when
+/// the applier has taken the generation, and reads take it from the log
+/// (as they do once the database holds the place).
 #[derive(Debug, Clone)]
 struct Slot {
     value: Option<Bytes>,
     lsn: u64,
     fresh: bool,
     if_exists: bool,
+    placed: bool,
 }
 
 /// Keyed by encoded keys, which the store itself mostly makes (message
@@ -783,14 +791,25 @@ impl Store {
         if let Some(v) = lock(&self.inner.volatile).get(&k) {
             return Ok(Some(v.clone()));
         }
-        {
+        let slot = {
             let st = lock(&self.inner.state);
-            if let Some(slot) = st.active.get(&k) {
-                return Ok(slot.value.clone());
+            st.active
+                .get(&k)
+                .or_else(|| st.frozen.as_ref().and_then(|f| f.get(&k)))
+                .map(|slot| (slot.value.clone(), slot.placed))
+        };
+        match slot {
+            Some((Some(v), true)) => {
+                let loc = payloads::Loc::decode(&v).ok_or_else(|| {
+                    StorageError::corrupt(
+                        self.inner.dir.display().to_string(),
+                        "a payload's place in the log does not decode",
+                    )
+                })?;
+                return self.inner.files.read(loc).map(Some);
             }
-            if let Some(slot) = st.frozen.as_ref().and_then(|f| f.get(&k)) {
-                return Ok(slot.value.clone());
-            }
+            Some((v, _)) => return Ok(v),
+            None => {}
         }
         let v = self
             .inner
@@ -1167,6 +1186,7 @@ impl Inner {
                     let slot = slot.get_mut();
                     slot.value = m.value.clone();
                     slot.lsn = lsn;
+                    slot.placed = false;
                 }
                 Entry::Vacant(place) => {
                     place.insert(Slot {
@@ -1174,6 +1194,7 @@ impl Inner {
                         lsn,
                         fresh: m.fresh,
                         if_exists: m.if_exists,
+                        placed: false,
                     });
                 }
             }
@@ -1281,6 +1302,31 @@ impl Inner {
     }
 }
 
+/// Replaces each payload of `places` (key, lsn, place) that is still the
+/// active memtable's latest value of its key by its place in the log, and
+/// returns the bodies it took out (to be dropped outside the lock). A key
+/// written again, deleted or frozen since keeps its slot as it is: a frozen
+/// generation is shared with the applier and goes whole soon anyway.
+fn swap_for_places(inner: &Inner, places: &[(&Bytes, u64, payloads::Loc)]) -> Vec<Bytes> {
+    let mut bodies = Vec::with_capacity(places.len());
+    if places.is_empty() {
+        return bodies;
+    }
+    let mut st = lock(&inner.state);
+    for (key, lsn, loc) in places {
+        if let Some(slot) = st.active.get_mut(*key)
+            && slot.lsn == *lsn
+            && !slot.placed
+            && let Some(body) = slot.value.take()
+        {
+            slot.value = Some(Bytes::copy_from_slice(&loc.encode()));
+            slot.placed = true;
+            bodies.push(body);
+        }
+    }
+    bodies
+}
+
 /// The log writer thread: takes every pending transaction, writes them in
 /// one go, fdatasyncs, and answers them.
 fn log_writer(inner: &Inner, mut writer: wal::Writer) {
@@ -1320,6 +1366,7 @@ fn log_writer(inner: &Inner, mut writer: wal::Writer) {
                 return;
             }
         };
+        let mut places = Vec::with_capacity(located.len());
         if !located.is_empty() {
             let mut map = lock(&inner.placed);
             for (fi, mi, off) in located {
@@ -1332,6 +1379,7 @@ fn log_writer(inner: &Inner, mut writer: wal::Writer) {
                     len: u32::try_from(len).unwrap_or(u32::MAX),
                 };
                 map.insert(m.key.clone(), (p.lsn, loc));
+                places.push((&m.key, p.lsn, loc));
             }
         }
         let last = batch[batch.len() - 1].lsn;
@@ -1352,6 +1400,11 @@ fn log_writer(inner: &Inner, mut writer: wal::Writer) {
             .fetch_add(frames.len() as u64, Ordering::Relaxed);
         *lock(&inner.durable) = last;
         inner.durable_cv.notify_all();
+        // The bodies just made durable leave the memtable for their places
+        // (see `Slot`); they are freed below, with the batch, outside the
+        // lock.
+        let swapped = swap_for_places(inner, &places);
+        drop(places);
         for p in batch {
             inner
                 .metrics
@@ -1359,6 +1412,7 @@ fn log_writer(inner: &Inner, mut writer: wal::Writer) {
                 .observe(p.submitted.elapsed().as_secs_f64());
             let _ = p.done.send(Ok(()));
         }
+        drop(swapped);
         #[cfg(feature = "fault-ack-before-fsync")]
         if let Err(e) = writer.sync() {
             inner.fail(&e);
@@ -1534,9 +1588,15 @@ fn apply_once(inner: &Inner) -> Result<()> {
                 if slot.if_exists && !db.contains_key(k).map_err(db_err)? {
                     continue;
                 }
-                let here = placed.get(k).filter(|(lsn, _)| *lsn == slot.lsn);
+                // Where the log writer put this value, if it is a payload:
+                // from its map, or the slot itself once swapped for it.
+                let here = placed
+                    .get(k)
+                    .filter(|(lsn, _)| *lsn == slot.lsn)
+                    .map(|(_, loc)| *loc)
+                    .or_else(|| slot.placed.then(|| payloads::Loc::decode(v)).flatten());
                 match (payload, here) {
-                    (true, Some((_, loc))) => {
+                    (true, Some(loc)) => {
                         if !slot.fresh {
                             removed.extend(old(k)?.map(|l| l.seg));
                         }

@@ -598,6 +598,108 @@ async fn payloads_logged_while_a_generation_is_applied_keep_their_places() {
     assert_eq!(body(&store, 2).as_deref(), Some("body-2"));
 }
 
+/// Options under which nothing is applied or checkpointed unless a test
+/// calls `apply_once` itself.
+fn manual_apply_opts() -> StoreOptions {
+    StoreOptions {
+        apply_interval: Duration::from_secs(3600),
+        checkpoint_interval: Duration::from_secs(3600),
+        ..small_opts()
+    }
+}
+
+#[tokio::test]
+async fn durable_payloads_leave_the_memtable_for_their_places() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (store, _) = Store::open(dir.path(), manual_apply_opts()).expect("open");
+    let mut t = Txn::new();
+    t.put_payload(1, big(1));
+    t.put_payload(2, big(2));
+    store.submit(t).wait().await.expect("durable");
+    // Answered, so swapped: the memtable holds each payload's place in
+    // the log, not its body.
+    {
+        let st = lock(&store.inner.state);
+        for pid in [1u64, 2] {
+            let slot = st
+                .active
+                .get(&Key::Payload(pid).encode())
+                .expect("in the memtable");
+            let v = slot.value.as_ref().expect("a value");
+            assert!(
+                slot.placed && payloads::Loc::decode(v).is_some(),
+                "payload {pid} is still whole in the memtable ({} bytes)",
+                v.len()
+            );
+        }
+    }
+    // Reads take the bodies from the log.
+    let want = |i: u64| Some(format!("{i:0>900}"));
+    assert_eq!(body(&store, 1), want(1));
+    assert_eq!(body(&store, 2), want(2));
+    // A delete after the swap still wins, and a fresh payload created and
+    // deleted in one generation still never reaches the database.
+    delete_payloads(&store, [2].into_iter()).await;
+    assert_eq!(body(&store, 2), None);
+    apply_once(&store.inner).expect("apply");
+    let loc = stored_pointer(&store, 1).expect("payload 1 applied as a pointer");
+    assert_eq!(lock(&store.inner.live).count(loc.seg), 1);
+    assert!(
+        store
+            .inner
+            .db()
+            .get(Key::Payload(2).encode())
+            .expect("get")
+            .is_none()
+    );
+    assert_eq!(body(&store, 1), want(1));
+    store.close().expect("close");
+    let (store, _) = Store::open(dir.path(), manual_apply_opts()).expect("reopen");
+    assert_eq!(body(&store, 1), want(1));
+    assert_eq!(body(&store, 2), None);
+}
+
+#[tokio::test]
+async fn a_swapped_payload_logged_again_during_its_apply_is_counted_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (store, _) = Store::open(dir.path(), manual_apply_opts()).expect("open");
+    put_payloads(&store, 1..2).await;
+    // Generation 1 (payload 1, swapped for its place) is frozen and held
+    // by an apply on another thread.
+    let (frozen_tx, frozen) = std::sync::mpsc::channel();
+    let (release, release_rx) = std::sync::mpsc::channel();
+    store.hold_applier(frozen_tx, release_rx);
+    let inner = Arc::clone(&store.inner);
+    let first = std::thread::spawn(move || apply_once(&inner));
+    frozen
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the apply froze a generation");
+    // Meanwhile payload 1 is logged again (a compaction's relocation):
+    // the log writer's map now holds the newer place, so the held apply
+    // finds the older one only in the slot itself.
+    let mut t = Txn::new();
+    t.relocate(Key::Payload(1).encode(), big(1));
+    store.submit(t).wait().await.expect("durable");
+    release.send(()).expect("release");
+    first.join().expect("apply thread").expect("apply");
+    // The held apply stored the older place, and counted it: until the
+    // relocation is applied, its segment must not look empty.
+    let older = stored_pointer(&store, 1).expect("payload 1 stored as a pointer");
+    assert_eq!(lock(&store.inner.live).count(older.seg), 1, "{older:?}");
+    apply_once(&store.inner).expect("apply the relocation");
+    let loc = stored_pointer(&store, 1).expect("payload 1 stored as a pointer");
+    let live = lock(&store.inner.live);
+    assert_eq!(
+        live.counts.values().sum::<u64>(),
+        1,
+        "one payload, one live pointer: {:?} (newest place {loc:?})",
+        live.counts
+    );
+    assert_eq!(live.count(loc.seg), 1);
+    drop(live);
+    assert_eq!(body(&store, 1), Some(format!("{:0>900}", 1)));
+}
+
 mod sled_scans {
     //! sled's iterator (patched: a forward step reads the next key of its
     //! leaf by index, vendor/sled/PATCHED.md) against a `BTreeMap`: the
