@@ -76,6 +76,12 @@ pub struct ServeArgs {
     /// crash). Acks and receives never wait.
     #[arg(long, env = "LETTERBOX_MAX_UNAPPLIED", default_value = "256MiB")]
     pub max_unapplied: ByteSize,
+    /// Most bytes of durable message bodies kept in memory after they are
+    /// logged, the most recent ones, for consumers close behind the
+    /// publishers; older bodies are read back from the log when delivered
+    /// (0: none are kept).
+    #[arg(long, env = "LETTERBOX_RECENT_PAYLOADS", default_value = "64MiB")]
+    pub recent_payloads: ByteSize,
     /// Checkpoint after this many bytes of log.
     #[arg(long, env = "LETTERBOX_CHECKPOINT_BYTES", default_value = "128MiB")]
     pub checkpoint_bytes: ByteSize,
@@ -204,6 +210,8 @@ impl ServeArgs {
             ));
         }
         c.store.max_unapplied_bytes = usize::try_from(self.max_unapplied.0).unwrap_or(usize::MAX);
+        c.store.recent_payload_bytes =
+            usize::try_from(self.recent_payloads.0).unwrap_or(usize::MAX);
         c.store.cache_bytes = self.cache_size.0;
         c.store.rewrite_min_bytes = self.db_rewrite_min.0;
         c.shutdown_grace = self.shutdown_grace.0;
@@ -435,7 +443,7 @@ publish = ["orders"]
     }
 
     #[test]
-    fn the_unapplied_bound_has_a_floor_and_reaches_the_store() {
+    fn the_memory_bounds_reach_the_store_and_the_unapplied_one_has_a_floor() {
         let e = parse(&["--max-unapplied", "64KiB"], "")
             .unwrap()
             .server_config()
@@ -446,6 +454,12 @@ publish = ["orders"]
             .server_config()
             .unwrap();
         assert_eq!(c.store.max_unapplied_bytes, 32 << 20);
+        assert_eq!(c.store.recent_payload_bytes, 64 << 20, "the default");
+        let c = parse(&["--recent-payloads", "0"], "")
+            .unwrap()
+            .server_config()
+            .unwrap();
+        assert_eq!(c.store.recent_payload_bytes, 0, "0 keeps no bodies");
     }
 
     #[test]

@@ -21,8 +21,8 @@
 //!   ahead of the durable log.
 //! * Message bodies are written once, in the log: the database keeps a
 //!   pointer to each payload's place in its log segment (see `payloads`),
-//!   and so does the memtable once the payload is durable (the log writer
-//!   swaps the body for its place before it answers; see `Slot`).
+//!   and so does the memtable for durable payloads beyond the most recent
+//!   (the log writer swaps their bodies for their places; see `Slot`).
 //! * A checkpoint flushes sled, fsyncs every file of the database and its
 //!   directories (sled's own flush only calls `sync_file_range`), and then
 //!   retires log segments whose records are all applied and to which no
@@ -48,8 +48,8 @@ mod rewrite;
 pub mod verify;
 pub mod wal;
 
-use std::collections::HashMap;
 use std::collections::hash_map::Entry;
+use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
@@ -80,6 +80,10 @@ pub struct StoreOptions {
     /// above it [`Store::room`] waits (publishers slow down to the pace
     /// of the database instead of piling changes up in memory).
     pub max_unapplied_bytes: usize,
+    /// Most bytes of durable payloads the memtable keeps whole, the most
+    /// recent ones (for consumers close behind the publishers); older ones
+    /// are swapped for their places in the log (see `Slot`).
+    pub recent_payload_bytes: usize,
     /// Longest time between checkpoints.
     pub checkpoint_interval: Duration,
     /// Checkpoint once this many log bytes were written since the last one.
@@ -101,6 +105,7 @@ impl Default for StoreOptions {
             apply_interval: Duration::from_millis(500),
             apply_bytes: 64 << 20,
             max_unapplied_bytes: 256 << 20,
+            recent_payload_bytes: 64 << 20,
             checkpoint_interval: Duration::from_secs(30),
             checkpoint_bytes: 128 << 20,
             cache_bytes: 256 << 20,
@@ -310,11 +315,12 @@ impl Commit {
 /// of the record that wrote it, whether the key did not exist before this
 /// generation of the memtable, whether the put applies only if the key
 /// exists then (a payload relocation), and whether `value` is no longer
-/// the payload itself but its place in the log ([`payloads::Loc`]): once
-/// a payload is durable the log writer swaps it for its place, so the
-/// body's memory goes back as soon as the fsync is done instead of when
-/// the applier has taken the generation, and reads take it from the log
-/// (as they do once the database holds the place).
+/// the payload itself but its place in the log ([`payloads::Loc`]): the
+/// log writer keeps the most recent durable payloads whole (up to
+/// [`StoreOptions::recent_payload_bytes`], for consumers close behind) and
+/// swaps older ones for their places, so their memory goes back long
+/// before the applier has taken the generation; reads of them take the
+/// body from the log, as they do once the database holds the place.
 #[derive(Debug, Clone)]
 struct Slot {
     value: Option<Bytes>,
@@ -1307,14 +1313,14 @@ impl Inner {
 /// returns the bodies it took out (to be dropped outside the lock). A key
 /// written again, deleted or frozen since keeps its slot as it is: a frozen
 /// generation is shared with the applier and goes whole soon anyway.
-fn swap_for_places(inner: &Inner, places: &[(&Bytes, u64, payloads::Loc)]) -> Vec<Bytes> {
+fn swap_for_places(inner: &Inner, places: &[(Bytes, u64, payloads::Loc)]) -> Vec<Bytes> {
     let mut bodies = Vec::with_capacity(places.len());
     if places.is_empty() {
         return bodies;
     }
     let mut st = lock(&inner.state);
     for (key, lsn, loc) in places {
-        if let Some(slot) = st.active.get_mut(*key)
+        if let Some(slot) = st.active.get_mut(key)
             && slot.lsn == *lsn
             && !slot.placed
             && let Some(body) = slot.value.take()
@@ -1332,6 +1338,17 @@ fn swap_for_places(inner: &Inner, places: &[(&Bytes, u64, payloads::Loc)]) -> Ve
 fn log_writer(inner: &Inner, mut writer: wal::Writer) {
     let mut frames = Vec::with_capacity(1 << 20);
     let mut bounds = Vec::new();
+    // Durable payloads still whole in the memtable as far as this thread
+    // knows, oldest first, and their bytes (an overestimate: some were
+    // deleted, frozen or applied since, which their turn here finds out).
+    // Never more than the memtable can hold, so that entries of applied
+    // generations cannot pile up here.
+    let keep = inner
+        .opts
+        .recent_payload_bytes
+        .min(inner.opts.max_unapplied_bytes);
+    let mut recent: VecDeque<(Bytes, u64, payloads::Loc)> = VecDeque::new();
+    let mut recent_bytes = 0usize;
     loop {
         let batch = {
             let mut st = lock(&inner.state);
@@ -1366,7 +1383,6 @@ fn log_writer(inner: &Inner, mut writer: wal::Writer) {
                 return;
             }
         };
-        let mut places = Vec::with_capacity(located.len());
         if !located.is_empty() {
             let mut map = lock(&inner.placed);
             for (fi, mi, off) in located {
@@ -1379,7 +1395,8 @@ fn log_writer(inner: &Inner, mut writer: wal::Writer) {
                     len: u32::try_from(len).unwrap_or(u32::MAX),
                 };
                 map.insert(m.key.clone(), (p.lsn, loc));
-                places.push((&m.key, p.lsn, loc));
+                recent.push_back((m.key.clone(), p.lsn, loc));
+                recent_bytes += usize::try_from(loc.len).unwrap_or(usize::MAX);
             }
         }
         let last = batch[batch.len() - 1].lsn;
@@ -1400,9 +1417,18 @@ fn log_writer(inner: &Inner, mut writer: wal::Writer) {
             .fetch_add(frames.len() as u64, Ordering::Relaxed);
         *lock(&inner.durable) = last;
         inner.durable_cv.notify_all();
-        // The bodies just made durable leave the memtable for their places
-        // (see `Slot`); they are freed below, with the batch, outside the
-        // lock.
+        // The oldest durable bodies beyond the most recent ones leave the
+        // memtable for their places (see `Slot`); they are freed below,
+        // outside the lock.
+        let mut places = Vec::new();
+        while recent_bytes > keep {
+            let Some(place) = recent.pop_front() else {
+                break;
+            };
+            recent_bytes =
+                recent_bytes.saturating_sub(usize::try_from(place.2.len).unwrap_or(usize::MAX));
+            places.push(place);
+        }
         let swapped = swap_for_places(inner, &places);
         drop(places);
         for p in batch {

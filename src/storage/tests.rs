@@ -600,11 +600,42 @@ async fn payloads_logged_while_a_generation_is_applied_keep_their_places() {
 
 /// Options under which nothing is applied or checkpointed unless a test
 /// calls `apply_once` itself.
+/// Durable payloads are all swapped for their places at once.
 fn manual_apply_opts() -> StoreOptions {
     StoreOptions {
         apply_interval: Duration::from_secs(3600),
         checkpoint_interval: Duration::from_secs(3600),
+        recent_payload_bytes: 0,
         ..small_opts()
+    }
+}
+
+fn is_placed(store: &Store, pid: u64) -> bool {
+    lock(&store.inner.state)
+        .active
+        .get(&Key::Payload(pid).encode())
+        .expect("in the memtable")
+        .placed
+}
+
+#[tokio::test]
+async fn the_most_recent_durable_payloads_stay_whole_in_the_memtable() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let one = big(1).len();
+    let opts = StoreOptions {
+        recent_payload_bytes: 2 * one,
+        ..manual_apply_opts()
+    };
+    let (store, _) = Store::open(dir.path(), opts).expect("open");
+    put_payloads(&store, 1..6).await;
+    let placed: Vec<bool> = (1..6).map(|pid| is_placed(&store, pid)).collect();
+    assert_eq!(
+        placed,
+        [true, true, true, false, false],
+        "the two newest stay whole"
+    );
+    for pid in 1..6u64 {
+        assert_eq!(body(&store, pid), Some(format!("{pid:0>900}")));
     }
 }
 

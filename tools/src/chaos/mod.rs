@@ -204,9 +204,14 @@ impl Nemesis {
         // Small thresholds make database rewrites (and kills during them)
         // frequent.
         let rewrite = ["64KiB", "1MiB", "16MiB"][self.rng.usize(0..3)];
+        // Bodies read back from the log soon after they are logged, or
+        // from memory.
+        let recent = ["0", "64KiB", "64MiB"][self.rng.usize(0..3)];
         vec![
             "--db-rewrite-min".into(),
             rewrite.into(),
+            "--recent-payloads".into(),
+            recent.into(),
             "--wal-segment-size".into(),
             seg.into(),
             "--checkpoint-interval".into(),
