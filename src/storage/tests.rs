@@ -20,6 +20,16 @@ fn payload(i: u64) -> Bytes {
     ))
 }
 
+/// Whether the database (not the memtable) holds the payload.
+fn in_database(store: &Store, pid: u64) -> bool {
+    store
+        .inner
+        .db()
+        .get(Key::Payload(pid).encode())
+        .expect("get")
+        .is_some()
+}
+
 fn body(store: &Store, pid: u64) -> Option<String> {
     store
         .get_payload(pid)
@@ -264,35 +274,14 @@ async fn fresh_keys_created_and_deleted_between_applies_never_reach_the_database
         "only pid 2 is left to apply"
     );
     apply_once(&store.inner).expect("apply");
-    assert!(
-        store
-            .inner
-            .db()
-            .get(Key::Payload(1).encode())
-            .expect("get")
-            .is_none()
-    );
-    assert!(
-        store
-            .inner
-            .db()
-            .get(Key::Payload(2).encode())
-            .expect("get")
-            .is_some()
-    );
+    assert!(!in_database(&store, 1));
+    assert!(in_database(&store, 2));
     // Deleting a key that reached the database deletes it there.
     let mut t = Txn::new();
     t.delete(Key::Payload(2));
     store.submit(t).wait().await.expect("durable");
     apply_once(&store.inner).expect("apply");
-    assert!(
-        store
-            .inner
-            .db()
-            .get(Key::Payload(2).encode())
-            .expect("get")
-            .is_none()
-    );
+    assert!(!in_database(&store, 2));
     store.crash();
     let (store, _) = Store::open(dir.path(), small_opts()).expect("reopen");
     assert_eq!((body(&store, 1), body(&store, 2)), (None, None));
@@ -610,12 +599,20 @@ fn manual_apply_opts() -> StoreOptions {
     }
 }
 
+/// Whether the memtable holds the payload's place in the log rather than
+/// the payload itself.
 fn is_placed(store: &Store, pid: u64) -> bool {
-    lock(&store.inner.state)
+    let st = lock(&store.inner.state);
+    let slot = st
         .active
         .get(&Key::Payload(pid).encode())
-        .expect("in the memtable")
-        .placed
+        .expect("in the memtable");
+    slot.placed
+        && slot
+            .value
+            .as_ref()
+            .and_then(|v| payloads::Loc::decode(v))
+            .is_some()
 }
 
 #[tokio::test]
@@ -643,26 +640,11 @@ async fn the_most_recent_durable_payloads_stay_whole_in_the_memtable() {
 async fn durable_payloads_leave_the_memtable_for_their_places() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (store, _) = Store::open(dir.path(), manual_apply_opts()).expect("open");
-    let mut t = Txn::new();
-    t.put_payload(1, big(1));
-    t.put_payload(2, big(2));
-    store.submit(t).wait().await.expect("durable");
+    put_payloads(&store, 1..3).await;
     // Answered, so swapped: the memtable holds each payload's place in
     // the log, not its body.
-    {
-        let st = lock(&store.inner.state);
-        for pid in [1u64, 2] {
-            let slot = st
-                .active
-                .get(&Key::Payload(pid).encode())
-                .expect("in the memtable");
-            let v = slot.value.as_ref().expect("a value");
-            assert!(
-                slot.placed && payloads::Loc::decode(v).is_some(),
-                "payload {pid} is still whole in the memtable ({} bytes)",
-                v.len()
-            );
-        }
+    for pid in [1u64, 2] {
+        assert!(is_placed(&store, pid), "payload {pid} is still whole");
     }
     // Reads take the bodies from the log.
     let want = |i: u64| Some(format!("{i:0>900}"));
@@ -675,14 +657,7 @@ async fn durable_payloads_leave_the_memtable_for_their_places() {
     apply_once(&store.inner).expect("apply");
     let loc = stored_pointer(&store, 1).expect("payload 1 applied as a pointer");
     assert_eq!(lock(&store.inner.live).count(loc.seg), 1);
-    assert!(
-        store
-            .inner
-            .db()
-            .get(Key::Payload(2).encode())
-            .expect("get")
-            .is_none()
-    );
+    assert!(!in_database(&store, 2));
     assert_eq!(body(&store, 1), want(1));
     store.close().expect("close");
     let (store, _) = Store::open(dir.path(), manual_apply_opts()).expect("reopen");
