@@ -406,6 +406,9 @@ struct Inner {
     log_bytes: AtomicU64,
     checkpoints: AtomicU64,
     applied: AtomicU64,
+    /// Memtable generations frozen so far (the log writer's list of
+    /// recent payloads only concerns the active one).
+    generations: AtomicU64,
     sync_micros: AtomicU64,
     segments: Arc<Mutex<Vec<(u64, u64)>>>,
     pool: Arc<wal::Pool>,
@@ -710,6 +713,7 @@ impl Store {
             log_bytes: AtomicU64::new(0),
             checkpoints: AtomicU64::new(0),
             applied: AtomicU64::new(end.last_lsn),
+            generations: AtomicU64::new(0),
             sync_micros: AtomicU64::new(0),
             segments: Arc::clone(&writer.written),
             pool,
@@ -1338,17 +1342,15 @@ fn swap_for_places(inner: &Inner, places: &[(Bytes, u64, payloads::Loc)]) -> Vec
 fn log_writer(inner: &Inner, mut writer: wal::Writer) {
     let mut frames = Vec::with_capacity(1 << 20);
     let mut bounds = Vec::new();
-    // Durable payloads still whole in the memtable as far as this thread
-    // knows, oldest first, and their bytes (an overestimate: some were
-    // deleted, frozen or applied since, which their turn here finds out).
-    // Never more than the memtable can hold, so that entries of applied
-    // generations cannot pile up here.
-    let keep = inner
-        .opts
-        .recent_payload_bytes
-        .min(inner.opts.max_unapplied_bytes);
+    // Durable payloads of the active memtable still whole as far as this
+    // thread knows, oldest first, and their bytes (an overestimate: some
+    // were deleted or written again since, which their turn here finds
+    // out). Emptied when the applier freezes the memtable: a frozen
+    // generation keeps its bodies until it is applied.
+    let keep = inner.opts.recent_payload_bytes;
     let mut recent: VecDeque<(Bytes, u64, payloads::Loc)> = VecDeque::new();
     let mut recent_bytes = 0usize;
+    let mut generation = inner.generations.load(Ordering::Relaxed);
     loop {
         let batch = {
             let mut st = lock(&inner.state);
@@ -1383,6 +1385,12 @@ fn log_writer(inner: &Inner, mut writer: wal::Writer) {
                 return;
             }
         };
+        let now = inner.generations.load(Ordering::Relaxed);
+        if now != generation {
+            generation = now;
+            recent.clear();
+            recent_bytes = 0;
+        }
         if !located.is_empty() {
             let mut map = lock(&inner.placed);
             for (fi, mi, off) in located {
@@ -1538,6 +1546,7 @@ fn apply_once(inner: &Inner) -> Result<()> {
         // shrinks it back at the next apply.
         let next = Memtable::with_capacity_and_hasher(st.active.len(), Default::default());
         let frozen = Arc::new(std::mem::replace(&mut st.active, next));
+        inner.generations.fetch_add(1, Ordering::Relaxed);
         st.frozen_bytes = std::mem::take(&mut st.active_bytes);
         st.frozen = Some(Arc::clone(&frozen));
         (frozen, st.next_lsn - 1)
