@@ -76,10 +76,11 @@ pub struct ServeArgs {
     /// crash). Acks and receives never wait.
     #[arg(long, env = "LETTERBOX_MAX_UNAPPLIED", default_value = "256MiB")]
     pub max_unapplied: ByteSize,
-    /// Most bytes of durable message bodies kept in memory after they are
-    /// logged, the most recent ones, for consumers close behind the
-    /// publishers; older bodies are read back from the log when delivered
-    /// (0: none are kept).
+    /// Most bytes of durable message bodies kept whole in memory while
+    /// they wait to be copied into the database, the most recent ones, for
+    /// consumers close behind the publishers; older ones give their memory
+    /// back and are read from the log when delivered (0: none are kept).
+    /// A batch being copied keeps its bodies until it is done.
     #[arg(long, env = "LETTERBOX_RECENT_PAYLOADS", default_value = "64MiB")]
     pub recent_payloads: ByteSize,
     /// Checkpoint after this many bytes of log.
