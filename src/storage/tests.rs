@@ -588,8 +588,8 @@ async fn payloads_logged_while_a_generation_is_applied_keep_their_places() {
 }
 
 /// Options under which nothing is applied or checkpointed unless a test
-/// calls `apply_once` itself.
-/// Durable payloads are all swapped for their places at once.
+/// calls `apply_once` itself, and every durable payload is swapped for its
+/// place at once (none kept whole).
 fn manual_apply_opts() -> StoreOptions {
     StoreOptions {
         apply_interval: Duration::from_secs(3600),
