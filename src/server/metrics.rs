@@ -143,11 +143,16 @@ impl Collector for Figures {
             }
         }
         let store = self.broker.store().stats();
-        let counters: [(&str, &str, u64); 8] = [
+        let counters: [(&str, &str, u64); 9] = [
             (
                 "letterbox_log_syncs",
                 "fdatasync calls on the write-ahead log (one per group commit)",
                 store.log_syncs,
+            ),
+            (
+                "letterbox_log_caller_commits",
+                "Group commits made by a caller waiting alone for its own, not by the log writer thread",
+                store.caller_commits,
             ),
             (
                 "letterbox_log_records",

@@ -11,7 +11,9 @@
 //!   logged in submission order. The returned [`Commit`] resolves once the
 //!   transaction's log record, and every record before it, is written and
 //!   `fdatasync`'d. Concurrent submissions share one write and one
-//!   `fdatasync` (group commit).
+//!   `fdatasync` (group commit, by the log writer thread); a caller whose
+//!   transaction is the only one, when callers come one at a time, writes
+//!   it itself while it waits ([`Commit::wait`]).
 //! * [`Store::get`] sees every submitted transaction at once, durable or
 //!   not (the memtable), so the engine can read what it has just decided.
 //!   Callers that hand data to a client wait for their own commit first.
@@ -52,7 +54,7 @@ use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, TryLockError, Weak};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -131,6 +133,9 @@ pub struct OpenReport {
 pub struct StoreStats {
     /// `fdatasync` calls on the log (one per group commit).
     pub log_syncs: u64,
+    /// Group commits made by the caller waiting for them, alone, instead
+    /// of the log writer thread (see [`Commit::wait`]).
+    pub caller_commits: u64,
     /// Log records (transactions) made durable.
     pub records: u64,
     /// Bytes written to the log.
@@ -288,6 +293,11 @@ pub fn txn_log_size(txn: &Txn) -> usize {
 pub struct Commit {
     lsn: u64,
     rx: std::result::Result<oneshot::Receiver<std::result::Result<(), String>>, String>,
+    /// The store, for [`Commit::wait`] to commit the transaction itself.
+    store: Weak<Inner>,
+    /// The log writer was not woken for it: waiting for it (or dropping
+    /// it) must either commit it or wake the log writer.
+    unannounced: bool,
 }
 
 impl Commit {
@@ -296,9 +306,27 @@ impl Commit {
         self.lsn
     }
 
-    /// Waits until the transaction is durable.
-    pub async fn wait(self) -> Result<()> {
-        match self.rx {
+    /// Waits until the transaction is durable. When it is the only one
+    /// waiting for the log and callers have been coming one at a time, the
+    /// caller writes and syncs it itself instead of handing it to the log
+    /// writer thread and being woken by it (on tokio's multi-thread
+    /// runtime with two workers or more: it blocks its worker meanwhile).
+    pub async fn wait(mut self) -> Result<()> {
+        let rx = std::mem::replace(&mut self.rx, Err(String::new()));
+        if self.unannounced {
+            if let Some(inner) = self.store.upgrade() {
+                if inner.alone(self.lsn) {
+                    // Calls already received get their turn first (tokio
+                    // polls for I/O before resuming a task that yielded):
+                    // if they submit, this one is no longer alone.
+                    tokio::task::yield_now().await;
+                    inner.commit_alone(self.lsn);
+                }
+                inner.announce(self.lsn);
+            }
+            self.unannounced = false;
+        }
+        match rx {
             Ok(rx) => match rx.await {
                 Ok(Ok(())) => Ok(()),
                 Ok(Err(reason)) => Err(StorageError::Stopped { reason }),
@@ -307,6 +335,18 @@ impl Commit {
                 }),
             },
             Err(reason) => Err(StorageError::Stopped { reason }),
+        }
+    }
+}
+
+impl Drop for Commit {
+    /// A commit not waited for (or whose wait was cancelled) is the log
+    /// writer's to make.
+    fn drop(&mut self) {
+        if self.unannounced
+            && let Some(inner) = self.store.upgrade()
+        {
+            inner.announce(self.lsn);
         }
     }
 }
@@ -349,6 +389,28 @@ struct Pending {
     done: oneshot::Sender<std::result::Result<(), String>>,
 }
 
+/// The writing end of the log and what is kept from one group commit to
+/// the next. Whoever holds it writes: the log writer thread, or a caller
+/// committing its own transaction ([`Inner::commit_alone`]). Pending
+/// transactions are taken from [`State::pending`] only while holding it,
+/// so batches reach the log in lsn order.
+struct LogState {
+    writer: wal::Writer,
+    frames: Vec<u8>,
+    bounds: Vec<(usize, u64)>,
+    /// Durable payloads of the active memtable still whole as far as the
+    /// log writer knows, oldest first, and their bytes (an overestimate:
+    /// some were deleted or written again since, which their turn finds
+    /// out). Emptied when the applier freezes the memtable: a frozen
+    /// generation keeps its bodies until it is applied.
+    recent: VecDeque<(Bytes, u64, payloads::Loc)>,
+    recent_bytes: usize,
+    /// The memtable generation `recent` belongs to.
+    generation: u64,
+    /// A write failed: nothing more is written.
+    stopped: bool,
+}
+
 struct State {
     next_lsn: u64,
     /// Submitted changes not yet frozen for application.
@@ -381,8 +443,14 @@ struct Inner {
     rewrites: AtomicU64,
     opts: StoreOptions,
     state: Mutex<State>,
-    /// Wakes the log writer when `pending` gets work.
+    /// Wakes the log writer when `pending` gets work, or when a caller
+    /// that committed alone leaves work behind.
     commit_cv: Condvar,
+    log: Mutex<LogState>,
+    /// The last group commit held one transaction and none arrived while
+    /// it was written: callers come one at a time. Otherwise they arrive
+    /// together, and the log writer should keep grouping them.
+    quiet: AtomicBool,
     /// Wakes the applier (memtable full, close, a publisher waiting for
     /// room).
     apply_cv: Condvar,
@@ -402,6 +470,7 @@ struct Inner {
     /// crash, for tests).
     abandon: AtomicBool,
     log_syncs: AtomicU64,
+    caller_commits: AtomicU64,
     records: AtomicU64,
     log_bytes: AtomicU64,
     checkpoints: AtomicU64,
@@ -681,6 +750,7 @@ impl Store {
         fsutil::sync_dir(&wal_dir)?;
         let writer = wal::Writer::start(Arc::clone(&pool), end.last_segment)?;
 
+        let written = Arc::clone(&writer.written);
         let (failure, _) = watch::channel(None);
         let inner = Arc::new(Inner {
             dir: dir.to_path_buf(),
@@ -698,6 +768,16 @@ impl Store {
                 closed: None,
             }),
             commit_cv: Condvar::new(),
+            quiet: AtomicBool::new(false),
+            log: Mutex::new(LogState {
+                writer,
+                frames: Vec::with_capacity(1 << 20),
+                bounds: Vec::new(),
+                recent: VecDeque::new(),
+                recent_bytes: 0,
+                generation: 0,
+                stopped: false,
+            }),
             apply_cv: Condvar::new(),
             unapplied: AtomicUsize::new(0),
             room: tokio::sync::Notify::new(),
@@ -709,13 +789,14 @@ impl Store {
             space_checked_bytes: AtomicU64::new(0),
             abandon: AtomicBool::new(false),
             log_syncs: AtomicU64::new(0),
+            caller_commits: AtomicU64::new(0),
             records: AtomicU64::new(0),
             log_bytes: AtomicU64::new(0),
             checkpoints: AtomicU64::new(0),
             applied: AtomicU64::new(end.last_lsn),
             generations: AtomicU64::new(0),
             sync_micros: AtomicU64::new(0),
-            segments: Arc::clone(&writer.written),
+            segments: written,
             pool,
             placed: Mutex::default(),
             live: Mutex::new(live),
@@ -730,7 +811,7 @@ impl Store {
         inner.refresh_space();
         let mut threads = Vec::new();
         let i = Arc::clone(&inner);
-        threads.push(spawn("letterbox-log", move || log_writer(&i, writer))?);
+        threads.push(spawn("letterbox-log", move || log_writer(&i))?);
         let i = Arc::clone(&inner);
         threads.push(spawn("letterbox-apply", move || applier(&i))?);
         let report = OpenReport {
@@ -791,7 +872,9 @@ impl Store {
 
     /// Logs a transaction (see the module's durability contract).
     pub fn submit(&self, txn: Txn) -> Commit {
-        self.inner.submit(txn)
+        let mut commit = self.inner.submit(txn, true);
+        commit.store = Arc::downgrade(&self.inner);
+        commit
     }
 
     /// Reads a key as of the latest submitted transaction.
@@ -931,6 +1014,7 @@ impl Store {
         let i = &self.inner;
         StoreStats {
             log_syncs: i.log_syncs.load(Ordering::Relaxed),
+            caller_commits: i.caller_commits.load(Ordering::Relaxed),
             records: i.records.load(Ordering::Relaxed),
             log_bytes: i.log_bytes.load(Ordering::Relaxed),
             checkpoints: i.checkpoints.load(Ordering::Relaxed),
@@ -1170,13 +1254,18 @@ fn check_db_format(db: &sled::Db, path: &Path, fresh: bool) -> Result<()> {
 
 impl Inner {
     /// See [`Store::submit`].
-    fn submit(&self, txn: Txn) -> Commit {
+    /// `waited`: the caller will wait for the commit (or drop it) through
+    /// a [`Commit`] that can reach the store, so the log writer need not be
+    /// woken yet when callers come one at a time ([`Inner::quiet`]).
+    fn submit(&self, txn: Txn, waited: bool) -> Commit {
         let (tx, rx) = oneshot::channel();
         let mut st = lock(&self.state);
         if let Some(reason) = &st.closed {
             return Commit {
                 lsn: 0,
                 rx: Err(reason.clone()),
+                store: Weak::new(),
+                unannounced: false,
             };
         }
         let lsn = st.next_lsn;
@@ -1226,14 +1315,20 @@ impl Inner {
             muts: txn.muts,
             done: tx,
         });
-        if st.pending.len() == 1 {
+        let unannounced = waited && self.quiet.load(Ordering::Relaxed);
+        if st.pending.len() == 1 && !unannounced {
             self.commit_cv.notify_one();
         }
         drop(st);
         if full {
             self.apply_cv.notify_one();
         }
-        Commit { lsn, rx: Ok(rx) }
+        Commit {
+            lsn,
+            rx: Ok(rx),
+            store: Weak::new(),
+            unannounced,
+        }
     }
 
     /// The current database (a handle: cheap to clone).
@@ -1297,6 +1392,7 @@ impl Inner {
 
     /// Waits until everything up to `lsn` is durable; false on failure.
     fn wait_durable(&self, lsn: u64) -> bool {
+        self.announce(lsn);
         let mut d = lock(&self.durable);
         while *d < lsn {
             if self.failed() {
@@ -1339,123 +1435,231 @@ fn swap_for_places(inner: &Inner, places: &[(Bytes, u64, payloads::Loc)]) -> Vec
 
 /// The log writer thread: takes every pending transaction, writes them in
 /// one go, fdatasyncs, and answers them.
-fn log_writer(inner: &Inner, mut writer: wal::Writer) {
-    let mut frames = Vec::with_capacity(1 << 20);
-    let mut bounds = Vec::new();
-    // Durable payloads of the active memtable still whole as far as this
-    // thread knows, oldest first, and their bytes (an overestimate: some
-    // were deleted or written again since, which their turn here finds
-    // out). Emptied when the applier freezes the memtable: a frozen
-    // generation keeps its bodies until it is applied.
-    let keep = inner.opts.recent_payload_bytes;
-    let mut recent: VecDeque<(Bytes, u64, payloads::Loc)> = VecDeque::new();
-    let mut recent_bytes = 0usize;
-    let mut generation = inner.generations.load(Ordering::Relaxed);
+fn log_writer(inner: &Inner) {
     loop {
-        let batch = {
+        let (mut log, batch) = {
             let mut st = lock(&inner.state);
-            while st.pending.is_empty() && st.closed.is_none() {
+            loop {
+                if st.pending.is_empty() {
+                    if st.closed.is_some() {
+                        return; // closed and drained
+                    }
+                } else if let Some(log) = try_lock(&inner.log) {
+                    // Taken while holding the log: batches are written in
+                    // lsn order. A caller committing alone holds the log
+                    // for its write and wakes this thread if it leaves
+                    // work behind.
+                    break (log, std::mem::take(&mut st.pending));
+                }
                 st = inner.commit_cv.wait(st).unwrap_or_else(|e| e.into_inner());
             }
-            if st.pending.is_empty() {
-                return; // closed and drained
-            }
-            std::mem::take(&mut st.pending)
         };
-        frames.clear();
-        bounds.clear();
-        let first = batch[0].lsn;
-        // (frame index, mutation index, value offset in the frame)
-        let mut located = Vec::new();
-        for (fi, p) in batch.iter().enumerate() {
-            for (mi, off) in wal::frame(p.lsn, first, &p.muts, &mut frames, payloads::located) {
-                located.push((fi, mi, off));
-            }
-            bounds.push((frames.len(), p.lsn));
-        }
-        let t = Instant::now();
-        let placed = match writer.write(&frames, &bounds) {
-            Ok(placed) => placed,
-            Err(e) => {
-                let reason = e.to_string();
-                for p in batch {
-                    let _ = p.done.send(Err(reason.clone()));
-                }
-                inner.fail(&e);
-                return;
-            }
-        };
-        let now = inner.generations.load(Ordering::Relaxed);
-        if now != generation {
-            generation = now;
-            recent.clear();
-            recent_bytes = 0;
-        }
-        if !located.is_empty() {
-            let mut map = lock(&inner.placed);
-            for (fi, mi, off) in located {
-                let (p, (seg, frame_off)) = (&batch[fi], placed[fi]);
-                let m = &p.muts[mi];
-                let len = m.value.as_ref().map_or(0, Bytes::len);
-                let loc = payloads::Loc {
-                    seg,
-                    off: frame_off + off as u64,
-                    len: u32::try_from(len).unwrap_or(u32::MAX),
-                };
-                map.insert(m.key.clone(), (p.lsn, loc));
-                recent.push_back((m.key.clone(), p.lsn, loc));
-                recent_bytes += usize::try_from(loc.len).unwrap_or(usize::MAX);
-            }
-        }
-        let last = batch[batch.len() - 1].lsn;
-        let synced = t.elapsed();
-        inner.sync_micros.fetch_add(
-            u64::try_from(synced.as_micros()).unwrap_or(u64::MAX),
-            Ordering::Relaxed,
-        );
-        inner.metrics.sync_seconds.observe(synced.as_secs_f64());
-        #[allow(clippy::cast_precision_loss)]
-        inner.metrics.batch_records.observe(batch.len() as f64);
-        inner.log_syncs.fetch_add(1, Ordering::Relaxed);
-        inner
-            .records
-            .fetch_add(batch.len() as u64, Ordering::Relaxed);
-        inner
-            .log_bytes
-            .fetch_add(frames.len() as u64, Ordering::Relaxed);
-        *lock(&inner.durable) = last;
-        inner.durable_cv.notify_all();
-        // The oldest durable bodies beyond the most recent ones leave the
-        // memtable for their places (see `Slot`); they are freed below,
-        // outside the lock.
-        let mut places = Vec::new();
-        while recent_bytes > keep {
-            let Some(place) = recent.pop_front() else {
-                break;
-            };
-            recent_bytes =
-                recent_bytes.saturating_sub(usize::try_from(place.2.len).unwrap_or(usize::MAX));
-            places.push(place);
-        }
-        let swapped = swap_for_places(inner, &places);
-        drop(places);
-        for p in batch {
-            inner
-                .metrics
-                .commit_seconds
-                .observe(p.submitted.elapsed().as_secs_f64());
-            let _ = p.done.send(Ok(()));
-        }
-        drop(swapped);
-        #[cfg(feature = "fault-ack-before-fsync")]
-        if let Err(e) = writer.sync() {
-            inner.fail(&e);
+        if !commit_batch(inner, &mut log, batch) {
             return;
         }
-        if frames.capacity() > 64 << 20 {
-            frames = Vec::with_capacity(1 << 20);
+    }
+}
+
+/// A mutex's guard if it is free (a poisoned one too: see [`lock`]).
+fn try_lock<T>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
+    match m.try_lock() {
+        Ok(g) => Some(g),
+        Err(TryLockError::Poisoned(e)) => Some(e.into_inner()),
+        Err(TryLockError::WouldBlock) => None,
+    }
+}
+
+/// Whether the running task may block its thread for one write and
+/// `fdatasync`: on tokio's multi-thread runtime with another worker to go
+/// on running tasks meanwhile.
+fn may_block_task() -> bool {
+    tokio::runtime::Handle::try_current().is_ok_and(|h| {
+        h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread
+            && h.metrics().num_workers() >= 2
+    })
+}
+
+/// Whether `lsn` is the only transaction waiting for the log.
+fn alone_in(st: &State, lsn: u64) -> bool {
+    st.pending.len() == 1 && st.pending[0].lsn == lsn
+}
+
+impl Inner {
+    /// Whether [`Inner::commit_alone`] would commit `lsn` now.
+    fn alone(&self, lsn: u64) -> bool {
+        self.quiet.load(Ordering::Relaxed) && may_block_task() && alone_in(&lock(&self.state), lsn)
+    }
+
+    /// Wakes the log writer if `lsn` is not durable yet and transactions
+    /// are waiting for it, some of which may not have woken it.
+    fn announce(&self, lsn: u64) {
+        if *lock(&self.durable) >= lsn {
+            return;
+        }
+        if !lock(&self.state).pending.is_empty() {
+            self.commit_cv.notify_one();
         }
     }
+
+    /// Commits transaction `lsn` on the caller's thread if it is the only
+    /// one waiting for the log, nothing is being written and the last group
+    /// commit was [quiet](Inner::quiet): a caller alone (one request at a
+    /// time) then pays for the write and its `fdatasync` only, not also for
+    /// waking the log writer thread and being woken by it. Otherwise callers
+    /// are arriving together and the log writer's group commit takes it, as
+    /// it would have: a commit of one on the side would take an
+    /// `fdatasync` from the groups.
+    fn commit_alone(&self, lsn: u64) {
+        if !self.alone(lsn) {
+            return;
+        }
+        let Some(mut log) = try_lock(&self.log) else {
+            return;
+        };
+        let batch = {
+            let mut st = lock(&self.state);
+            if alone_in(&st, lsn) && self.quiet.load(Ordering::Relaxed) {
+                std::mem::take(&mut st.pending)
+            } else {
+                Vec::new()
+            }
+        };
+        if !batch.is_empty() && commit_batch(self, &mut log, batch) {
+            self.caller_commits.fetch_add(1, Ordering::Relaxed);
+        }
+        drop(log);
+        // The log writer may have found the log taken and gone back to
+        // sleep with work pending.
+        if !lock(&self.state).pending.is_empty() {
+            self.commit_cv.notify_one();
+        }
+    }
+}
+
+/// Writes one group of transactions to the log, makes it durable and
+/// answers each; false once the log has failed (every caller told).
+fn commit_batch(inner: &Inner, log: &mut LogState, batch: Vec<Pending>) -> bool {
+    if log.stopped {
+        let reason = inner
+            .failure
+            .borrow()
+            .clone()
+            .unwrap_or_else(|| "the log writer stopped".into());
+        for p in batch {
+            let _ = p.done.send(Err(reason.clone()));
+        }
+        return false;
+    }
+    let keep = inner.opts.recent_payload_bytes;
+    let LogState {
+        writer,
+        frames,
+        bounds,
+        recent,
+        recent_bytes,
+        generation,
+        stopped,
+    } = log;
+    frames.clear();
+    bounds.clear();
+    let first = batch[0].lsn;
+    // (frame index, mutation index, value offset in the frame)
+    let mut located = Vec::new();
+    for (fi, p) in batch.iter().enumerate() {
+        for (mi, off) in wal::frame(p.lsn, first, &p.muts, frames, payloads::located) {
+            located.push((fi, mi, off));
+        }
+        bounds.push((frames.len(), p.lsn));
+    }
+    let t = Instant::now();
+    let placed = match writer.write(frames, bounds) {
+        Ok(placed) => placed,
+        Err(e) => {
+            let reason = e.to_string();
+            for p in batch {
+                let _ = p.done.send(Err(reason.clone()));
+            }
+            *stopped = true;
+            inner.fail(&e);
+            return false;
+        }
+    };
+    let now = inner.generations.load(Ordering::Relaxed);
+    if now != *generation {
+        *generation = now;
+        recent.clear();
+        *recent_bytes = 0;
+    }
+    if !located.is_empty() {
+        let mut map = lock(&inner.placed);
+        for (fi, mi, off) in located {
+            let (p, (seg, frame_off)) = (&batch[fi], placed[fi]);
+            let m = &p.muts[mi];
+            let len = m.value.as_ref().map_or(0, Bytes::len);
+            let loc = payloads::Loc {
+                seg,
+                off: frame_off + off as u64,
+                len: u32::try_from(len).unwrap_or(u32::MAX),
+            };
+            map.insert(m.key.clone(), (p.lsn, loc));
+            recent.push_back((m.key.clone(), p.lsn, loc));
+            *recent_bytes += usize::try_from(loc.len).unwrap_or(usize::MAX);
+        }
+    }
+    let last = batch[batch.len() - 1].lsn;
+    inner.quiet.store(
+        batch.len() == 1 && lock(&inner.state).pending.is_empty(),
+        Ordering::Relaxed,
+    );
+    let synced = t.elapsed();
+    inner.sync_micros.fetch_add(
+        u64::try_from(synced.as_micros()).unwrap_or(u64::MAX),
+        Ordering::Relaxed,
+    );
+    inner.metrics.sync_seconds.observe(synced.as_secs_f64());
+    #[allow(clippy::cast_precision_loss)]
+    inner.metrics.batch_records.observe(batch.len() as f64);
+    inner.log_syncs.fetch_add(1, Ordering::Relaxed);
+    inner
+        .records
+        .fetch_add(batch.len() as u64, Ordering::Relaxed);
+    inner
+        .log_bytes
+        .fetch_add(frames.len() as u64, Ordering::Relaxed);
+    *lock(&inner.durable) = last;
+    inner.durable_cv.notify_all();
+    // The oldest durable bodies beyond the most recent ones leave the
+    // memtable for their places (see `Slot`); they are freed below,
+    // outside the lock.
+    let mut places = Vec::new();
+    while *recent_bytes > keep {
+        let Some(place) = recent.pop_front() else {
+            break;
+        };
+        *recent_bytes =
+            recent_bytes.saturating_sub(usize::try_from(place.2.len).unwrap_or(usize::MAX));
+        places.push(place);
+    }
+    let swapped = swap_for_places(inner, &places);
+    drop(places);
+    for p in batch {
+        inner
+            .metrics
+            .commit_seconds
+            .observe(p.submitted.elapsed().as_secs_f64());
+        let _ = p.done.send(Ok(()));
+    }
+    drop(swapped);
+    #[cfg(feature = "fault-ack-before-fsync")]
+    if let Err(e) = writer.sync() {
+        *stopped = true;
+        inner.fail(&e);
+        return false;
+    }
+    if frames.capacity() > 64 << 20 {
+        *frames = Vec::with_capacity(1 << 20);
+    }
+    true
 }
 
 /// The applier thread: freezes the memtable, waits for its records to be
@@ -1760,7 +1964,7 @@ fn compact(inner: &Inner) -> Result<()> {
     let mut txn = Txn::new();
     let mut last_lsn = 0u64;
     // Not waited for: the relocations are applied with everything else.
-    let submit = |txn: Txn| -> u64 { inner.submit(txn).lsn() };
+    let submit = |txn: Txn| -> u64 { inner.submit(txn, false).lsn() };
     for (key, value, loc) in payloads::payloads_in(&wal_dir, seg)? {
         let current = inner.db().get(&key).map_err(|e| inner.db_error(e))?;
         if current.and_then(|v| payloads::Loc::decode(&v)) != Some(loc) {

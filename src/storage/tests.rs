@@ -143,6 +143,120 @@ async fn concurrent_submissions_share_fsyncs() {
     assert!(stats.log_syncs <= stats.records, "{stats:?}");
 }
 
+/// Waits up to `limit` for `lsn` to be durable, without waking the log
+/// writer (unlike [`Inner::wait_durable`]).
+fn durable_within(store: &Store, lsn: u64, limit: Duration) -> bool {
+    let d = lock(&store.inner.durable);
+    let (d, _) = store
+        .inner
+        .durable_cv
+        .wait_timeout_while(d, limit, |d| *d < lsn)
+        .expect("durable lock");
+    *d >= lsn
+}
+
+fn one_payload(i: u64) -> Txn {
+    let mut t = Txn::new();
+    t.put_payload(i, payload(i));
+    t
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_alone_commits_its_own_transaction() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (store, _) = Store::open(dir.path(), small_opts()).expect("open");
+    for i in 0..20u64 {
+        store.submit(one_payload(i)).wait().await.expect("durable");
+    }
+    let stats = store.stats();
+    assert_eq!((stats.records, stats.log_syncs), (20, 20), "{stats:?}");
+    // The first goes to the log writer; once callers are seen to come one
+    // at a time, each commits its own (the log writer could only take one
+    // on a spurious wake-up).
+    assert!(stats.caller_commits >= 15, "{stats:?}");
+    store.close().expect("close");
+    let (store, _) = Store::open(dir.path(), small_opts()).expect("reopen");
+    for i in 0..20u64 {
+        assert_eq!(body(&store, i), Some(format!("body-{i}")));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_arriving_together_are_grouped_by_the_log_writer() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (store, _) = Store::open(dir.path(), small_opts()).expect("open");
+    let store = Arc::new(store);
+    let mut tasks = Vec::new();
+    for w in 0..8u64 {
+        let store = Arc::clone(&store);
+        tasks.push(tokio::spawn(async move {
+            for i in 0..50u64 {
+                store
+                    .submit(one_payload(w * 1000 + i))
+                    .wait()
+                    .await
+                    .expect("durable");
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("task");
+    }
+    let stats = store.stats();
+    assert_eq!(stats.records, 400);
+    assert!(stats.log_syncs < stats.records, "{stats:?}");
+    for w in 0..8u64 {
+        let pid = w * 1000 + 49;
+        assert_eq!(body(&store, pid), Some(format!("body-{pid}")));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commits_not_waited_for_are_made_durable() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // No apply meanwhile: the applier's wait for durability would wake the
+    // log writer too.
+    let opts = StoreOptions {
+        apply_interval: Duration::from_secs(3600),
+        ..small_opts()
+    };
+    let (store, _) = Store::open(dir.path(), opts).expect("open");
+    // Callers one at a time: the next submissions do not wake the log
+    // writer themselves.
+    for i in 0..3u64 {
+        store.submit(one_payload(i)).wait().await.expect("durable");
+    }
+    assert!(store.inner.quiet.load(Ordering::Relaxed));
+    // Dropped without waiting.
+    let lsn = store.submit(one_payload(10)).lsn();
+    assert!(durable_within(&store, lsn, Duration::from_secs(10)));
+    // Held while another is waited for: both go in one group.
+    let held = store.submit(one_payload(11));
+    let syncs = store.stats().log_syncs;
+    store.submit(one_payload(12)).wait().await.expect("durable");
+    assert!(durable_within(&store, held.lsn(), Duration::ZERO));
+    assert_eq!(store.stats().log_syncs, syncs + 1);
+    held.wait().await.expect("durable");
+    // A wait cancelled before it committed (at its yield), callers one at
+    // a time again first.
+    for i in 20..22u64 {
+        store.submit(one_payload(i)).wait().await.expect("durable");
+    }
+    assert!(store.inner.quiet.load(Ordering::Relaxed));
+    let lsn = {
+        let c = store.submit(one_payload(13));
+        let lsn = c.lsn();
+        let mut wait = std::pin::pin!(c.wait());
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        assert!(std::future::Future::poll(wait.as_mut(), &mut cx).is_pending());
+        lsn
+    };
+    assert!(durable_within(&store, lsn, Duration::from_secs(10)));
+    for i in [10, 11, 12, 13] {
+        assert_eq!(body(&store, i), Some(format!("body-{i}")));
+    }
+}
+
 fn big(i: u64) -> Bytes {
     encode_payload(&PayloadRecord::new(
         i,
