@@ -197,8 +197,16 @@ impl Broker {
         &self,
         queue: &str,
         picked: Vec<Picked>,
-        commit: Option<crate::storage::Commit>,
+        mut commit: Option<crate::storage::Commit>,
     ) -> Result<Vec<Delivery>> {
+        // The leases' write overlaps the payload reads below, but for a
+        // single message (its caller may then commit it alone, the cheaper
+        // way; see `Commit::wait`).
+        if picked.len() > 1
+            && let Some(c) = commit.as_mut()
+        {
+            c.start();
+        }
         let mut out = Vec::with_capacity(picked.len());
         for p in picked {
             let payload = match p.payload {

@@ -306,6 +306,18 @@ impl Commit {
         self.lsn
     }
 
+    /// Has the transaction written without waiting for [`Commit::wait`]:
+    /// for a caller with work to do first (reading the payloads of the
+    /// messages it leased), which the write then overlaps.
+    pub fn start(&mut self) {
+        if self.unannounced {
+            self.unannounced = false;
+            if let Some(inner) = self.store.upgrade() {
+                inner.announce(self.lsn);
+            }
+        }
+    }
+
     /// Waits until the transaction is durable. When it is the only one
     /// waiting for the log and callers have been coming one at a time, the
     /// caller writes and syncs it itself instead of handing it to the log
