@@ -1521,10 +1521,10 @@ impl Inner {
     /// are arriving together and the log writer's group commit takes it, as
     /// it would have: a commit of one on the side would take an
     /// `fdatasync` from the groups.
+    ///
+    /// Called by [`Commit::wait`] once [`Inner::alone`] said yes, after a
+    /// yield: the test is made again here, under the log.
     fn commit_alone(&self, lsn: u64) {
-        if !self.alone(lsn) {
-            return;
-        }
         let Some(mut log) = try_lock(&self.log) else {
             return;
         };
