@@ -217,6 +217,7 @@ pub(super) async fn consume(client: &Client, out: &Out, a: ConsumeArgs) -> Resul
             wait_ms: a.wait.as_ms().min(20_000),
             ack_timeout_ms: a.ack_timeout.map(Millis::as_ms),
             auto_ack: false,
+            ack_tokens: Vec::new(),
         };
         let got = client.receive_with(req).await?;
         if got.is_empty() {

@@ -606,6 +606,7 @@ async fn polling(
             wait_ms: 0,
             ack_timeout_ms: Some(u64::try_from(s.timeout.as_millis()).unwrap_or(u64::MAX)),
             auto_ack: s.config.ack_mode == AckMode::Immediate,
+            ack_tokens: Vec::new(),
         };
         let got = match s.client.receive_with(req).await {
             Ok(g) => g,

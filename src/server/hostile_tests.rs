@@ -191,12 +191,21 @@ proptest! {
                 wait_ms: wait.min(5),
                 ack_timeout_ms: ack_timeout,
                 auto_ack: false,
+                ack_tokens: Vec::new(),
             }))
             .await;
             let mut tokens = vec![token];
             if let Ok(r) = got {
                 tokens.extend(r.into_inner().deliveries.into_iter().map(|d| d.ack_token));
             }
+            // Acks riding on a receive, of the generated token and of real ones.
+            let _ = s.receive(Request::new(pb::ReceiveRequest {
+                queue: name.clone(),
+                max_messages: max,
+                ack_tokens: tokens.iter().skip(usize::from(wait % 2 == 0)).cloned().collect(),
+                ..Default::default()
+            }))
+            .await;
             let _ = s.extend_lease(Request::new(pb::ExtendLeaseRequest {
                 items: tokens.iter().map(|t| pb::ExtendItem { ack_token: t.clone(), timeout_ms: wait }).collect(),
             }))

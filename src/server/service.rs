@@ -506,24 +506,32 @@ impl MessagingService for Service {
         let p = self.caller(&req)?;
         let r = req.into_inner();
         allow(&p, Action::Consume, &r.queue)?;
+        allow_tokens(&p, &self.broker, r.ack_tokens.iter().map(String::as_str))?;
         let opts = ReceiveOptions {
             max_messages: r.max_messages,
             wait: r.wait_ms,
             ack_timeout: r.ack_timeout_ms,
             auto_ack: r.auto_ack,
         };
-        let got = self
+        let (acked, got) = self
             .broker
-            .receive(&r.queue, opts)
+            .receive_acking(&r.queue, opts, &r.ack_tokens)
             .await
             .map_err(to_status)?;
         tracing::debug!(
             queue = %r.queue,
             message_ids = ?got.iter().map(|d| d.message_id.as_str()).collect::<Vec<_>>(),
+            acks = r.ack_tokens.len(),
             "receive"
         );
         Ok(Response::new(pb::ReceiveResponse {
             deliveries: got.into_iter().map(convert::delivery_pb).collect(),
+            ack_results: r
+                .ack_tokens
+                .into_iter()
+                .zip(acked)
+                .map(|(t, s)| convert::settle_pb(t, s))
+                .collect(),
         }))
     }
 

@@ -342,3 +342,39 @@ async fn fifo_rules_on_kinds_and_delays() {
         .await;
     assert_status(r, Code::FailedPrecondition, "FIFO queues only");
 }
+
+#[tokio::test]
+async fn an_ack_riding_on_a_receive_frees_its_group_for_that_receive() {
+    let s = TestServer::start().await;
+    let mut c = s.clients().await;
+    c.create("f", fifo(config())).await;
+    publish_all(
+        &mut c,
+        "f",
+        vec![
+            grouped("g", "g-0"),
+            grouped("g", "g-1"),
+            grouped("g", "g-2"),
+        ],
+    )
+    .await;
+    // A group's next message waits while one of it is leased.
+    let mut token = c.receive("f", 1).await.remove(0).ack_token;
+    assert!(c.receive("f", 10).await.is_empty());
+    for want in ["g-1", "g-2"] {
+        let r = c
+            .msg
+            .receive(pb::ReceiveRequest {
+                queue: "f".into(),
+                max_messages: 1,
+                ack_tokens: vec![token],
+                ..Default::default()
+            })
+            .await
+            .expect("receive with an ack")
+            .into_inner();
+        assert!(ok(&r.ack_results[0]), "{r:?}");
+        assert_eq!(r.deliveries.iter().map(body).collect::<Vec<_>>(), [want]);
+        token = r.deliveries[0].ack_token.clone();
+    }
+}

@@ -564,3 +564,82 @@ async fn publishers_wait_for_the_database_and_lose_nothing() {
     let want: Vec<String> = (0..3400).map(|n| format!("{n:06}")).collect();
     assert_eq!(got, want, "every message, in order, after kill -9");
 }
+
+/// A receive that acknowledges earlier deliveries (`ack_tokens`).
+async fn receive_acking(
+    c: &mut Clients,
+    queue: &str,
+    acks: &[&str],
+) -> Result<pb::ReceiveResponse, tonic::Status> {
+    c.msg
+        .receive(pb::ReceiveRequest {
+            queue: queue.into(),
+            max_messages: 1,
+            ack_tokens: acks.iter().map(|t| t.to_string()).collect(),
+            ..Default::default()
+        })
+        .await
+        .map(tonic::Response::into_inner)
+}
+
+#[tokio::test]
+async fn acks_ride_on_a_receive_and_survive_kill_9() {
+    let mut s = TestServer::start().await;
+    let mut c = s.clients().await;
+    c.create("q", config()).await;
+    c.create("other", config()).await;
+    c.publish("q", &["a", "b", "c"]).await;
+    c.publish("other", &["x"]).await;
+    let a = c.receive("q", 1).await.remove(0);
+    let x = c.receive("other", 1).await.remove(0);
+
+    // Bad input changes nothing: a malformed token, an unknown queue, a
+    // bad receive option.
+    let r = receive_acking(&mut c, "q", &[&a.ack_token, "garbage"]).await;
+    assert_status(r, Code::InvalidArgument, "ack_tokens[1]");
+    let r = receive_acking(&mut c, "missing", &[&a.ack_token]).await;
+    assert_status(r, Code::NotFound, "missing");
+    let r = c
+        .msg
+        .receive(pb::ReceiveRequest {
+            queue: "q".into(),
+            max_messages: 5000,
+            ack_tokens: vec![a.ack_token.clone()],
+            ..Default::default()
+        })
+        .await;
+    assert_status(r, Code::InvalidArgument, "max_messages");
+    let st = c.stats("q").await;
+    assert_eq!((st.acked, st.in_flight, st.ready), (0, 1, 2), "{st:?}");
+
+    // Acks of this queue and of another one, and a repeated one: each has
+    // its outcome, in order, beside the next delivery.
+    let r = receive_acking(&mut c, "q", &[&a.ack_token, &x.ack_token, &a.ack_token])
+        .await
+        .expect("receive with acks");
+    let outcomes: Vec<bool> = r.ack_results.iter().map(ok).collect();
+    assert_eq!(outcomes, [true, true, false]);
+    assert_eq!(r.ack_results[1].ack_token, x.ack_token);
+    assert!(r.ack_results[2].error.contains("lease expired"), "{r:?}");
+    assert_eq!(r.deliveries.iter().map(body).collect::<Vec<_>>(), ["b"]);
+    let b = r.deliveries[0].clone();
+    let r = receive_acking(&mut c, "q", &[&b.ack_token])
+        .await
+        .expect("receive with acks");
+    assert!(ok(&r.ack_results[0]));
+    let c_msg = r.deliveries[0].clone();
+    assert_eq!(body(&c_msg), "c");
+    // The last ack, with nothing left to deliver: durable before it answers.
+    let r = receive_acking(&mut c, "q", &[&c_msg.ack_token])
+        .await
+        .expect("receive with acks");
+    assert!(ok(&r.ack_results[0]) && r.deliveries.is_empty(), "{r:?}");
+
+    s.kill();
+    s.restart().await;
+    let mut c = s.clients().await;
+    let st = c.stats("q").await;
+    assert_eq!((st.acked, st.in_flight, st.ready), (3, 0, 0), "{st:?}");
+    let st = c.stats("other").await;
+    assert_eq!((st.acked, st.in_flight, st.ready), (1, 0, 0), "{st:?}");
+}
