@@ -139,6 +139,27 @@ async fn new_workloads_and_options_run_against_letterbox() {
         );
         assert_eq!(r["extra"]["queue_depth_after"], 0, "{r}");
     }
+    // Receive with async acks: they ride on the next Receive, and those
+    // left when the drain ends are sent on their own.
+    for prefetch in ["1", "64"] {
+        let r = s
+            .run(
+                &out,
+                &[
+                    "--workload",
+                    "consume-ack",
+                    "--prefetch",
+                    prefetch,
+                    "--count",
+                    "300",
+                    "--queue",
+                    "riding",
+                ],
+            )
+            .await;
+        check(&r, 300);
+        assert_eq!(r["extra"]["queue_depth_after"], 0, "every ack arrived: {r}");
+    }
     let r = s
         .run(
             &out,

@@ -16,10 +16,13 @@
 //!   AMQP `basic.qos`; a new `Receive` is sent once half of them are settled
 //!   (prefetch 1: one `Receive` per message, after the previous message was
 //!   settled).
-//! - Acks: `sync` = one unary `Ack` per delivery, awaited; `async` = tokens
-//!   go to a background task that acks everything queued (up to 1000
-//!   tokens per call), one call at a time. Nacks: one unary `Nack` each,
-//!   awaited, without delay.
+//! - Acks: `sync` = one unary `Ack` per delivery, awaited; `async` = the
+//!   tokens settled since the last `Receive` ride on the next one
+//!   (`ack_tokens`, up to 1000; such a `Receive` does not wait for
+//!   messages, and its `ack_results` are checked), and those left when the
+//!   consumer closes go in one `Ack` call. Nacks: `sync` = one unary `Nack`
+//!   each, awaited, without delay; `async` = a background task nacks
+//!   everything queued (up to 1000 per call), one call at a time.
 //! - Subscribing (`--consumer subscribe`): one `Subscribe` stream opened
 //!   with credit = prefetch; the server pushes deliveries while fewer than
 //!   that are unsettled. Acks and nacks go on the same stream: `sync` = one
@@ -67,7 +70,7 @@ use letterbox::pb::{
 };
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot, watch};
 use tokio::task::{JoinHandle, JoinSet};
 use tonic::Code;
 use tonic::transport::{Channel, Endpoint};
@@ -772,10 +775,18 @@ async fn stop_acker(acker: Option<Acker>) -> Result<()> {
     r?
 }
 
+/// Acks of a [`LetterboxConsumer`] in async ack mode, waiting to ride on
+/// its next `Receive` (`ack_tokens`).
+type Riding = Arc<std::sync::Mutex<Vec<String>>>;
+
 struct LetterboxConsumer {
     rx: mpsc::Receiver<Result<Delivery>>,
     receiver: JoinHandle<()>,
+    /// Tells the receive task to end (after the call in progress if acks
+    /// ride on it).
+    closing: watch::Sender<bool>,
     acker: Option<Acker>,
+    riding: Option<(Riding, Messaging)>,
 }
 
 impl LetterboxConsumer {
@@ -785,25 +796,44 @@ impl LetterboxConsumer {
             let (tx, rx) = mpsc::unbounded_channel();
             (tx, tokio::spawn(settle_loop(client.clone(), rx)))
         });
+        let riding: Option<Riding> = (c.ack == AckMode::Async).then(Riding::default);
         let (tx, rx) = mpsc::channel(prefetch);
         let ctx = SettleCtx {
             client: client.clone(),
             acker: acker.as_ref().map(|(tx, _)| tx.clone()),
+            riding: riding.clone(),
         };
-        let receiver = tokio::spawn(Self::receive_loop(client, queue, prefetch, tx, ctx));
+        let (closing, closed) = watch::channel(false);
+        let receiver = tokio::spawn(Self::receive_loop(
+            client.clone(),
+            queue,
+            prefetch,
+            tx,
+            ctx,
+            closed,
+        ));
         LetterboxConsumer {
             rx,
             receiver,
+            closing,
             acker,
+            riding: riding.map(|r| (r, client)),
         }
     }
 
+    /// Receives while there is credit. In async ack mode the acks settled
+    /// since the last call ride on the next one (one call and one
+    /// `fdatasync` per turn instead of an `Ack` call beside each
+    /// `Receive`); such a call does not wait for messages (`wait_ms` 0), so
+    /// that acks are not held up by an empty queue, and is not cut short by
+    /// [`Consumer::close`].
     async fn receive_loop(
         mut client: Messaging,
         queue: String,
         prefetch: usize,
         tx: mpsc::Sender<Result<Delivery>>,
         ctx: SettleCtx,
+        mut closed: watch::Receiver<bool>,
     ) {
         // One credit per unsettled delivery.
         let credits = Arc::new(Semaphore::new(prefetch));
@@ -811,7 +841,11 @@ impl LetterboxConsumer {
         let refill = (prefetch / 2).clamp(1, per_call);
         loop {
             // Wait until half the window is free, then ask for all of it.
-            let Ok(mut permits) = credits.clone().acquire_many_owned(refill as u32).await else {
+            let acquired = tokio::select! {
+                p = credits.clone().acquire_many_owned(refill as u32) => p,
+                _ = closed.changed() => return,
+            };
+            let Ok(mut permits) = acquired else {
                 return;
             };
             let more = credits.available_permits().min(per_call - refill);
@@ -820,14 +854,39 @@ impl LetterboxConsumer {
             {
                 permits.merge(p);
             }
+            let acks = match &ctx.riding {
+                Some(r) => {
+                    let mut r = r.lock().unwrap_or_else(|e| e.into_inner());
+                    let n = r.len().min(MAX_PER_CALL);
+                    r.drain(..n).collect()
+                }
+                None => Vec::new(),
+            };
+            let n_acks = acks.len();
             let req = ReceiveRequest {
                 queue: queue.clone(),
                 max_messages: permits.num_permits() as u32,
-                wait_ms: RECEIVE_WAIT_MS,
+                wait_ms: if n_acks > 0 { 0 } else { RECEIVE_WAIT_MS },
+                ack_tokens: acks,
                 ..Default::default()
             };
-            let deliveries = match client.receive(req).await {
-                Ok(r) => r.into_inner().deliveries,
+            let answer = if n_acks > 0 {
+                client.receive(req).await
+            } else {
+                tokio::select! {
+                    r = client.receive(req) => r,
+                    _ = closed.changed() => return,
+                }
+            };
+            let deliveries = match answer {
+                Ok(r) => {
+                    let r = r.into_inner();
+                    if let Err(e) = check_settled("Ack riding on Receive", n_acks, &r.ack_results) {
+                        let _ = tx.send(Err(e)).await;
+                        return;
+                    }
+                    r.deliveries
+                }
                 Err(s) => {
                     let _ = tx.send(Err(anyhow!("Receive {queue}: {s}"))).await;
                     return;
@@ -868,7 +927,15 @@ impl Consumer for LetterboxConsumer {
     }
 
     async fn close(mut self: Box<Self>) -> Result<()> {
-        self.receiver.abort();
+        let _ = self.closing.send(true);
+        (&mut self.receiver).await?;
+        if let Some((riding, mut client)) = self.riding.take() {
+            let left: Vec<String> =
+                std::mem::take(&mut *riding.lock().unwrap_or_else(|e| e.into_inner()));
+            for chunk in left.chunks(MAX_PER_CALL) {
+                client.ack_batch(chunk.to_vec()).await?;
+            }
+        }
         stop_acker(self.acker.take()).await
     }
 }
@@ -876,8 +943,10 @@ impl Consumer for LetterboxConsumer {
 #[derive(Clone)]
 struct SettleCtx {
     client: Messaging,
-    /// Set in async ack mode.
+    /// Set in async ack mode: nacks go here.
     acker: Option<mpsc::UnboundedSender<AckCmd>>,
+    /// Set in async ack mode of the `Receive` consumer: acks go here.
+    riding: Option<Riding>,
 }
 
 struct LetterboxSettle {
@@ -895,6 +964,12 @@ impl SettleBy for LetterboxSettle {
             ctx,
             _credit: credit,
         } = *self;
+        if let (Verdict::Ack, Some(riding)) = (verdict, &ctx.riding) {
+            // Rides on the next Receive, which this credit lets go.
+            riding.lock().unwrap_or_else(|e| e.into_inner()).push(token);
+            drop(credit);
+            return Ok(());
+        }
         if let Some(acker) = &ctx.acker {
             return verdict.queue(acker, token);
         }
