@@ -12,8 +12,9 @@
 //!   transaction's log record, and every record before it, is written and
 //!   `fdatasync`'d. Concurrent submissions share one write and one
 //!   `fdatasync` (group commit, by the log writer thread); a caller whose
-//!   transaction is the only one, when callers come one at a time, writes
-//!   it itself while it waits ([`Commit::wait`]).
+//!   transaction is the only one queued (or the second of two), when
+//!   callers come one at a time, writes it itself while it waits
+//!   ([`Commit::wait`]).
 //! * [`Store::get`] sees every submitted transaction at once, durable or
 //!   not (the memtable), so the engine can read what it has just decided.
 //!   Callers that hand data to a client wait for their own commit first.
@@ -318,9 +319,10 @@ impl Commit {
         }
     }
 
-    /// Waits until the transaction is durable. When it is the only one
-    /// waiting for the log and callers have been coming one at a time, the
-    /// caller writes and syncs it itself instead of handing it to the log
+    /// Waits until the transaction is durable. When it is the last one
+    /// waiting for the log (with at most one before it, see `alone_in`) and
+    /// callers have been coming one at a time, the caller writes and syncs
+    /// them itself instead of handing them to the log
     /// writer thread and being woken by it (on tokio's multi-thread
     /// runtime with two workers or more: it blocks its worker meanwhile).
     pub async fn wait(mut self) -> Result<()> {
@@ -399,6 +401,8 @@ struct Pending {
     submitted: Instant,
     muts: Vec<Mutation>,
     done: oneshot::Sender<std::result::Result<(), String>>,
+    /// Submitted after a quiet commit, without waking the log writer.
+    unannounced: bool,
 }
 
 /// The writing end of the log and what is kept from one group commit to
@@ -459,8 +463,9 @@ struct Inner {
     /// that committed alone leaves work behind.
     commit_cv: Condvar,
     log: Mutex<LogState>,
-    /// The last group commit held one transaction and none arrived while
-    /// it was written: callers come one at a time. Otherwise they arrive
+    /// The last group commit held one transaction (or only transactions
+    /// submitted after a quiet commit) and none arrived while it was
+    /// written: callers come one at a time. Otherwise they arrive
     /// together, and the log writer should keep grouping them.
     quiet: AtomicBool,
     /// Wakes the applier (memtable full, close, a publisher waiting for
@@ -1321,13 +1326,14 @@ impl Inner {
         st.active_bytes += added;
         self.unapplied.fetch_add(added, Ordering::Relaxed);
         let full = st.active_bytes > self.opts.apply_bytes;
+        let unannounced = waited && self.quiet.load(Ordering::Relaxed);
         st.pending.push(Pending {
             lsn,
             submitted: Instant::now(),
             muts: txn.muts,
             done: tx,
+            unannounced,
         });
-        let unannounced = waited && self.quiet.load(Ordering::Relaxed);
         if st.pending.len() == 1 && !unannounced {
             self.commit_cv.notify_one();
         }
@@ -1491,9 +1497,18 @@ fn may_block_task() -> bool {
     })
 }
 
-/// Whether `lsn` is the only transaction waiting for the log.
+/// Most transactions a caller commits on its own thread: its own and the
+/// few submitted just before it without waking the log writer (a
+/// subscription's ack and the lease that its credit let go).
+const ALONE_MAX: usize = 2;
+
+/// Whether `lsn` is the last transaction waiting for the log, and those
+/// before it (at most [`ALONE_MAX`] in all) were submitted after a quiet
+/// commit too.
 fn alone_in(st: &State, lsn: u64) -> bool {
-    st.pending.len() == 1 && st.pending[0].lsn == lsn
+    st.pending.len() <= ALONE_MAX
+        && st.pending.last().is_some_and(|p| p.lsn == lsn)
+        && st.pending.iter().all(|p| p.unannounced)
 }
 
 impl Inner {
@@ -1513,11 +1528,13 @@ impl Inner {
         }
     }
 
-    /// Commits transaction `lsn` on the caller's thread if it is the only
-    /// one waiting for the log, nothing is being written and the last group
-    /// commit was [quiet](Inner::quiet): a caller alone (one request at a
-    /// time) then pays for the write and its `fdatasync` only, not also for
-    /// waking the log writer thread and being woken by it. Otherwise callers
+    /// Commits transaction `lsn` on the caller's thread if it is alone
+    /// ([`alone_in`]: the last one waiting for the log, with at most one
+    /// before it, all queued after a quiet commit), nothing is being written
+    /// and the last group commit was [quiet](Inner::quiet): a caller alone
+    /// (one request at a time) then pays for the write and its `fdatasync`
+    /// only, not also for waking the log writer thread and being woken by
+    /// it. Otherwise callers
     /// are arriving together and the log writer's group commit takes it, as
     /// it would have: a commit of one on the side would take an
     /// `fdatasync` from the groups.
@@ -1620,7 +1637,8 @@ fn commit_batch(inner: &Inner, log: &mut LogState, batch: Vec<Pending>) -> bool 
     }
     let last = batch[batch.len() - 1].lsn;
     inner.quiet.store(
-        batch.len() == 1 && lock(&inner.state).pending.is_empty(),
+        (batch.len() == 1 || batch.iter().all(|p| p.unannounced))
+            && lock(&inner.state).pending.is_empty(),
         Ordering::Relaxed,
     );
     let synced = t.elapsed();

@@ -194,6 +194,60 @@ async fn a_caller_alone_commits_its_own_transaction() {
     }
 }
 
+/// A caller that holds one transaction while it submits and waits for a
+/// second (a subscription's ack, then the lease its credit let go) commits
+/// both itself, in one `fdatasync`, and callers stay one at a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_alone_commits_the_pair_it_submitted() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let opts = StoreOptions {
+        apply_interval: Duration::from_secs(3600),
+        ..small_opts()
+    };
+    let (store, _) = Store::open(dir.path(), opts).expect("open");
+    for i in 0..3u64 {
+        store.submit(one_payload(i)).wait().await.expect("durable");
+    }
+    assert!(store.inner.quiet.load(Ordering::Relaxed));
+    let before = store.stats();
+    for i in 0..10u64 {
+        let held = store.submit(one_payload(100 + 2 * i));
+        store
+            .submit(one_payload(101 + 2 * i))
+            .wait()
+            .await
+            .expect("durable");
+        assert!(durable_within(&store, held.lsn(), Duration::ZERO));
+        held.wait().await.expect("durable");
+    }
+    let after = store.stats();
+    assert_eq!(after.records - before.records, 20, "{after:?}");
+    assert_eq!(after.log_syncs - before.log_syncs, 10, "{after:?}");
+    assert!(
+        after.caller_commits - before.caller_commits >= 9,
+        "{after:?}"
+    );
+    assert!(store.inner.quiet.load(Ordering::Relaxed));
+    // Three at once are more than a caller takes on: the log writer groups
+    // them.
+    let (a, b) = (
+        store.submit(one_payload(200)),
+        store.submit(one_payload(201)),
+    );
+    let commits = store.stats().caller_commits;
+    store
+        .submit(one_payload(202))
+        .wait()
+        .await
+        .expect("durable");
+    assert_eq!(store.stats().caller_commits, commits);
+    a.wait().await.expect("durable");
+    b.wait().await.expect("durable");
+    for i in (100..120).chain(200..203) {
+        assert_eq!(body(&store, i), Some(format!("body-{i}")));
+    }
+}
+
 /// Where callers may commit alone (tokio's multi-thread runtime), callers
 /// arriving together are still grouped by the log writer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
