@@ -552,17 +552,30 @@ async fn extend(
     record_settle(sh, idx, SettleKind::Extend, inv, r, ms);
 }
 
+/// Acks waiting to ride on a consumer's next `Receive`: (delivery index,
+/// token).
+type Riding = std::sync::Mutex<Vec<(usize, String)>>;
+
 /// Handles one unary delivery by its fate; long holds run in their own
-/// task.
+/// task. Every other plain ack rides on the consumer's next `Receive`.
 fn handle(
     sh: &Arc<Shared>,
     client: &MessagingServiceClient<Channel>,
     idx: usize,
     d: &pb::Delivery,
     queue: &str,
+    riding: &Riding,
 ) {
     let act = action(sh, queue, &d.message_id, d.delivery_count);
     if act == Action::Drop {
+        return;
+    }
+    if act == Action::Ack && idx.is_multiple_of(2) {
+        sh.inflight.fetch_add(1, Ordering::SeqCst);
+        riding
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((idx, d.ack_token.clone()));
         return;
     }
     let sh = Arc::clone(sh);
@@ -605,6 +618,7 @@ pub async fn consumer(sh: Arc<Shared>, c: usize) -> anyhow::Result<()> {
         .flat_map(|q| [q.to_string(), q.to_string(), dlq_of(q)])
         .collect();
     let name = format!("consumer {c}");
+    let riding = Riding::default();
     while sh.phase() != STOP {
         if sh.paused.load(Ordering::Relaxed) {
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -615,6 +629,8 @@ pub async fn consumer(sh: Arc<Shared>, c: usize) -> anyhow::Result<()> {
         // queues: a backlog of thousands must drain in well under its 90 s.
         let draining = sh.phase() == FINAL;
         let max_messages = rng.u32(1..=8);
+        let acks: Vec<(usize, String)> =
+            std::mem::take(&mut *riding.lock().unwrap_or_else(|e| e.into_inner()));
         let call = sh.hist.call_id();
         let inv = sh.hist.now();
         let r = client
@@ -622,15 +638,26 @@ pub async fn consumer(sh: Arc<Shared>, c: usize) -> anyhow::Result<()> {
                 queue: queue.clone(),
                 max_messages: if draining { 100 } else { max_messages },
                 wait_ms: if draining { 20 } else { 200 },
+                ack_tokens: acks.iter().map(|(_, t)| t.clone()).collect(),
                 ..Default::default()
             })
-            .await;
+            .await
+            .map(tonic::Response::into_inner);
+        // The riding acks: one outcome each, or the call's failure.
+        for (i, (idx, _)) in acks.iter().enumerate() {
+            let one = match &r {
+                Ok(resp) => Ok(resp.ack_results.get(i).cloned().into_iter().collect()),
+                Err(s) => Err(s.clone()),
+            };
+            record_settle(&sh, *idx, SettleKind::Ack, inv, one, 0);
+        }
+        sh.inflight.fetch_sub(acks.len(), Ordering::SeqCst);
         match r {
             Ok(resp) => {
                 sh.hist.receive_call(&Outcome::Ok);
-                for d in resp.into_inner().deliveries {
+                for d in resp.deliveries {
                     let idx = record_delivery(&sh, &d, call, &queue, inv, false, &name);
-                    handle(&sh, &client, idx, &d, &queue);
+                    handle(&sh, &client, idx, &d, &queue, &riding);
                 }
             }
             Err(s) => {
@@ -638,6 +665,12 @@ pub async fn consumer(sh: Arc<Shared>, c: usize) -> anyhow::Result<()> {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }
+    }
+    let left: Vec<(usize, String)> =
+        std::mem::take(&mut *riding.lock().unwrap_or_else(|e| e.into_inner()));
+    for (idx, token) in left {
+        ack(&sh, &mut client, idx, &token).await;
+        sh.inflight.fetch_sub(1, Ordering::SeqCst);
     }
     Ok(())
 }
