@@ -194,21 +194,30 @@ async fn a_caller_alone_commits_its_own_transaction() {
     }
 }
 
+/// A store that applies nothing meanwhile (the applier's wait for
+/// durability would wake the log writer too), after three callers one at a
+/// time: quiet, so the next submissions do not wake the log writer
+/// themselves.
+async fn quiet_store(dir: &std::path::Path) -> Store {
+    let opts = StoreOptions {
+        apply_interval: Duration::from_secs(3600),
+        ..small_opts()
+    };
+    let (store, _) = Store::open(dir, opts).expect("open");
+    for i in 0..3u64 {
+        store.submit(one_payload(i)).wait().await.expect("durable");
+    }
+    assert!(store.inner.quiet.load(Ordering::Relaxed));
+    store
+}
+
 /// A caller that holds one transaction while it submits and waits for a
 /// second (a subscription's ack, then the lease its credit let go) commits
 /// both itself, in one `fdatasync`, and callers stay one at a time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_caller_alone_commits_the_pair_it_submitted() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let opts = StoreOptions {
-        apply_interval: Duration::from_secs(3600),
-        ..small_opts()
-    };
-    let (store, _) = Store::open(dir.path(), opts).expect("open");
-    for i in 0..3u64 {
-        store.submit(one_payload(i)).wait().await.expect("durable");
-    }
-    assert!(store.inner.quiet.load(Ordering::Relaxed));
+    let store = quiet_store(dir.path()).await;
     let before = store.stats();
     for i in 0..10u64 {
         let held = store.submit(one_payload(100 + 2 * i));
@@ -260,19 +269,7 @@ async fn callers_arriving_together_are_grouped_by_the_log_writer() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn commits_not_waited_for_are_made_durable() {
     let dir = tempfile::tempdir().expect("tempdir");
-    // No apply meanwhile: the applier's wait for durability would wake the
-    // log writer too.
-    let opts = StoreOptions {
-        apply_interval: Duration::from_secs(3600),
-        ..small_opts()
-    };
-    let (store, _) = Store::open(dir.path(), opts).expect("open");
-    // Callers one at a time: the next submissions do not wake the log
-    // writer themselves.
-    for i in 0..3u64 {
-        store.submit(one_payload(i)).wait().await.expect("durable");
-    }
-    assert!(store.inner.quiet.load(Ordering::Relaxed));
+    let store = quiet_store(dir.path()).await;
     // Dropped without waiting.
     let lsn = store.submit(one_payload(10)).lsn();
     assert!(durable_within(&store, lsn, Duration::from_secs(10)));
