@@ -151,7 +151,7 @@ impl Collector for Figures {
             ),
             (
                 "letterbox_log_caller_commits",
-                "Group commits made by a caller waiting alone for its own, not by the log writer thread",
+                "Group commits made by a caller waiting alone (its transaction, with at most one queued just before it), not by the log writer thread",
                 store.caller_commits,
             ),
             (

@@ -134,8 +134,9 @@ pub struct OpenReport {
 pub struct StoreStats {
     /// `fdatasync` calls on the log (one per group commit).
     pub log_syncs: u64,
-    /// Group commits made by the caller waiting for them, alone, instead
-    /// of the log writer thread (see [`Commit::wait`]).
+    /// Group commits made by the caller waiting for them, alone (its
+    /// transaction, with at most one queued just before it), instead of
+    /// the log writer thread (see [`Commit::wait`]).
     pub caller_commits: u64,
     /// Log records (transactions) made durable.
     pub records: u64,
