@@ -4,6 +4,7 @@
 # crate), and shows that the power-loss chaos run catches each one:
 #
 #   fault-ack-before-fsync   answers before its fdatasync      -> I1, I4 or I12
+#                            (left to the next group commit)
 #                                                                 (an acknowledged
 #                                                                 publish, ack or
 #                                                                 create lost)
@@ -38,8 +39,8 @@ run() { # fault, invariant, extra args...
     grep -E "^(chaos:|kill points|power cuts|I[0-9]+ )"
 }
 
-# Kills at an fdatasync (after a short delay in which the answers already
-# decided go out) hit this fault's window every time.
+# The answered batch stays unsynced until the next group commit: a power
+# cut at a random time or at that fdatasync loses it.
 run fault-ack-before-fsync I1,I4,I12 --classes sys:fdatasync,random
 run fault-no-delivery-count I5
 # The move's window is one fsync plus 100 ms: more poison messages (so more

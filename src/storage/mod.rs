@@ -1681,12 +1681,6 @@ fn commit_batch(inner: &Inner, log: &mut LogState, batch: Vec<Pending>) -> bool 
         let _ = p.done.send(Ok(()));
     }
     drop(swapped);
-    #[cfg(feature = "fault-ack-before-fsync")]
-    if let Err(e) = writer.sync() {
-        *stopped = true;
-        inner.fail(&e);
-        return false;
-    }
     if frames.capacity() > 64 << 20 {
         *frames = Vec::with_capacity(1 << 20);
     }

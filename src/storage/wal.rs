@@ -765,6 +765,9 @@ fn preallocate_loop(pool: &Pool, shared: &(Mutex<Spare>, Condvar)) {
 pub struct Writer {
     current: Segment,
     offset: u64,
+    /// Negative control: the last batch's fdatasync, left to the next one.
+    #[cfg(feature = "fault-ack-before-fsync")]
+    unsynced: bool,
     prealloc: Preallocator,
     /// (segment number, lsn of its first record) of every segment written
     /// since start, oldest first.
@@ -779,6 +782,8 @@ impl Writer {
         Ok(Writer {
             current,
             offset: 0,
+            #[cfg(feature = "fault-ack-before-fsync")]
+            unsynced: false,
             prealloc,
             written: Arc::new(Mutex::new(Vec::new())),
         })
@@ -790,6 +795,15 @@ impl Writer {
     /// segments, and a segment's records are durable before the next
     /// segment is written.
     pub fn write(&mut self, frames: &[u8], bounds: &[(usize, u64)]) -> Result<Vec<(u64, u64)>> {
+        // Negative control: the batch before, answered long since, is
+        // synced only now.
+        #[cfg(feature = "fault-ack-before-fsync")]
+        if std::mem::take(&mut self.unsynced) {
+            self.current
+                .file
+                .sync_data()
+                .map_err(|e| StorageError::io("fdatasync", &self.current.path, e))?;
+        }
         let mut start = 0usize;
         let mut i = 0usize;
         let mut placed = Vec::with_capacity(bounds.len());
@@ -822,10 +836,18 @@ impl Writer {
                 .file
                 .write_all_at(&frames[start..end], self.offset)
                 .map_err(|e| StorageError::io("write", &self.current.path, e))?;
-            // Negative control: the last fdatasync is left to the caller,
-            // which answers first.
-            let defer = cfg!(feature = "fault-ack-before-fsync") && j == bounds.len();
-            if !defer {
+            // Negative control: the last fdatasync is left to the next
+            // batch; this one is answered without it.
+            #[cfg(feature = "fault-ack-before-fsync")]
+            let defer = j == bounds.len();
+            #[cfg(not(feature = "fault-ack-before-fsync"))]
+            let defer = false;
+            if defer {
+                #[cfg(feature = "fault-ack-before-fsync")]
+                {
+                    self.unsynced = true;
+                }
+            } else {
                 self.current
                     .file
                     .sync_data()
@@ -861,15 +883,6 @@ impl Writer {
         self.current = next;
         self.offset = 0;
         Ok(())
-    }
-
-    /// Negative control: the fdatasync `write` left out.
-    #[cfg(feature = "fault-ack-before-fsync")]
-    pub fn sync(&self) -> Result<()> {
-        self.current
-            .file
-            .sync_data()
-            .map_err(|e| StorageError::io("fdatasync", &self.current.path, e))
     }
 
     /// Number of the segment being written.
