@@ -323,9 +323,9 @@ impl Commit {
     /// Waits until the transaction is durable. When it is the last one
     /// waiting for the log (with at most one before it, see `alone_in`) and
     /// callers have been coming one at a time, the caller writes and syncs
-    /// them itself instead of handing them to the log
-    /// writer thread and being woken by it (on tokio's multi-thread
-    /// runtime with two workers or more: it blocks its worker meanwhile).
+    /// them itself instead of handing them to the log writer thread and
+    /// being woken by it (on tokio's multi-thread runtime with two workers
+    /// or more: it blocks its worker meanwhile).
     pub async fn wait(mut self) -> Result<()> {
         let rx = std::mem::replace(&mut self.rx, Err(String::new()));
         if self.unannounced {
@@ -469,6 +469,10 @@ struct Inner {
     /// written: callers come one at a time. Otherwise they arrive
     /// together, and the log writer should keep grouping them.
     quiet: AtomicBool,
+    /// The log writer thread is waiting to be woken (tests wait for it
+    /// before they count commits made by callers: a log writer still
+    /// awake takes whatever is queued).
+    writer_waiting: AtomicBool,
     /// Wakes the applier (memtable full, close, a publisher waiting for
     /// room).
     apply_cv: Condvar,
@@ -787,6 +791,7 @@ impl Store {
             }),
             commit_cv: Condvar::new(),
             quiet: AtomicBool::new(false),
+            writer_waiting: AtomicBool::new(false),
             log: Mutex::new(LogState {
                 writer,
                 frames: Vec::with_capacity(1 << 20),
@@ -1470,7 +1475,9 @@ fn log_writer(inner: &Inner) {
                     // work behind.
                     break (log, std::mem::take(&mut st.pending));
                 }
+                inner.writer_waiting.store(true, Ordering::Relaxed);
                 st = inner.commit_cv.wait(st).unwrap_or_else(|e| e.into_inner());
+                inner.writer_waiting.store(false, Ordering::Relaxed);
             }
         };
         if !commit_batch(inner, &mut log, batch) {
@@ -1535,10 +1542,9 @@ impl Inner {
     /// and the last group commit was [quiet](Inner::quiet): a caller alone
     /// (one request at a time) then pays for the write and its `fdatasync`
     /// only, not also for waking the log writer thread and being woken by
-    /// it. Otherwise callers
-    /// are arriving together and the log writer's group commit takes it, as
-    /// it would have: a commit of one on the side would take an
-    /// `fdatasync` from the groups.
+    /// it. Otherwise callers are arriving together and the log writer's
+    /// group commit takes it, as it would have: a commit of one on the side
+    /// would take an `fdatasync` from the groups.
     ///
     /// Called by [`Commit::wait`] once [`Inner::alone`] said yes, after a
     /// yield: the test is made again here, under the log.

@@ -179,6 +179,7 @@ async fn a_caller_alone_commits_its_own_transaction() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (store, _) = Store::open(dir.path(), small_opts()).expect("open");
     for i in 0..20u64 {
+        writer_asleep(&store).await;
         store.submit(one_payload(i)).wait().await.expect("durable");
     }
     let stats = store.stats();
@@ -194,6 +195,17 @@ async fn a_caller_alone_commits_its_own_transaction() {
     }
 }
 
+/// Waits until the log writer thread sleeps: one that is still awake
+/// after its last commit takes whatever is queued, so a test counting the
+/// commits callers make waits for it before each submission.
+async fn writer_asleep(store: &Store) {
+    let until = Instant::now() + Duration::from_secs(10);
+    while !store.inner.writer_waiting.load(Ordering::Relaxed) {
+        assert!(Instant::now() < until, "the log writer never went to sleep");
+        tokio::time::sleep(Duration::from_micros(200)).await;
+    }
+}
+
 /// A store that applies nothing meanwhile (the applier's wait for
 /// durability would wake the log writer too), after three callers one at a
 /// time: quiet, so the next submissions do not wake the log writer
@@ -205,6 +217,7 @@ async fn quiet_store(dir: &std::path::Path) -> Store {
     };
     let (store, _) = Store::open(dir, opts).expect("open");
     for i in 0..3u64 {
+        writer_asleep(&store).await;
         store.submit(one_payload(i)).wait().await.expect("durable");
     }
     assert!(store.inner.quiet.load(Ordering::Relaxed));
@@ -220,6 +233,7 @@ async fn a_caller_alone_commits_the_pair_it_submitted() {
     let store = quiet_store(dir.path()).await;
     let before = store.stats();
     for i in 0..10u64 {
+        writer_asleep(&store).await;
         let held = store.submit(one_payload(100 + 2 * i));
         store
             .submit(one_payload(101 + 2 * i))
