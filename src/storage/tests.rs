@@ -288,6 +288,7 @@ async fn commits_not_waited_for_are_made_durable() {
     let lsn = store.submit(one_payload(10)).lsn();
     assert!(durable_within(&store, lsn, Duration::from_secs(10)));
     // Held while another is waited for: both go in one group.
+    writer_asleep(&store).await;
     let held = store.submit(one_payload(11));
     let syncs = store.stats().log_syncs;
     store.submit(one_payload(12)).wait().await.expect("durable");
