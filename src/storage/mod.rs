@@ -472,6 +472,7 @@ struct Inner {
     /// The log writer thread is waiting to be woken (tests wait for it
     /// before they count commits made by callers: a log writer still
     /// awake takes whatever is queued).
+    #[cfg(test)]
     writer_waiting: AtomicBool,
     /// Wakes the applier (memtable full, close, a publisher waiting for
     /// room).
@@ -791,6 +792,7 @@ impl Store {
             }),
             commit_cv: Condvar::new(),
             quiet: AtomicBool::new(false),
+            #[cfg(test)]
             writer_waiting: AtomicBool::new(false),
             log: Mutex::new(LogState {
                 writer,
@@ -1475,8 +1477,10 @@ fn log_writer(inner: &Inner) {
                     // work behind.
                     break (log, std::mem::take(&mut st.pending));
                 }
+                #[cfg(test)]
                 inner.writer_waiting.store(true, Ordering::Relaxed);
                 st = inner.commit_cv.wait(st).unwrap_or_else(|e| e.into_inner());
+                #[cfg(test)]
                 inner.writer_waiting.store(false, Ordering::Relaxed);
             }
         };
@@ -1505,8 +1509,8 @@ fn may_block_task() -> bool {
     })
 }
 
-/// Most transactions a caller commits on its own thread: its own and the
-/// few submitted just before it without waking the log writer (a
+/// Most transactions a caller commits on its own thread: its own and one
+/// submitted just before it without waking the log writer (a
 /// subscription's ack and the lease that its credit let go).
 const ALONE_MAX: usize = 2;
 
