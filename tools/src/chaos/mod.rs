@@ -339,13 +339,10 @@ impl Nemesis {
     fn next_class(&mut self) -> String {
         if self.plan.is_empty() {
             let mut all: Vec<String> = if self.classes.is_empty() {
-                NEMESIS_CLASSES
-                    .iter()
-                    .map(|s| s.to_string())
-                    .chain(SYSCALL_CLASSES.iter().map(|(c, _)| format!("sys:{c}")))
-                    // Random kills are the most common in real life: twice.
-                    .chain(std::iter::once("random".to_string()))
-                    .collect()
+                let mut all = all_classes();
+                // Random kills are the most common in real life: twice.
+                all.push("random".to_string());
+                all
             } else {
                 self.classes.clone()
             };
@@ -566,6 +563,15 @@ impl Nemesis {
             }
         }
     }
+}
+
+/// Every kill point class, once each.
+fn all_classes() -> Vec<String> {
+    NEMESIS_CLASSES
+        .iter()
+        .map(|c| c.to_string())
+        .chain(SYSCALL_CLASSES.iter().map(|(c, _)| format!("sys:{c}")))
+        .collect()
 }
 
 fn default_server_bin() -> Result<PathBuf> {
@@ -880,11 +886,7 @@ pub async fn run(args: Args) -> Result<i32> {
 
     // Coverage gate: over the classes this run was given.
     let mut classes: Vec<String> = if nem.classes.is_empty() {
-        NEMESIS_CLASSES
-            .iter()
-            .map(|c| c.to_string())
-            .chain(SYSCALL_CLASSES.iter().map(|(c, _)| format!("sys:{c}")))
-            .collect()
+        all_classes()
     } else {
         nem.classes.clone()
     };
