@@ -25,6 +25,22 @@ use tracing_subscriber::EnvFilter;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// Turns transparent huge pages off for the server process, unless
+/// `MIMALLOC_ALLOW_THP` is set (then mimalloc's own setting stands).
+/// mimalloc asks the kernel for huge pages on its arenas, and a huge page
+/// is zeroed whole (2 MiB) the first time any byte of it is touched: the
+/// server's short-lived request and body buffers then spend much of their
+/// CPU in the kernel zeroing pages, and its resident memory grows by whole
+/// huge pages (BENCHMARKS.md, "Transparent huge pages off").
+fn no_transparent_huge_pages() {
+    #[cfg(target_os = "linux")]
+    if std::env::var_os("MIMALLOC_ALLOW_THP").is_none()
+        && let Err(e) = rustix::thread::disable_transparent_huge_pages(true)
+    {
+        tracing::warn!(error = %e, "cannot turn transparent huge pages off");
+    }
+}
+
 /// Letterbox: a durable message queue with dead letter queues.
 #[derive(Debug, Parser)]
 #[command(name = "letterbox", version, about)]
@@ -302,6 +318,7 @@ fn main() -> ExitCode {
                 eprintln!("letterbox: {e}");
                 return ExitCode::from(2);
             }
+            no_transparent_huge_pages();
             let runtime = match tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()

@@ -1,7 +1,9 @@
 //! The proto as a public contract: a Python client generated from it runs
 //! the core flow against this build's server, and `buf lint` (every element
 //! documented) and `buf format` are clean. The scripts install what they
-//! need (grpcio-tools from PyPI, buf from npm) under target/.
+//! need (grpcio-tools from PyPI, buf from npm) under target/. The
+//! Prometheus metrics move with the queues, and the server process runs
+//! without transparent huge pages.
 
 use std::process::Command;
 
@@ -135,4 +137,21 @@ async fn prometheus_metrics_move_with_the_queues() {
     drop(c);
     stop.send(()).unwrap();
     task.await.unwrap().unwrap();
+}
+
+/// The server turns transparent huge pages off for its process
+/// (`THP_enabled: 0` in `/proc/<pid>/status`, Linux 5.0 and later), as it
+/// must for its allocator's arenas not to be backed and zeroed 2 MiB at a
+/// time (BENCHMARKS.md, "Transparent huge pages off").
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn the_server_runs_without_transparent_huge_pages() {
+    let s = crate::harness::TestServer::start().await;
+    let pid = s.pid().expect("running");
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("THP_enabled:"))
+        .unwrap_or_else(|| panic!("no THP_enabled in /proc/{pid}/status:\n{status}"));
+    assert_eq!(line.split_whitespace().nth(1), Some("0"), "{line}");
 }
