@@ -119,6 +119,11 @@ struct RunArgs {
     broker_pid: Option<u32>,
     #[arg(long, default_value_t = 1)]
     reps: u32,
+    /// threads of loadgen's own async runtime, whatever the target: 0 for
+    /// one per core (tokio's default), 1 for all of its tasks on one thread
+    /// (no wake-ups across threads between a call and its answer)
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..=256))]
+    client_threads: u16,
     /// free-form label stored with the results (and shown in the report)
     #[arg(long, default_value = "")]
     label: String,
@@ -152,10 +157,23 @@ struct RunArgs {
 
 /// Entry point of the `loadgen` binary.
 pub fn main() -> Result<()> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
     let cli = Cli::parse();
+    let threads = match &cli.cmd {
+        Cmd::Run(a) => a.client_threads,
+        Cmd::Report { .. } => 1,
+    };
+    let rt = match threads {
+        1 => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?,
+        0 => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?,
+        n => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(usize::from(n))
+            .enable_all()
+            .build()?,
+    };
     rt.block_on(dispatch(cli))
 }
 
@@ -252,6 +270,11 @@ async fn run(a: RunArgs) -> Result<()> {
         return Ok(());
     }
     let requested = workload::requested(a.workload, &p);
+    // A client other than the default is a row of its own in the report.
+    let variant = match a.client_threads {
+        0 => workload::variant(a.workload, &p),
+        n => format!("{},client_threads={n}", workload::variant(a.workload, &p)),
+    };
     for rep in 1..=a.reps {
         let o = workload::run(t.as_ref(), a.workload, &p, &a.queue).await?;
         let secs = o.elapsed.as_secs_f64();
@@ -259,7 +282,7 @@ async fn run(a: RunArgs) -> Result<()> {
             target: t.name().to_string(),
             target_desc: t.describe(),
             workload: a.workload,
-            variant: workload::variant(a.workload, &p),
+            variant: variant.clone(),
             label: a.label.clone(),
             rep,
             params: p.clone(),
