@@ -6,9 +6,12 @@
 //! - [`loadgen`]: the load generator. It runs the same workloads against
 //!   Letterbox and against peer brokers (RabbitMQ, NATS JetStream; cargo
 //!   feature `peers`) and reports them side by side.
+//! - [`memory`]: the heap held per queued message after a start, the
+//!   store's and the engine's indexes apart.
 //! - [`scale`]: Letterbox at depth: fill to millions of messages, restart,
 //!   drain, reclaim, many queues.
 
 pub mod chaos;
 pub mod loadgen;
+pub mod memory;
 pub mod scale;
