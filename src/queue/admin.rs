@@ -222,9 +222,9 @@ impl Broker {
                 }
                 let mut change = Change::default();
                 for pos in &chunk {
-                    if let Some(e) = q.remove(*pos, timers) {
+                    if let Some((_, pid)) = q.remove(*pos, timers) {
                         change.txn.delete(Key::Meta(qid, *pos));
-                        change.txn.delete(Key::Payload(e.pid));
+                        change.txn.delete(Key::Payload(pid));
                     }
                 }
                 total += chunk.len() as u64;

@@ -315,13 +315,13 @@ impl Broker {
             let Some(q) = queues.get_mut(&t.qid) else {
                 continue;
             };
-            if let Some(e) = q.remove(t.pos, timers) {
+            if let Some((_, pid)) = q.remove(t.pos, timers) {
                 if !q.client_ids.is_empty() {
                     let meta = self.meta(t.qid, t.pos)?;
                     forget_client_id(q, &meta);
                 }
                 change.txn.delete(Key::Meta(t.qid, t.pos));
-                change.txn.delete(Key::Payload(e.pid));
+                change.txn.delete(Key::Payload(pid));
                 q.counters.acked += 1;
                 change.touch(t.qid);
                 change.wake(t.qid);

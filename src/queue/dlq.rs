@@ -112,7 +112,7 @@ impl Broker {
         let q = queues
             .get_mut(&qid)
             .ok_or_else(|| QueueError::Unavailable(format!("queue number {qid} vanished")))?;
-        let Some(old) = q.remove(pos, timers) else {
+        let Some((old, pid)) = q.remove(pos, timers) else {
             return Ok(());
         };
         forget_client_id(q, &meta);
@@ -163,11 +163,11 @@ impl Broker {
                 state: EntryState::Ready,
                 due: 0,
                 expires_at: meta.expires_at,
-                pid: old.pid,
                 epoch: 0,
                 size: old.size,
                 group,
             },
+            pid,
             timers,
         );
         #[cfg(feature = "fault-dlq-two-steps")]
@@ -234,11 +234,11 @@ impl Broker {
         }
         let State { queues, timers, .. } = st;
         if let Some(q) = queues.get_mut(&qid)
-            && let Some(e) = q.remove(pos, timers)
+            && let Some((_, pid)) = q.remove(pos, timers)
         {
             forget_client_id(q, &meta);
             change.txn.delete(Key::Meta(qid, pos));
-            change.txn.delete(Key::Payload(e.pid));
+            change.txn.delete(Key::Payload(pid));
         }
         change.wake(qid);
         Ok(())

@@ -228,11 +228,11 @@ pub(crate) fn store_new(
             state,
             due,
             expires_at,
-            pid: pos,
             epoch: 0,
             size,
             group,
         },
+        pos,
         timers,
     );
     Ok(())

@@ -15,6 +15,10 @@ use super::error::Result;
 use super::persist;
 use super::state::{Entry, EntryState, QueueState};
 
+/// One queue's entries gathered at start: its number, and for each
+/// message its position, its entry and its payload number.
+type QueueBatch = (u32, Vec<(u64, Entry, u64)>);
+
 /// The indexes, and the deletions of records left by queues deleted
 /// before the last stop (to submit once the store runs).
 pub(crate) fn load(store: &Reader, now: u64) -> Result<(State, Txn)> {
@@ -73,8 +77,8 @@ pub(crate) fn load(store: &Reader, now: u64) -> Result<(State, Txn)> {
     let mut max_pos = 0u64;
     // The entries of one queue (keys come in queue, then position order),
     // added together once the scan leaves the queue.
-    let mut batch: Option<(u32, Vec<(u64, Entry)>)> = None;
-    let flush = |st: &mut State, batch: &mut Option<(u32, Vec<(u64, Entry)>)>| {
+    let mut batch: Option<QueueBatch> = None;
+    let flush = |st: &mut State, batch: &mut Option<QueueBatch>| {
         if let Some((qid, entries)) = batch.take()
             && let Some(q) = st.queues.get_mut(&qid)
         {
@@ -108,7 +112,6 @@ pub(crate) fn load(store: &Reader, now: u64) -> Result<(State, Txn)> {
             state,
             due,
             expires_at: meta.expires_at,
-            pid: meta.pid,
             epoch: meta.leases,
             size: meta.size,
             group,
@@ -119,7 +122,7 @@ pub(crate) fn load(store: &Reader, now: u64) -> Result<(State, Txn)> {
         batch
             .get_or_insert_with(|| (qid, Vec::new()))
             .1
-            .push((pos, entry));
+            .push((pos, entry, meta.pid));
     }
     flush(&mut st, &mut batch);
     for item in store.scan::<DedupRecord>(Space::Dedups) {

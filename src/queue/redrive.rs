@@ -212,7 +212,7 @@ fn move_back(
     let q = queues
         .get_mut(&qid)
         .ok_or_else(|| QueueError::Unavailable(format!("queue number {qid} vanished")))?;
-    let Some(old) = q.remove(pos, timers) else {
+    let Some((old, pid)) = q.remove(pos, timers) else {
         return Ok(());
     };
     forget_client_id(q, &meta);
@@ -248,11 +248,11 @@ fn move_back(
             state,
             due,
             expires_at: meta.expires_at,
-            pid: old.pid,
             epoch: 0,
             size: old.size,
             group,
         },
+        pid,
         timers,
     );
     change.txn.delete(Key::Meta(qid, pos));

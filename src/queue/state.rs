@@ -10,12 +10,17 @@
 //! `make_visible`, `set_deadline`), which keep all indexes and counts in
 //! step.
 //!
-//! Cost per queued message (64-bit): the entry map (~70 bytes with B-tree
-//! overhead), the ready set (~12) and the expiry set (~23); about 105
-//! bytes, plus the id for client-chosen ids.
+//! Cost per queued message (64-bit): the entry map (an [`Entry`] is 32
+//! bytes, its key 8, with B-tree overhead), the ready set (a compressed
+//! bitmap of positions: a fraction of a byte per message when positions
+//! are dense, two bytes when sparse) and the expiry set (16 bytes, with
+//! B-tree overhead); plus the id for client-chosen ids, and the payload
+//! number of a message moved into the queue (dead-lettered, redriven).
+//! `tools`' `index-memory` counts it (tools/README.md).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
+use roaring::RoaringTreemap;
 use tokio::sync::watch;
 
 use super::model::{QueueConfig, QueueKind};
@@ -29,8 +34,6 @@ pub(crate) struct Entry {
     pub due: u64,
     /// When its time to live runs out.
     pub expires_at: u64,
-    /// Its payload's number.
-    pub pid: u64,
     /// Leases granted at this position (the current lease's epoch).
     pub epoch: u32,
     /// Body size.
@@ -169,8 +172,11 @@ pub(crate) struct QueueState {
     pub counters: Counters,
     /// Every message, by position.
     pub msgs: BTreeMap<u64, Entry>,
+    /// Payload numbers of the messages whose payload number is not their
+    /// position (moved into this queue), by position.
+    pub pids: HashMap<u64, u64>,
     /// Standard queues: ready messages in position order.
-    pub ready: BTreeSet<u64>,
+    pub ready: RoaringTreemap,
     /// FIFO queues: the groups.
     pub fifo: Option<Fifo>,
     /// (expires_at, pos) of every message.
@@ -194,7 +200,8 @@ impl QueueState {
             created_at,
             counters: Counters::default(),
             msgs: BTreeMap::new(),
-            ready: BTreeSet::new(),
+            pids: HashMap::new(),
+            ready: RoaringTreemap::new(),
             fifo,
             expiry: BTreeSet::new(),
             client_ids: HashMap::new(),
@@ -215,9 +222,12 @@ impl QueueState {
         }
     }
 
-    /// Adds a message.
-    pub(crate) fn add(&mut self, pos: u64, e: Entry, timers: &mut Timers) {
+    /// Adds a message whose payload is number `pid`.
+    pub(crate) fn add(&mut self, pos: u64, e: Entry, pid: u64, timers: &mut Timers) {
         self.msgs.insert(pos, e);
+        if pid != pos {
+            self.pids.insert(pos, pid);
+        }
         self.expiry.insert((e.expires_at, pos));
         match e.state {
             EntryState::Ready => {
@@ -249,22 +259,33 @@ impl QueueState {
     /// entries in position order (the rebuild at start): the big maps are
     /// built in bulk, which fills their nodes instead of leaving them half
     /// empty as appending one by one does.
-    pub(crate) fn add_all(&mut self, entries: Vec<(u64, Entry)>, timers: &mut Timers) {
+    /// Each entry comes with its payload number.
+    pub(crate) fn add_all(&mut self, entries: Vec<(u64, Entry, u64)>, timers: &mut Timers) {
         if self.fifo.is_some() || !self.msgs.is_empty() {
-            for (pos, e) in entries {
-                self.add(pos, e, timers);
+            for (pos, e, pid) in entries {
+                self.add(pos, e, pid, timers);
             }
             return;
         }
-        let mut expiry: Vec<(u64, u64)> = entries.iter().map(|(p, e)| (e.expires_at, *p)).collect();
+        let mut expiry: Vec<(u64, u64)> =
+            entries.iter().map(|(p, e, _)| (e.expires_at, *p)).collect();
         expiry.sort_unstable();
         self.expiry = expiry.into_iter().collect();
-        self.ready = entries
+        let ready = || {
+            entries
+                .iter()
+                .filter(|(_, e, _)| e.state == EntryState::Ready)
+                .map(|(p, _, _)| *p)
+        };
+        // In position order, so appended in bulk.
+        self.ready =
+            RoaringTreemap::from_sorted_iter(ready()).unwrap_or_else(|_| ready().collect());
+        self.pids = entries
             .iter()
-            .filter(|(_, e)| e.state == EntryState::Ready)
-            .map(|(p, _)| *p)
+            .filter(|(p, _, pid)| p != pid)
+            .map(|(p, _, pid)| (*p, *pid))
             .collect();
-        for (pos, e) in &entries {
+        for (pos, e, _) in &entries {
             match e.state {
                 EntryState::Ready => {}
                 EntryState::Delayed => {
@@ -277,16 +298,17 @@ impl QueueState {
                 }
             }
         }
-        self.msgs = entries.into_iter().collect();
+        self.msgs = entries.into_iter().map(|(p, e, _)| (p, e)).collect();
     }
 
-    /// Removes a message, returning its entry.
-    pub(crate) fn remove(&mut self, pos: u64, timers: &mut Timers) -> Option<Entry> {
+    /// Removes a message, returning its entry and its payload number.
+    pub(crate) fn remove(&mut self, pos: u64, timers: &mut Timers) -> Option<(Entry, u64)> {
         let e = self.msgs.remove(&pos)?;
+        let pid = self.pids.remove(&pos).unwrap_or(pos);
         self.expiry.remove(&(e.expires_at, pos));
         match e.state {
             EntryState::Ready => {
-                self.ready.remove(&pos);
+                self.ready.remove(pos);
             }
             EntryState::Delayed => {
                 self.delayed -= 1;
@@ -306,7 +328,7 @@ impl QueueState {
             }
             self.refresh_group(e.group);
         }
-        Some(e)
+        Some((e, pid))
     }
 
     /// Leases a ready message until `deadline` with the given epoch.
@@ -319,7 +341,7 @@ impl QueueState {
         e.due = deadline;
         e.epoch = epoch;
         let gidx = e.group;
-        self.ready.remove(&pos);
+        self.ready.remove(pos);
         self.leased += 1;
         timers.insert((deadline, self.qid, pos));
         if let Some(f) = &mut self.fifo {
@@ -407,7 +429,7 @@ impl QueueState {
     /// Messages deliverable now (FIFO: visible, unleased, not parked).
     pub(crate) fn ready_count(&self) -> u64 {
         match &self.fifo {
-            None => self.ready.len() as u64,
+            None => self.ready.len(),
             Some(f) => (self.msgs.len() as u64)
                 .saturating_sub(self.leased + self.delayed + f.parked_messages(&self.msgs)),
         }
@@ -430,7 +452,7 @@ impl QueueState {
         };
         match &self.fifo {
             None => {
-                for &pos in &self.ready {
+                for pos in &self.ready {
                     let size = self.msgs.get(&pos).map_or(0, |e| e.size);
                     if !take(pos, size, &mut out) {
                         break;
@@ -473,7 +495,9 @@ mod tests {
         QueueState::new(7, "q".into(), new_config(&input).expect("config"), 0)
     }
 
-    fn entries() -> Vec<(u64, Entry)> {
+    /// Entries at positions 3, 6, … 1500; every seventh was moved in (its
+    /// payload number is not its position).
+    fn entries() -> Vec<(u64, Entry, u64)> {
         (1..=500u64)
             .map(|pos| {
                 let state = match pos % 5 {
@@ -490,12 +514,12 @@ mod tests {
                     },
                     // Not in position order: expiry must still come out sorted.
                     expires_at: 1_000_000 - (pos % 13) * 1000,
-                    pid: pos,
                     epoch: (pos % 3) as u32,
                     size: 100,
                     group: (pos % 4) as u32,
                 };
-                (pos * 3, e)
+                let pid = if pos % 7 == 0 { pos } else { pos * 3 };
+                (pos * 3, e, pid)
             })
             .collect()
     }
@@ -511,11 +535,13 @@ mod tests {
                     f2.group_index(g);
                 }
             }
-            for (pos, e) in entries() {
-                one.add(pos, e, &mut t1);
+            for (pos, e, pid) in entries() {
+                one.add(pos, e, pid, &mut t1);
             }
             all.add_all(entries(), &mut t2);
             assert_eq!(one.msgs, all.msgs, "{kind:?}");
+            assert_eq!(one.pids, all.pids, "{kind:?}");
+            assert_eq!(all.pids.len(), 71, "{kind:?}");
             assert_eq!(one.ready, all.ready, "{kind:?}");
             assert_eq!(one.expiry, all.expiry, "{kind:?}");
             assert_eq!((one.delayed, one.leased), (all.delayed, all.leased));
@@ -527,9 +553,29 @@ mod tests {
         let mut t = Timers::new();
         let mut es = entries();
         let last = es.pop().expect("entries");
-        q.add(last.0, last.1, &mut t);
+        q.add(last.0, last.1, last.2, &mut t);
         q.add_all(es, &mut t);
         assert_eq!(q.msgs.len(), 500);
         assert_eq!(q.expiry.len(), 500);
+    }
+
+    /// The entry map is most of the index memory per queued message
+    /// (BENCHMARKS.md, "Scale"): an entry stays within 32 bytes.
+    #[test]
+    fn an_entry_is_32_bytes() {
+        assert_eq!(std::mem::size_of::<Entry>(), 32);
+    }
+
+    #[test]
+    fn remove_gives_back_the_payload_number_and_forgets_it() {
+        let mut q = queue(QueueKind::Standard);
+        let mut t = Timers::new();
+        q.add_all(entries(), &mut t);
+        for (pos, _, pid) in entries() {
+            let (_, got) = q.remove(pos, &mut t).expect("present");
+            assert_eq!(got, pid, "position {pos}");
+        }
+        assert!(q.pids.is_empty() && q.msgs.is_empty() && q.ready.is_empty());
+        assert!(q.expiry.is_empty() && t.is_empty());
     }
 }
