@@ -256,10 +256,10 @@ impl QueueState {
     }
 
     /// [`QueueState::add`] for every entry of an empty standard queue, the
-    /// entries in position order (the rebuild at start): the big maps are
-    /// built in bulk, which fills their nodes instead of leaving them half
-    /// empty as appending one by one does.
-    /// Each entry comes with its payload number.
+    /// entries in position order, each with its payload number (the
+    /// rebuild at start): the big maps are built in bulk, which fills their
+    /// nodes instead of leaving them half empty as appending one by one
+    /// does.
     pub(crate) fn add_all(&mut self, entries: Vec<(u64, Entry, u64)>, timers: &mut Timers) {
         if self.fifo.is_some() || !self.msgs.is_empty() {
             for (pos, e, pid) in entries {

@@ -102,7 +102,8 @@ struct Args {
     /// (the server's `--cache-size`; its default is 256 MiB).
     #[arg(long, default_value_t = 8 << 20)]
     cache_bytes: u64,
-    /// Data directory (wiped first). A temporary one by default.
+    /// Data directory: absent, empty, or a Letterbox data directory, which
+    /// is wiped first. A temporary one by default.
     #[arg(long)]
     dir: Option<PathBuf>,
 }
@@ -142,12 +143,27 @@ async fn fill(dir: &std::path::Path, args: &Args) -> Result<()> {
     Ok(())
 }
 
+/// Empties `dir` for the fill when it is a Letterbox data directory (it
+/// holds `FORMAT`) or empty; refuses anything else.
+fn wipe(dir: &std::path::Path) -> Result<()> {
+    let Ok(mut entries) = std::fs::read_dir(dir) else {
+        return Ok(()); // absent: the fill creates it
+    };
+    if entries.next().is_some() && !dir.join("FORMAT").exists() {
+        anyhow::bail!(
+            "refusing to wipe {}: not empty and not a Letterbox data directory",
+            dir.display()
+        );
+    }
+    std::fs::remove_dir_all(dir).with_context(|| format!("wiping {}", dir.display()))
+}
+
 /// Runs the tool.
 pub fn main() -> Result<()> {
     let args = Args::parse();
     let tmp;
     let dir = if let Some(d) = &args.dir {
-        let _ = std::fs::remove_dir_all(d);
+        wipe(d)?;
         d.clone()
     } else {
         tmp = tempfile::tempdir_in(std::env::temp_dir())?;

@@ -36,3 +36,20 @@ fn index_memory_reports_the_store_and_the_engine_apart() {
     assert!(store > 0.0, "store {store} B/msg in {row:?}");
     assert!((store + engine - both).abs() < 0.2, "{row:?}");
 }
+
+#[test]
+fn index_memory_refuses_to_wipe_a_foreign_directory() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let keep = dir.path().join("keep.txt");
+    std::fs::write(&keep, "mine").expect("write");
+    let out = Command::new(env!("CARGO_BIN_EXE_index-memory"))
+        .args(["--messages", "10"])
+        .arg("--dir")
+        .arg(dir.path())
+        .output()
+        .expect("run index-memory");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("refusing to wipe"), "{stderr}");
+    assert!(keep.exists(), "the foreign file was removed");
+}
