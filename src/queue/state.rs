@@ -271,30 +271,24 @@ impl QueueState {
             entries.iter().map(|(p, e, _)| (e.expires_at, *p)).collect();
         expiry.sort_unstable();
         self.expiry = expiry.into_iter().collect();
-        let ready = || {
-            entries
-                .iter()
-                .filter(|(_, e, _)| e.state == EntryState::Ready)
-                .map(|(p, _, _)| *p)
-        };
-        // In position order, so appended in bulk.
-        self.ready =
-            RoaringTreemap::from_sorted_iter(ready()).unwrap_or_else(|_| ready().collect());
-        self.pids = entries
-            .iter()
-            .filter(|(p, _, pid)| p != pid)
-            .map(|(p, _, pid)| (*p, *pid))
-            .collect();
-        for (pos, e, _) in &entries {
+        for &(pos, e, pid) in &entries {
+            if pid != pos {
+                self.pids.insert(pos, pid);
+            }
             match e.state {
-                EntryState::Ready => {}
+                EntryState::Ready => {
+                    // In position order, so appended; out of order, inserted.
+                    if !self.ready.push(pos) {
+                        self.ready.insert(pos);
+                    }
+                }
                 EntryState::Delayed => {
                     self.delayed += 1;
-                    timers.insert((e.due, self.qid, *pos));
+                    timers.insert((e.due, self.qid, pos));
                 }
                 EntryState::Leased => {
                     self.leased += 1;
-                    timers.insert((e.due, self.qid, *pos));
+                    timers.insert((e.due, self.qid, pos));
                 }
             }
         }
