@@ -12,6 +12,7 @@ use super::error::{Result, StorageError};
 pub const FORMAT_VERSION: u32 = 1;
 
 const FORMAT_FILE: &str = "FORMAT";
+const FORMAT_TMP_FILE: &str = "FORMAT.tmp";
 const CHECKPOINT_FILE: &str = "CHECKPOINT";
 const CHECKPOINT_HEADER: &str = "letterbox checkpoint";
 const LOCK_FILE: &str = "LOCK";
@@ -121,7 +122,9 @@ pub fn check_or_init_format(dir: &Path) -> Result<bool> {
             let others = std::fs::read_dir(dir)
                 .map_err(|e| StorageError::io("read directory", dir, e))?
                 .filter_map(|e| e.ok())
-                .filter(|e| e.file_name() != LOCK_FILE)
+                // The lock, and the format file's temporary copy that a
+                // crash during the very first start can leave behind.
+                .filter(|e| e.file_name() != LOCK_FILE && e.file_name() != FORMAT_TMP_FILE)
                 .count();
             if others > 0 {
                 return Err(StorageError::NotDataDir {
@@ -132,6 +135,31 @@ pub fn check_or_init_format(dir: &Path) -> Result<bool> {
             write_format(dir, &path).map(|()| true)
         }
         Err(e) => Err(StorageError::io("read", &path, e)),
+    }
+}
+
+/// True when `dir` has a format file but its first start never finished:
+/// no checkpoint was ever recorded, the database was never rewritten and
+/// the log has no segment. A start writes its first checkpoint before it
+/// opens the log or answers any call, so such a directory holds nothing
+/// that was acknowledged: a crash or power cut during the very first start
+/// left it, and it is initialized again rather than refused.
+pub fn first_start_unfinished(dir: &Path, wal_dir: &Path) -> Result<bool> {
+    if dir.join(CHECKPOINT_FILE).exists() || dir.join(DATABASE_FILE).exists() {
+        return Ok(false);
+    }
+    match std::fs::read_dir(wal_dir) {
+        Ok(entries) => {
+            for entry in entries {
+                let entry = entry.map_err(|e| StorageError::io("read directory", wal_dir, e))?;
+                if entry.file_name().to_string_lossy().ends_with(".wal") {
+                    return Ok(false);
+                }
+            }
+            Ok(true)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(true),
+        Err(e) => Err(StorageError::io("read directory", wal_dir, e)),
     }
 }
 
@@ -184,7 +212,7 @@ fn parse_format(path: &Path, text: &str) -> Result<()> {
 }
 
 fn write_format(dir: &Path, path: &PathBuf) -> Result<()> {
-    let tmp = dir.join("FORMAT.tmp");
+    let tmp = dir.join(FORMAT_TMP_FILE);
     let mut f = File::create(&tmp).map_err(|e| StorageError::io("create", &tmp, e))?;
     f.write_all(format!("{FORMAT_HEADER}\nformat {FORMAT_VERSION}\n").as_bytes())
         .and_then(|()| f.sync_all())
@@ -336,6 +364,19 @@ mod tests {
         .expect("write");
         let err = check_or_init_format(dir.path()).expect_err("newer format");
         assert!(err.to_string().contains("format 99"), "{err}");
+    }
+
+    #[test]
+    fn a_format_file_cut_short_before_its_rename_is_not_taken_for_foreign_data() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(dir.path().join(LOCK_FILE), "").expect("lock");
+        std::fs::write(dir.path().join(FORMAT_TMP_FILE), "letterbox da").expect("tmp");
+        assert!(
+            check_or_init_format(dir.path()).expect("init"),
+            "a new directory"
+        );
+        check_format(dir.path()).expect("a whole format file");
+        assert!(!dir.path().join(FORMAT_TMP_FILE).exists());
     }
 
     #[test]

@@ -668,9 +668,24 @@ impl Store {
         let started = Instant::now();
         fsutil::create_private_dir(dir)?;
         let dir_lock = fsutil::lock_dir(dir)?;
-        let fresh = fsutil::check_or_init_format(dir)?;
+        let mut fresh = fsutil::check_or_init_format(dir)?;
         let db_dir = fsutil::current_database(dir)?;
         let wal_dir = dir.join("wal");
+        if !fresh && fsutil::first_start_unfinished(dir, &wal_dir)? {
+            // What a database directory holds then was never made durable
+            // as a whole (sled's files can be empty or cut short): it goes,
+            // and the start proceeds as the first one.
+            tracing::warn!(
+                path = %dir.display(),
+                "the first start of this data directory was cut short before it finished: initializing it again (nothing in it was ever acknowledged)"
+            );
+            if db_dir.exists() {
+                std::fs::remove_dir_all(&db_dir)
+                    .map_err(|e| StorageError::io("remove", &db_dir, e))?;
+                fsutil::sync_dir(dir)?;
+            }
+            fresh = true;
+        }
         if !fresh && !db_dir.join("db").exists() {
             return Err(StorageError::corrupt(
                 db_dir.display().to_string(),
@@ -1264,7 +1279,7 @@ fn check_db_format(db: &sled::Db, path: &Path, fresh: bool) -> Result<()> {
         }),
         None if !fresh => Err(StorageError::corrupt(
             path.display().to_string(),
-            "the database is empty or lost its records, but FORMAT says this directory holds data: refusing to start empty (a directory whose very first start was cut short holds nothing and can be removed)",
+            "the database is empty or lost its records, but FORMAT says this directory holds data: refusing to start empty",
         )),
         None => {
             db.insert(

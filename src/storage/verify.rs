@@ -119,6 +119,12 @@ pub fn verify(dir: &Path, opts: &VerifyOptions) -> Result<VerifyReport> {
     fsutil::check_format(dir)?;
     let db_dir = fsutil::current_database(dir)?;
     let wal_dir = dir.join("wal");
+    if fsutil::first_start_unfinished(dir, &wal_dir)? {
+        r.notes.push(
+            "the first start of this directory was cut short before it finished: it holds nothing acknowledged, and the next start initializes it again".into(),
+        );
+        return Ok(r);
+    }
     if !db_dir.join("db").exists() {
         r.problem(format!(
             "{}: the database is missing (the directory has a FORMAT file, so it held data)",

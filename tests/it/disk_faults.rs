@@ -704,3 +704,68 @@ async fn a_stale_format_is_refused_and_nothing_is_touched() {
     );
     assert!(err.contains("format 0"), "{err}");
 }
+
+/// What a power cut during the very first start can leave: the format
+/// file made durable, the log directory empty, and the database's files
+/// created by sled but never written.
+fn first_start_cut_short(data: &Path) {
+    std::fs::create_dir_all(data.join("wal")).unwrap();
+    std::fs::create_dir_all(data.join("db")).unwrap();
+    std::fs::write(data.join("FORMAT"), "letterbox data directory\nformat 1\n").unwrap();
+    std::fs::write(data.join("LOCK"), "").unwrap();
+    std::fs::write(data.join("db").join("conf"), "").unwrap();
+    std::fs::write(data.join("db").join("db"), "").unwrap();
+}
+
+#[tokio::test]
+async fn a_first_start_cut_short_is_initialized_again_and_then_keeps_what_it_acknowledges() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let log = tmp.path().join("server.log");
+    first_start_cut_short(&data);
+    // `letterbox verify` says what the next start does, and finds nothing
+    // wrong.
+    let out = Command::new(env!("CARGO_BIN_EXE_letterbox"))
+        .args(["verify", "--data-dir"])
+        .arg(&data)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("first start of this directory was cut short"),
+        "{text}"
+    );
+
+    let (mut child, mut c) = start_with_queue(&[], &data, &log, &[]).await;
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        logged.contains("initializing it again"),
+        "the start says what it did: {logged}"
+    );
+    let acked = publish_batch(&mut c, "m", 0, 20, 100).await.unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // Past its first start, the directory is an ordinary one: what it
+    // acknowledged survives a kill, and a lost database is refused again.
+    let have = ids_after_restart(&data, &log, &[]).await;
+    assert_none_lost(&acked, &have);
+    assert!(data.join("CHECKPOINT").exists());
+    std::fs::remove_dir_all(data.join("db")).unwrap();
+    let err = start(&[], &data, &log, &[]).expect_err("refused");
+    assert!(err.contains("refusing to start empty"), "{err}");
+}
+
+#[tokio::test]
+async fn a_missing_database_is_refused_even_without_the_checkpoint_record_while_the_log_has_segments()
+ {
+    let (s, before) = stopped_dir().await;
+    std::fs::remove_dir_all(s.data_dir().join("db")).unwrap();
+    std::fs::remove_file(s.data_dir().join("CHECKPOINT")).unwrap();
+    let before: Vec<(PathBuf, u64)> = before
+        .into_iter()
+        .filter(|(p, _)| !p.starts_with(s.data_dir().join("db")) && !p.ends_with("CHECKPOINT"))
+        .collect();
+    let err = assert_refused(&s, &before, "/db");
+    assert!(err.contains("refusing to start empty"), "{err}");
+}
