@@ -623,12 +623,18 @@ __attribute__((constructor)) static void lbshim_init(void) {
         struct stat st;
         if (stat(root, &st) < 0) die("LBSHIM_ROOT");
         flush_tree(root);
-        snprintf(p, sizeof p, "%s/root", mirror);
+        /* The mirror counts only once `root` names the tree's root, and a
+         * kill can come at any instruction: written aside and renamed into
+         * place, so that it is never read half-written. */
+        char done[PATH_MAX + 16];
+        snprintf(p, sizeof p, "%s/root.tmp", mirror);
+        snprintf(done, sizeof done, "%s/root", mirror);
         FILE *f = fopen(p, "w");
         if (!f) die("mirror root");
         fprintf(f, "%llu %llu %llu\n", (unsigned long long)st.st_dev,
                 (unsigned long long)st.st_ino, 0ull);
-        fclose(f);
+        if (fclose(f) != 0) die("mirror root");
+        if (real_rename(p, done) < 0) die("mirror root rename");
     }
     ready = 1;
 }

@@ -273,3 +273,18 @@ fn torn_mode_lets_some_unsynced_pages_through_and_nothing_else() {
             .all(|&b| b == b'o')
     );
 }
+
+#[test]
+fn a_mirror_whose_root_record_is_cut_short_is_refused_rather_than_rebuilt_empty() {
+    let f = fixture();
+    let after = f.run("basic", &[]);
+    let mirror = f.dir.path().join("basic").join("mirror");
+    assert!(!mirror.join("root.tmp").exists(), "renamed into place");
+    let whole = std::fs::read_to_string(mirror.join("root")).expect("root");
+    for cut in ["", &whole[..whole.len() / 2]] {
+        std::fs::write(mirror.join("root"), cut).expect("write");
+        let err = shim::materialize(&mirror, &after).expect_err("refused");
+        assert!(err.to_string().contains("malformed mirror root"), "{err}");
+        assert!(after.join("old").exists(), "the tree is left alone");
+    }
+}

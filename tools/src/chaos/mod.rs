@@ -134,6 +134,13 @@ pub struct Args {
 /// producers, so without a cap the backlog only grows).
 const SOAK_BACKLOG_CAP: u64 = 20_000;
 
+/// Power cuts during the very first start, before epoch 1 (power-loss
+/// mode), each at the n-th fsync for an n drawn up to
+/// [`FIRST_START_FSYNCS`].
+const FIRST_START_CUTS: u64 = 3;
+/// About as many fsyncs as a first start makes before it listens.
+const FIRST_START_FSYNCS: u64 = 12;
+
 const NEMESIS_CLASSES: [&str; 5] = ["random", "startup", "shutdown", "graceful", "storm"];
 /// Library classes used as kill points, with the guess of how many calls
 /// an epoch makes before the first measurements replace it.
@@ -716,6 +723,33 @@ pub async fn run(args: Args) -> Result<i32> {
         url: format!("http://127.0.0.1:{port}"),
     });
 
+    // Before epoch 1, in power-loss mode: the very first start of the
+    // directory, cut short by a power cut at its n-th fsync (its format
+    // file, its directories, the database's files and the first
+    // checkpoint); the start after it must still come up.
+    if nem.power && args.soak_secs.is_none() {
+        for _ in 0..FIRST_START_CUTS {
+            let n = nem.rng.u64(1..=FIRST_START_FSYNCS);
+            let mut s = nem.spawn(Some(&format!("fsync:{n}:0")))?;
+            let until = Instant::now() + Duration::from_secs(30);
+            let (class, status) = loop {
+                if let Some(st) = s.try_wait() {
+                    if nem.spec.mark.exists() {
+                        break ("first start", Some(st));
+                    }
+                    break ("unexpected exit", Some(st));
+                }
+                // A start with fewer fsyncs than n came up: a power cut
+                // once it listens.
+                if s.poll_ready() || Instant::now() >= until {
+                    break ("random", s.kill());
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            };
+            nem.end(class, status, false)?;
+        }
+    }
+
     // Epoch 1: create the queues, start the workers.
     let mut first = nem.spawn(None)?;
     if !nem.ready(&mut first).await? {
@@ -799,7 +833,12 @@ pub async fn run(args: Args) -> Result<i32> {
         None => {
             let mut s = nem.spawn(None)?;
             if !nem.ready(&mut s).await? {
-                bail!("the server did not start for the final phase");
+                bail!(
+                    "the server did not start for the final phase ({}); the end of its log:\n{}",
+                    s.try_wait()
+                        .map_or("still running".into(), |st| st.to_string()),
+                    server::log_tail(&nem.spec.log, 30)
+                );
             }
             s
         }

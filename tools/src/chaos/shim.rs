@@ -76,7 +76,16 @@ pub fn materialize(mirror: &Path, out: &Path) -> Result<usize> {
 fn rebuild(mirror: &Path, out: &Path) -> Result<HashMap<String, PathBuf>> {
     let root = std::fs::read_to_string(mirror.join("root"))
         .with_context(|| format!("reading {}", mirror.join("root").display()))?;
-    let key = root.split_whitespace().collect::<Vec<_>>().join(".");
+    let parts: Vec<&str> = root.split_whitespace().collect();
+    if parts.len() != 3 || parts.iter().any(|p| p.parse::<u64>().is_err()) {
+        // Rebuilding from it would lose the whole tree: a fault of the
+        // harness, not of the server.
+        bail!(
+            "malformed mirror root record {root:?} in {}",
+            mirror.display()
+        );
+    }
+    let key = parts.join(".");
     if out.exists() {
         std::fs::remove_dir_all(out).with_context(|| format!("removing {}", out.display()))?;
     }
