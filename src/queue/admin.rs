@@ -216,7 +216,7 @@ impl Broker {
                 let mut st = self.lock();
                 let State { queues, timers, .. } = &mut *st;
                 let Some(q) = queues.get_mut(&qid) else { break };
-                let chunk: Vec<u64> = q.msgs.range(..upto).take(CHUNK).map(|(&p, _)| p).collect();
+                let chunk: Vec<u64> = q.msgs.range(..upto).take(CHUNK).map(|(p, _)| p).collect();
                 if chunk.is_empty() {
                     break;
                 }
@@ -264,7 +264,7 @@ impl Broker {
             let mut st = self.lock();
             let qid = st.qid(name)?;
             let q = st.queue(qid)?;
-            (qid, q.msgs.keys().next().copied(), figures(q))
+            (qid, q.msgs.first_pos(), figures(q))
         };
         if let Some(pos) = first {
             // The message may have left meanwhile; then it is not the oldest.
@@ -297,8 +297,8 @@ impl Broker {
             let start = after.map_or(std::ops::Bound::Unbounded, std::ops::Bound::Excluded);
             let mut picked = Vec::new();
             let mut iter = q.msgs.range((start, std::ops::Bound::Unbounded));
-            for (&pos, e) in iter.by_ref().take(size) {
-                picked.push((pos, message_state(q, pos, e.state, e.group)));
+            for (pos, e) in iter.by_ref().take(size) {
+                picked.push((pos, message_state(q, pos, e.state(), e.group())));
             }
             (qid, picked, iter.next().is_some())
         };

@@ -144,13 +144,13 @@ impl Broker {
             let mut expired_any = false;
             for pos in candidates {
                 let q = st.queue(qid)?;
-                let Some(e) = q.msgs.get(&pos) else { continue };
-                if e.expires_at <= now {
+                let Some(e) = q.msgs.get(pos) else { continue };
+                if e.expires_at() <= now {
                     self.expire(st, qid, pos, now, change)?;
                     expired_any = true;
                     continue;
                 }
-                used += u64::from(e.size) + DELIVERY_OVERHEAD;
+                used += u64::from(e.size()) + DELIVERY_OVERHEAD;
                 picked.push(self.lease_one(st, qid, pos, now, timeout, auto_ack, change)?);
             }
             if !expired_any || picked.len() >= max {
@@ -463,14 +463,14 @@ impl Broker {
         let Some(q) = st.queues.get(&t.qid) else {
             return Ok(None);
         };
-        let Some(e) = q.msgs.get(&t.pos) else {
+        let Some(e) = q.msgs.get(t.pos) else {
             return Ok(None);
         };
         let meta = self.meta(t.qid, t.pos)?;
         Ok(Some(LeasedMessage {
             queue: q.name.clone(),
             message_id: meta.message_id,
-            deadline: e.due,
+            deadline: e.due(),
         }))
     }
 
@@ -540,12 +540,12 @@ fn current_lease(st: &State, t: &AckToken, now: u64) -> std::result::Result<(), 
         .ok_or("(its queue no longer exists)")?;
     let e = q
         .msgs
-        .get(&t.pos)
+        .get(t.pos)
         .ok_or("(the message is no longer in the queue)")?;
-    if e.state != EntryState::Leased || e.epoch != t.epoch {
+    if e.state() != EntryState::Leased || e.epoch() != t.epoch {
         return Err("(the lease was settled, or ran out and the message was delivered again)");
     }
-    if e.due <= now {
+    if e.due() <= now {
         return Err("(the lease ran out)");
     }
     Ok(())

@@ -159,14 +159,7 @@ impl Broker {
         }
         dlq.add(
             new_pos,
-            Entry {
-                state: EntryState::Ready,
-                due: 0,
-                expires_at: meta.expires_at,
-                epoch: 0,
-                size: old.size,
-                group,
-            },
+            Entry::new(EntryState::Ready, 0, meta.expires_at, 0, old.size(), group),
             pid,
             timers,
         );
@@ -261,7 +254,7 @@ impl Broker {
             .ok_or_else(|| QueueError::Unavailable(format!("queue number {qid} vanished")))?;
         meta.visible_at = now;
         change.txn.put_meta(qid, pos, &meta);
-        let Some(gidx) = q.msgs.get(&pos).map(|e| e.group) else {
+        let Some(gidx) = q.msgs.get(pos).map(|e| e.group()) else {
             return Ok(());
         };
         let reason = format!(

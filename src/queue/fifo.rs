@@ -44,7 +44,9 @@ impl Broker {
                     continue;
                 };
                 let head = g.msgs.first().copied();
-                let head_state = head.and_then(|p| q.msgs.get(&p)).map(|e| (e.state, e.due));
+                let head_state = head
+                    .and_then(|p| q.msgs.get(p))
+                    .map(|e| (e.state(), e.due()));
                 let (state, reason) = match (&g.parked, head_state) {
                     (Some((_, why)), _) => (GroupState::Parked, why.clone()),
                     _ if g.leased > 0 => (
@@ -127,8 +129,8 @@ impl Broker {
                 )));
             };
             if q.msgs
-                .get(&pos)
-                .is_some_and(|e| e.state == EntryState::Leased)
+                .get(pos)
+                .is_some_and(|e| e.state() == EntryState::Leased)
             {
                 return Err(QueueError::FailedPrecondition(format!(
                     "the head of group {group:?} is leased by a consumer; wait for its lease to end"

@@ -224,14 +224,7 @@ pub(crate) fn store_new(
     };
     q.add(
         pos,
-        Entry {
-            state,
-            due,
-            expires_at,
-            epoch: 0,
-            size,
-            group,
-        },
+        Entry::new(state, due, expires_at, 0, size, group),
         pos,
         timers,
     );
@@ -266,7 +259,7 @@ pub(crate) fn find_duplicates(
         if let Some(id) = &m.message_id {
             if let Some(&j) = seen_ids.get(id.as_str()) {
                 dup = Some(Dup::Earlier(j));
-            } else if q.client_ids.get(id).is_some_and(|p| q.msgs.contains_key(p)) {
+            } else if q.client_ids.get(id).is_some_and(|p| q.msgs.contains(*p)) {
                 dup = Some(Dup::Stored(id.clone()));
             }
         }

@@ -108,14 +108,7 @@ pub(crate) fn load(store: &Reader, now: u64) -> Result<(State, Txn)> {
         if meta.client_id {
             q.client_ids.insert(meta.message_id.clone(), pos);
         }
-        let entry = Entry {
-            state,
-            due,
-            expires_at: meta.expires_at,
-            epoch: meta.leases,
-            size: meta.size,
-            group,
-        };
+        let entry = Entry::new(state, due, meta.expires_at, meta.leases, meta.size, group);
         if batch.as_ref().is_some_and(|(b, _)| *b != qid) {
             flush(&mut st, &mut batch);
         }

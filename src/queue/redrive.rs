@@ -113,7 +113,7 @@ impl Broker {
                 .msgs
                 .range(from..end)
                 .take(scan)
-                .map(|(&p, e)| (p, e.state))
+                .map(|(p, e)| (p, e.state()))
                 .collect();
             let mut step = RedriveStep {
                 next: (chunk.len() == scan).then(|| chunk.last().map_or(end, |(p, _)| p + 1)),
@@ -244,14 +244,7 @@ fn move_back(
     };
     t.add(
         new_pos,
-        Entry {
-            state,
-            due,
-            expires_at: meta.expires_at,
-            epoch: 0,
-            size: old.size,
-            group,
-        },
+        Entry::new(state, due, meta.expires_at, 0, old.size(), group),
         pid,
         timers,
     );

@@ -53,8 +53,8 @@ impl Broker {
             let state = st
                 .queues
                 .get(&qid)
-                .and_then(|q| q.msgs.get(&pos))
-                .map(|e| e.state);
+                .and_then(|q| q.msgs.get(pos))
+                .map(|e| e.state());
             match state {
                 Some(EntryState::Leased) => {
                     self.end_lease(
@@ -89,13 +89,13 @@ impl Broker {
         let mut dedup = Vec::new();
         for (&qid, q) in &st.queues {
             // Leased messages expire when their lease ends, not here.
-            for &(at, pos) in &q.expiry {
+            for (at, pos) in q.expiry.iter(&q.msgs) {
                 if at > now || due.len() >= BATCH {
                     break;
                 }
                 if q.msgs
-                    .get(&pos)
-                    .is_some_and(|e| e.state != EntryState::Leased)
+                    .get(pos)
+                    .is_some_and(|e| e.state() != EntryState::Leased)
                 {
                     due.push((qid, pos));
                 }
