@@ -129,7 +129,10 @@ impl Entry {
     pub(crate) fn group(&self) -> u32 {
         // Both shifts leave 16 bits.
         #[allow(clippy::cast_possible_truncation)]
-        let (high, low) = ((self.expires_group >> 48) as u32, (self.due_group >> 48) as u32);
+        let (high, low) = (
+            (self.expires_group >> 48) as u32,
+            (self.due_group >> 48) as u32,
+        );
         (high << 16) | low
     }
 }
