@@ -148,16 +148,8 @@ pub fn first_start_unfinished(dir: &Path, wal_dir: &Path) -> Result<bool> {
     if dir.join(CHECKPOINT_FILE).exists() || dir.join(DATABASE_FILE).exists() {
         return Ok(false);
     }
-    match std::fs::read_dir(wal_dir) {
-        Ok(entries) => {
-            for entry in entries {
-                let entry = entry.map_err(|e| StorageError::io("read directory", wal_dir, e))?;
-                if entry.file_name().to_string_lossy().ends_with(".wal") {
-                    return Ok(false);
-                }
-            }
-            Ok(true)
-        }
+    match std::fs::metadata(wal_dir) {
+        Ok(_) => Ok(super::wal::list_segments(wal_dir)?.is_empty()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(true),
         Err(e) => Err(StorageError::io("read directory", wal_dir, e)),
     }
