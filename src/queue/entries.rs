@@ -194,15 +194,26 @@ impl FromIterator<(u64, Entry)> for EntryMap {
             }
             last = Some(pos);
             let (key, off) = split(pos);
-            if built.last().is_none_or(|(k, _)| *k != key) {
-                if let Some((_, c)) = built.last_mut() {
-                    c.entries.shrink_to_fit();
+            match built.last_mut() {
+                Some((k, c)) if *k == key => {
+                    c.present |= 1 << off;
+                    c.entries.push(e);
                 }
-                built.push((key, Chunk::default()));
+                prev => {
+                    if let Some((_, c)) = prev {
+                        c.entries.shrink_to_fit();
+                    }
+                    let mut entries = Vec::with_capacity(1 << SHIFT);
+                    entries.push(e);
+                    built.push((
+                        key,
+                        Chunk {
+                            present: 1 << off,
+                            entries,
+                        },
+                    ));
+                }
             }
-            let (_, c) = built.last_mut().expect("pushed above");
-            c.present |= 1 << off;
-            c.entries.push(e);
             len += 1;
         }
         if let Some((_, c)) = built.last_mut() {

@@ -32,10 +32,16 @@ pub(crate) struct ExpiryOrder {
 }
 
 impl ExpiryOrder {
+    /// Whether a message keeps `rising` in expiry order: its position
+    /// above, and its expiry at least, those of the last one that joined.
+    fn rises(&self, expires_at: u64, pos: u64) -> bool {
+        let (last_pos, last_at) = self.last;
+        self.rising.is_empty() || (pos > last_pos && expires_at >= last_at)
+    }
+
     /// Adds a message.
     pub(crate) fn insert(&mut self, expires_at: u64, pos: u64) {
-        let (last_pos, last_at) = self.last;
-        if self.rising.is_empty() || (pos > last_pos && expires_at >= last_at) {
+        if self.rises(expires_at, pos) {
             self.rising.insert(pos);
             self.last = (pos, expires_at);
         } else {
@@ -57,9 +63,8 @@ impl ExpiryOrder {
         let mut order = ExpiryOrder::default();
         let mut rest = Vec::new();
         for (at, pos) in items {
-            let (last_pos, last_at) = order.last;
-            if order.rising.is_empty() || (pos > last_pos && at >= last_at) {
-                // Rising positions: appended.
+            if order.rises(at, pos) {
+                // Above every position in the bitmap: appended.
                 if !order.rising.push(pos) {
                     order.rising.insert(pos);
                 }
