@@ -31,8 +31,9 @@ pub fn sync_dir(dir: &Path) -> Result<()> {
 }
 
 /// fsyncs every file and directory under `root`, `root` included. Used at
-/// checkpoints to make the embedded database durable with a real fsync
-/// (sled's own flush ends in `sync_file_range`, which is not enough).
+/// checkpoints to make the embedded database durable as a whole (sled's
+/// own flush syncs its data file only, not its blob files nor the
+/// directory after a snapshot's rename).
 pub fn sync_tree(root: &Path) -> Result<()> {
     let entries =
         std::fs::read_dir(root).map_err(|e| StorageError::io("read directory", root, e))?;

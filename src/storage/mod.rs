@@ -27,7 +27,8 @@
 //!   and so does the memtable for durable payloads beyond the most recent
 //!   (the log writer swaps their bodies for their places; see `Slot`).
 //! * A checkpoint flushes sled, fsyncs every file of the database and its
-//!   directories (sled's own flush only calls `sync_file_range`), and then
+//!   directories (sled's flush syncs its data file only: not its blob
+//!   files, nor the directory after a snapshot's rename), and then
 //!   retires log segments whose records are all applied and to which no
 //!   payload pointer refers (kept for reuse, see `wal::Pool`); segments kept
 //!   only for a few old payloads are compacted.

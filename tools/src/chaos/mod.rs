@@ -111,7 +111,7 @@ pub struct Args {
     pub poison_percent: u64,
     /// Kill point classes to use, comma-separated (default: all): random,
     /// startup, storm, shutdown, graceful, sys:<call> for fdatasync, fsync,
-    /// sync_file_range, pwrite, rename, unlink, create.
+    /// pwrite, rename, unlink, create.
     #[arg(long, value_delimiter = ',')]
     pub classes: Vec<String>,
     /// Soak instead of chaos: run the workload against one server, with
@@ -144,10 +144,11 @@ const FIRST_START_FSYNCS: u64 = 12;
 const NEMESIS_CLASSES: [&str; 5] = ["random", "startup", "shutdown", "graceful", "storm"];
 /// Library classes used as kill points, with the guess of how many calls
 /// an epoch makes before the first measurements replace it.
-const SYSCALL_CLASSES: [(&str, u64); 7] = [
+/// (`sync_file_range` is intercepted but not a class: the server no
+/// longer calls it, see `vendor/sled/PATCHED.md`.)
+const SYSCALL_CLASSES: [(&str, u64); 6] = [
     ("fdatasync", 200),
     ("fsync", 20),
-    ("sync_file_range", 6),
     ("pwrite", 300),
     ("rename", 4),
     ("unlink", 2),
