@@ -6,9 +6,11 @@
 //! tonic `Channel`, i.e. one HTTP/2 connection each; concurrent calls are
 //! multiplexed on it.
 //!
-//! - Publishing: one unary `Publish` with one message per `publish()` call,
-//!   as the peers publish, spawned so that the workload's window keeps that
-//!   many calls in flight. With `--batch N` (publish-durable only) a
+//! - Publishing: one message per request on a `PublishStream`, answered in
+//!   order once durable, as AMQP publisher confirms work (the default);
+//!   with `LOADGEN_LETTERBOX_PUBLISH=unary`, one unary `Publish` with one
+//!   message per `publish()` call, spawned so that the workload's window
+//!   keeps that many calls in flight. With `--batch N` (publish-durable only) a
 //!   background task sends whatever is queued, up to N messages per
 //!   `Publish`, with up to `window / N` (at least 1) calls in flight.
 //! - Consuming: a background task long-polls `Receive` (wait 1 s) and feeds a
