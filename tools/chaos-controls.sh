@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Negative controls of the crash tests: builds `letterbox` three times, each
+# Negative controls of the crash tests: builds `letterbox` four times, each
 # with one durability rule broken on purpose (cargo features of the main
 # crate), and shows that the power-loss chaos run catches each one:
 #
@@ -10,6 +10,8 @@
 #                                                                 create lost)
 #   fault-no-delivery-count  delivery count kept in memory     -> I5 (counts)
 #   fault-dlq-two-steps      DLQ move as two transactions      -> I6 (two queues)
+#   fault-exchange-two-steps exchange publish as two           -> I17 (part of a
+#                            transactions                         call stored)
 #
 # A control that is not caught fails the script: the harness would lack
 # teeth. The default build is restored at the end.
@@ -22,7 +24,7 @@ CYCLES=${CYCLES:-15}
 SEED=${SEED:-1}
 out=target/faults
 mkdir -p "$out"
-for f in fault-ack-before-fsync fault-no-delivery-count fault-dlq-two-steps; do
+for f in fault-ack-before-fsync fault-no-delivery-count fault-dlq-two-steps fault-exchange-two-steps; do
   cargo build --quiet --bin letterbox --features "$f"
   cp target/debug/letterbox "$out/letterbox-$f"
 done
@@ -46,4 +48,7 @@ run fault-no-delivery-count I5
 # The move's window is one fsync plus 100 ms: more poison messages (so more
 # moves), kills while serving and more cycles make a short run hit it.
 CYCLES=$((CYCLES * 2)) run fault-dlq-two-steps I6 --poison-percent 30 --classes random,sys:fdatasync
+# The window is the 100 ms between the two transactions of a call whose
+# messages go to both bound queues (about one producer call in twenty).
+CYCLES=$((CYCLES * 2)) run fault-exchange-two-steps I17 --classes random,sys:fdatasync
 echo "== all negative controls caught"

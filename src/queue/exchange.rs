@@ -276,6 +276,15 @@ impl Broker {
                 }
             }
             let mut change = Change::default();
+            // Negative control: the copies into the first queue routed to
+            // go in a transaction of their own, made durable 100 ms before
+            // the rest (the crash tests must catch the split).
+            #[cfg(feature = "fault-exchange-two-steps")]
+            let split = (per_queue.len() > 1)
+                .then(|| routes.iter().flatten().next().copied())
+                .flatten();
+            #[cfg(feature = "fault-exchange-two-steps")]
+            let mut first = Change::default();
             let mut results = Vec::with_capacity(msgs.len());
             for (i, (m, payload)) in msgs.iter().zip(payloads).enumerate() {
                 let id = match &m.message_id {
@@ -287,6 +296,14 @@ impl Broker {
                     if dups.get(&(qid, i)).copied().unwrap_or(false) {
                         continue;
                     }
+                    #[cfg(feature = "fault-exchange-two-steps")]
+                    let target = if split == Some(qid) {
+                        &mut first
+                    } else {
+                        &mut change
+                    };
+                    #[cfg(not(feature = "fault-exchange-two-steps"))]
+                    let target = &mut change;
                     store_new(
                         &mut st,
                         qid,
@@ -295,19 +312,24 @@ impl Broker {
                         payload.clone(),
                         &[],
                         now,
-                        &mut change,
+                        target,
                     )?;
                     let q = st.queue(qid)?;
                     q.counters.published += 1;
                     routed_to.push(q.name.clone());
-                    change.touch(qid);
-                    change.wake(qid);
+                    target.touch(qid);
+                    target.wake(qid);
                 }
                 results.push(Published {
                     message_id: id.0,
                     duplicate: routed_to.is_empty() && !routes[i].is_empty(),
                     routed_to,
                 });
+            }
+            #[cfg(feature = "fault-exchange-two-steps")]
+            if let Some(c) = self.submit(&st, first) {
+                self.store.wait_durable_blocking(c.lsn());
+                std::thread::sleep(std::time::Duration::from_millis(100));
             }
             (results, self.submit(&st, change))
         };

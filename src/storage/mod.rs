@@ -901,7 +901,7 @@ impl Store {
     }
 
     /// Negative control: blocks until `lsn` is durable.
-    #[cfg(feature = "fault-dlq-two-steps")]
+    #[cfg(any(feature = "fault-dlq-two-steps", feature = "fault-exchange-two-steps"))]
     pub fn wait_durable_blocking(&self, lsn: u64) -> bool {
         self.inner.wait_durable(lsn)
     }

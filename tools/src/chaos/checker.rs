@@ -117,6 +117,11 @@ impl Rows {
             ("I14", "recovered: unknown publishes that appeared", false),
             ("I15", "redeliveries (expected: nack, lease, crash)", false),
             ("I16", "health: starts, exits, logs, verify", true),
+            (
+                "I17",
+                "exchange publishes: each in its queue, all or nothing",
+                true,
+            ),
         ] {
             rows.insert(
                 code,
@@ -313,6 +318,38 @@ pub fn check(recs: &Records, hist: &History, seed: u64, health: &[String]) -> Re
                 format!(
                     "{} delivered from {} although its publish failed ({:?})",
                     d.id, d.queue, m.outcome
+                )
+            });
+        }
+    }
+
+    // ---- I17 exchange publishes ----------------------------------------------
+    // Each message in exactly its queue, as the answer said; a call whose
+    // outcome is unknown stored all of its messages (in both queues) or none.
+    let mut exchange_calls: BTreeMap<u64, (&str, Vec<&str>)> = BTreeMap::new();
+    for p in &recs.publishes {
+        for e in &p.misrouted {
+            rows.add("I17", || format!("{e} (answered {:?})", p.outcome));
+        }
+        if let Some((name, call)) = &p.exchange
+            && p.outcome.is_info()
+        {
+            let c = exchange_calls
+                .entry(*call)
+                .or_insert_with(|| (name.as_str(), Vec::new()));
+            c.1.extend(p.msgs.iter().map(|m| m.id.as_str()));
+        }
+    }
+    for (name, ids) in exchange_calls.values() {
+        let appeared: Vec<&str> = ids
+            .iter()
+            .copied()
+            .filter(|id| by_id.contains_key(id))
+            .collect();
+        if !appeared.is_empty() && appeared.len() != ids.len() {
+            rows.add("I17", || {
+                format!(
+                    "a publish through {name} with an unknown outcome stored {appeared:?} of {ids:?}"
                 )
             });
         }

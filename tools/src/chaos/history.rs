@@ -117,6 +117,12 @@ pub struct Publish {
     pub outcome: Outcome,
     /// Producer.
     pub process: String,
+    /// Through an exchange: its name and the call's id, shared by the
+    /// records of the queues one call filled (one record per queue).
+    pub exchange: Option<(String, u64)>,
+    /// Through an exchange, in an answered call: the messages not stored in
+    /// exactly their queue, as the answer's `routed_to` said.
+    pub misrouted: Vec<String>,
 }
 
 /// One dead-letter record as the client saw it.

@@ -1089,9 +1089,21 @@ fn print_summary(
     report: &checker::Report,
     took: Duration,
 ) {
-    let count = |f: &dyn Fn(&history::Outcome) -> bool| {
-        recs.publishes.iter().filter(|p| f(&p.outcome)).count()
-    };
+    // A call through the exchange that filled two queues has a record for
+    // each: count it once.
+    let mut seen_calls = std::collections::HashSet::new();
+    let calls: Vec<&history::Publish> = recs
+        .publishes
+        .iter()
+        .filter(|p| {
+            p.exchange
+                .as_ref()
+                .is_none_or(|(_, c)| seen_calls.insert(*c))
+        })
+        .collect();
+    let through_exchange = calls.iter().filter(|p| p.exchange.is_some()).count();
+    let count =
+        |f: &dyn Fn(&history::Outcome) -> bool| calls.iter().filter(|p| f(&p.outcome)).count();
     let msgs: usize = recs.publishes.iter().map(|p| p.msgs.len()).sum();
     println!();
     println!(
@@ -1106,8 +1118,10 @@ fn print_summary(
         took.as_secs_f64()
     );
     println!(
-        "operations: {} publish calls ({} messages; ok {}, fail {}, info {}), {} receive calls (ok {}, fail {}, info {}), {} deliveries, {} settles, {} admin calls",
-        recs.publishes.len(),
+        "operations: {} publish calls ({} through {}; {} messages; ok {}, fail {}, info {}), {} receive calls (ok {}, fail {}, info {}), {} deliveries, {} settles, {} admin calls",
+        calls.len(),
+        through_exchange,
+        workload::EXCHANGE,
         msgs,
         count(&|o| o.is_ok()),
         count(&|o| o.is_fail()),

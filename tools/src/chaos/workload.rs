@@ -34,6 +34,12 @@ pub const FIFO: &str = "fifo";
 pub const TTL: &str = "ttl";
 /// Source queues, each with its DLQ `<name>.dlq`.
 pub const SOURCES: [&str; 3] = [STD, FIFO, TTL];
+/// The fanout exchange producers also publish through: bound to `std` and
+/// `ttl`, each binding filtered on the property `dest`, so that every
+/// message lands in exactly one of them and one call can fill both.
+pub const EXCHANGE: &str = "route";
+/// The property an exchange publish routes on.
+pub const DEST: &str = "dest";
 
 /// The DLQ of a source queue.
 pub fn dlq_of(q: &str) -> String {
@@ -284,8 +290,8 @@ pub async fn create_queue(
     outcome
 }
 
-/// Creates the workload's queues (DLQs first), retrying until each is
-/// created.
+/// Creates the workload's queues (DLQs first) and its exchange with its
+/// two bindings, retrying until each is made.
 pub async fn setup(sh: &Shared) -> anyhow::Result<()> {
     let ch = channel(&sh.url)?;
     let mut admin = admin_client(&ch);
@@ -307,7 +313,39 @@ pub async fn setup(sh: &Shared) -> anyhow::Result<()> {
             }
         }
     }
-    Ok(())
+    let mut tries = 0;
+    loop {
+        let made = async {
+            admin
+                .create_exchange(pb::CreateExchangeRequest {
+                    name: EXCHANGE.into(),
+                })
+                .await?;
+            for q in [STD, TTL] {
+                admin
+                    .bind(pb::BindRequest {
+                        exchange: EXCHANGE.into(),
+                        binding: Some(pb::Binding {
+                            queue: q.into(),
+                            filter: [(DEST.to_string(), q.to_string())].into(),
+                        }),
+                    })
+                    .await?;
+            }
+            Ok::<_, tonic::Status>(())
+        }
+        .await;
+        match made {
+            Ok(()) => return Ok(()),
+            Err(s) => {
+                tries += 1;
+                if tries > 200 {
+                    anyhow::bail!("cannot set up exchange {EXCHANGE}: {s}");
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
 }
 
 fn pick_size(rng: &mut fastrand::Rng) -> usize {
@@ -332,54 +370,111 @@ pub async fn producer(sh: Arc<Shared>, p: usize) -> anyhow::Result<()> {
             tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
         }
+        // `None`: through the exchange, each message to `std` or `ttl`.
         let queue = match rng.u32(0..100) {
-            0..45 => STD,
-            45..80 => FIFO,
-            _ => TTL,
+            0..38 => Some(STD),
+            38..73 => Some(FIFO),
+            73..88 => Some(TTL),
+            _ => None,
         };
         let n = rng.usize(1..=4);
-        let mut msgs = Vec::with_capacity(n);
+        let mut msgs: Vec<(&str, PubMsg)> = Vec::with_capacity(n);
         let mut req = Vec::with_capacity(n);
         for _ in 0..n {
             seq += 1;
             let id = format!("p{p}-{seq}");
             let size = pick_size(&mut rng);
-            let group = (queue == FIFO).then(|| format!("g{p}.{}", rng.u32(0..3)));
-            let ttl_ms = (queue == TTL).then(|| rng.u64(1500..4000));
+            let dest = queue.unwrap_or(if rng.u32(0..100) < 60 { STD } else { TTL });
+            let group = (dest == FIFO).then(|| format!("g{p}.{}", rng.u32(0..3)));
+            let ttl_ms = (dest == TTL).then(|| rng.u64(1500..4000));
             let b = body(sh.seed, &id, size);
             req.push(pb::PublishMessage {
                 message_id: id.clone(),
                 body: b.clone().into(),
                 ttl_ms,
                 group_id: group.clone().unwrap_or_default(),
+                properties: if queue.is_none() {
+                    [(DEST.to_string(), dest.to_string())].into()
+                } else {
+                    Default::default()
+                },
                 ..Default::default()
             });
-            msgs.push(PubMsg {
-                id,
-                group,
-                ttl_ms,
-                size: b.len(),
-            });
+            msgs.push((
+                dest,
+                PubMsg {
+                    id,
+                    group,
+                    ttl_ms,
+                    size: b.len(),
+                },
+            ));
         }
         let inv = sh.hist.now();
         let r = client
             .publish(pb::PublishRequest {
-                queue: queue.into(),
+                queue: queue.unwrap_or_default().into(),
                 messages: req,
-                ..Default::default()
+                exchange: if queue.is_none() {
+                    EXCHANGE.into()
+                } else {
+                    String::new()
+                },
             })
             .await;
         let done = sh.hist.now();
         let outcome = call_outcome(&r);
         let failed = refused(&outcome);
-        sh.hist.publish(Publish {
-            queue: queue.into(),
-            msgs,
-            inv,
-            done,
-            outcome,
-            process: format!("producer {p}"),
-        });
+        // Through the exchange, an answered call must have stored each
+        // message in its queue and nowhere else.
+        let misrouted: Vec<String> = match (&r, queue) {
+            (Ok(resp), None) => msgs
+                .iter()
+                .zip(
+                    resp.get_ref()
+                        .results
+                        .iter()
+                        .map(Some)
+                        .chain(std::iter::repeat(None)),
+                )
+                .filter(|((dest, _), res)| {
+                    res.is_none_or(|res| res.duplicate || res.routed_to != [dest.to_string()])
+                })
+                .map(|((_, m), res)| {
+                    format!(
+                        "{} for {}: routed to {:?}",
+                        m.id,
+                        EXCHANGE,
+                        res.map(|r| r.routed_to.clone())
+                    )
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
+        // One record per queue the call fills; through the exchange they
+        // share the call (`call`), which is all or nothing.
+        let call = queue.is_none().then(|| sh.hist.call_id());
+        let mut misrouted = Some(misrouted);
+        for q in [STD, FIFO, TTL] {
+            let mine: Vec<PubMsg> = msgs
+                .iter()
+                .filter(|(dest, _)| *dest == q)
+                .map(|(_, m)| m.clone())
+                .collect();
+            if mine.is_empty() {
+                continue;
+            }
+            sh.hist.publish(Publish {
+                queue: q.into(),
+                msgs: mine,
+                inv,
+                done,
+                outcome: outcome.clone(),
+                process: format!("producer {p}"),
+                exchange: call.map(|c| (EXCHANGE.to_string(), c)),
+                misrouted: misrouted.take().unwrap_or_default(),
+            });
+        }
         let pause = if failed { 50 } else { rng.u64(0..15) };
         tokio::time::sleep(Duration::from_millis(pause)).await;
     }
