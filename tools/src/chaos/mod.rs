@@ -764,6 +764,10 @@ pub async fn run(args: Args) -> Result<i32> {
     for p in 0..args.producers {
         workers.push(tokio::spawn(workload::producer(Arc::clone(&sh), p)));
     }
+    workers.push(tokio::spawn(workload::stream_producer(
+        Arc::clone(&sh),
+        args.producers,
+    )));
     let mut consumers = Vec::new();
     for c in 0..args.consumers {
         consumers.push(tokio::spawn(workload::consumer(Arc::clone(&sh), c)));
@@ -846,7 +850,11 @@ pub async fn run(args: Args) -> Result<i32> {
     };
     sh.quiet.store(true, Ordering::SeqCst);
     for w in workers {
-        let _ = w.await;
+        match w.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => nem.health.push(format!("a workload task failed: {e:#}")),
+            Err(e) => nem.health.push(format!("a workload task panicked: {e}")),
+        }
     }
     sh.phase.store(workload::FINAL, Ordering::SeqCst);
     let drain_until = Instant::now() + Duration::from_secs(90);

@@ -18,7 +18,7 @@ use tonic::transport::{Channel, Endpoint};
 
 use super::history::{
     Admin, DeadLetter, Delivery, History, Outcome, PubMsg, Publish, QueueShape, Settle, SettleKind,
-    SettleResult, Stamp,
+    SettleResult, Stamp, status_text,
 };
 
 /// Lease length of the workload's queues.
@@ -357,126 +357,269 @@ fn pick_size(rng: &mut fastrand::Rng) -> usize {
     }
 }
 
+/// One publish request of a producer: 1-4 messages into one queue, or
+/// through the exchange (`queue` `None`), each message naming its queue.
+struct Batch {
+    queue: Option<&'static str>,
+    msgs: Vec<(&'static str, PubMsg)>,
+    req: pb::PublishRequest,
+}
+
+/// Draws a producer's next batch (ids `p<p>-<seq>`).
+fn next_batch(sh: &Shared, p: usize, rng: &mut fastrand::Rng, seq: &mut u64) -> Batch {
+    // `None`: through the exchange, each message to `std` or `ttl`.
+    let queue = match rng.u32(0..100) {
+        0..38 => Some(STD),
+        38..73 => Some(FIFO),
+        73..88 => Some(TTL),
+        _ => None,
+    };
+    let n = rng.usize(1..=4);
+    let mut msgs = Vec::with_capacity(n);
+    let mut req = Vec::with_capacity(n);
+    for _ in 0..n {
+        *seq += 1;
+        let id = format!("p{p}-{seq}");
+        let size = pick_size(rng);
+        let dest = queue.unwrap_or(if rng.u32(0..100) < 60 { STD } else { TTL });
+        let group = (dest == FIFO).then(|| format!("g{p}.{}", rng.u32(0..3)));
+        let ttl_ms = (dest == TTL).then(|| rng.u64(1500..4000));
+        let b = body(sh.seed, &id, size);
+        req.push(pb::PublishMessage {
+            message_id: id.clone(),
+            body: b.clone().into(),
+            ttl_ms,
+            group_id: group.clone().unwrap_or_default(),
+            properties: if queue.is_none() {
+                [(DEST.to_string(), dest.to_string())].into()
+            } else {
+                Default::default()
+            },
+            ..Default::default()
+        });
+        msgs.push((
+            dest,
+            PubMsg {
+                id,
+                group,
+                ttl_ms,
+                size: b.len(),
+            },
+        ));
+    }
+    Batch {
+        queue,
+        msgs,
+        req: pb::PublishRequest {
+            queue: queue.unwrap_or_default().into(),
+            messages: req,
+            exchange: if queue.is_none() {
+                EXCHANGE.into()
+            } else {
+                String::new()
+            },
+        },
+    }
+}
+
+/// Records how a batch's publish ended: one record per queue it fills
+/// (through the exchange they share the call's id, the call being all or
+/// nothing), with the messages an answered call through the exchange did
+/// not store in exactly their queue (`results`: the answer's).
+fn record_batch(
+    sh: &Shared,
+    b: Batch,
+    inv: Stamp,
+    outcome: Outcome,
+    results: Option<&[pb::PublishResult]>,
+    process: &str,
+) {
+    let done = sh.hist.now();
+    let misrouted: Vec<String> = match (results, b.queue) {
+        (Some(results), None) => b
+            .msgs
+            .iter()
+            .enumerate()
+            .filter_map(|(i, (dest, m))| {
+                let r = results.get(i);
+                r.is_none_or(|r| r.duplicate || r.routed_to != [dest.to_string()])
+                    .then(|| {
+                        format!(
+                            "{} through {EXCHANGE} for {dest}: routed to {:?}",
+                            m.id,
+                            r.map(|r| r.routed_to.clone())
+                        )
+                    })
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
+    let call = b.queue.is_none().then(|| sh.hist.call_id());
+    let mut misrouted = Some(misrouted);
+    for q in [STD, FIFO, TTL] {
+        let mine: Vec<PubMsg> = b
+            .msgs
+            .iter()
+            .filter(|(dest, _)| *dest == q)
+            .map(|(_, m)| m.clone())
+            .collect();
+        if mine.is_empty() {
+            continue;
+        }
+        sh.hist.publish(Publish {
+            queue: q.into(),
+            msgs: mine,
+            inv,
+            done,
+            outcome: outcome.clone(),
+            process: process.to_string(),
+            exchange: call.map(|c| (EXCHANGE.to_string(), c)),
+            misrouted: misrouted.take().unwrap_or_default(),
+        });
+    }
+}
+
+/// Whether a soak's backlog is above its cap (producers wait).
+fn backlog_full(sh: &Shared) -> bool {
+    sh.backlog_cap > 0 && sh.backlog.load(Ordering::Relaxed) > sh.backlog_cap
+}
+
+/// Waits while a soak's backlog is above its cap; false once producers
+/// are to stop.
+async fn may_publish(sh: &Shared) -> bool {
+    while backlog_full(sh) {
+        if sh.quiet.load(Ordering::Relaxed) {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    !sh.quiet.load(Ordering::Relaxed)
+}
+
 /// A producer: publishes batches of 1-4 messages with ids `p<n>-<seq>`
-/// until told to stop. Each FIFO group belongs to one producer, so a
-/// group's publish order is the producer's order.
+/// until told to stop, one unary `Publish` at a time. Each FIFO group
+/// belongs to one producer, so a group's publish order is the producer's
+/// order.
 pub async fn producer(sh: Arc<Shared>, p: usize) -> anyhow::Result<()> {
     let ch = channel(&sh.url)?;
     let mut client = msg_client(&ch);
     let mut rng = fastrand::Rng::with_seed(sh.seed ^ (0x5eed_0000 + p as u64));
     let mut seq = 0u64;
-    while !sh.quiet.load(Ordering::Relaxed) {
-        if sh.backlog_cap > 0 && sh.backlog.load(Ordering::Relaxed) > sh.backlog_cap {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            continue;
-        }
-        // `None`: through the exchange, each message to `std` or `ttl`.
-        let queue = match rng.u32(0..100) {
-            0..38 => Some(STD),
-            38..73 => Some(FIFO),
-            73..88 => Some(TTL),
-            _ => None,
-        };
-        let n = rng.usize(1..=4);
-        let mut msgs: Vec<(&str, PubMsg)> = Vec::with_capacity(n);
-        let mut req = Vec::with_capacity(n);
-        for _ in 0..n {
-            seq += 1;
-            let id = format!("p{p}-{seq}");
-            let size = pick_size(&mut rng);
-            let dest = queue.unwrap_or(if rng.u32(0..100) < 60 { STD } else { TTL });
-            let group = (dest == FIFO).then(|| format!("g{p}.{}", rng.u32(0..3)));
-            let ttl_ms = (dest == TTL).then(|| rng.u64(1500..4000));
-            let b = body(sh.seed, &id, size);
-            req.push(pb::PublishMessage {
-                message_id: id.clone(),
-                body: b.clone().into(),
-                ttl_ms,
-                group_id: group.clone().unwrap_or_default(),
-                properties: if queue.is_none() {
-                    [(DEST.to_string(), dest.to_string())].into()
-                } else {
-                    Default::default()
-                },
-                ..Default::default()
-            });
-            msgs.push((
-                dest,
-                PubMsg {
-                    id,
-                    group,
-                    ttl_ms,
-                    size: b.len(),
-                },
-            ));
-        }
+    let process = format!("producer {p}");
+    while may_publish(&sh).await {
+        let b = next_batch(&sh, p, &mut rng, &mut seq);
         let inv = sh.hist.now();
-        let r = client
-            .publish(pb::PublishRequest {
-                queue: queue.unwrap_or_default().into(),
-                messages: req,
-                exchange: if queue.is_none() {
-                    EXCHANGE.into()
-                } else {
-                    String::new()
-                },
-            })
-            .await;
-        let done = sh.hist.now();
+        let r = client.publish(b.req.clone()).await;
         let outcome = call_outcome(&r);
         let failed = refused(&outcome);
-        // Through the exchange, an answered call must have stored each
-        // message in its queue and nowhere else.
-        let misrouted: Vec<String> = match (&r, queue) {
-            (Ok(resp), None) => msgs
-                .iter()
-                .zip(
-                    resp.get_ref()
-                        .results
-                        .iter()
-                        .map(Some)
-                        .chain(std::iter::repeat(None)),
-                )
-                .filter(|((dest, _), res)| {
-                    res.is_none_or(|res| res.duplicate || res.routed_to != [dest.to_string()])
-                })
-                .map(|((_, m), res)| {
-                    format!(
-                        "{} for {}: routed to {:?}",
-                        m.id,
-                        EXCHANGE,
-                        res.map(|r| r.routed_to.clone())
-                    )
-                })
-                .collect(),
-            _ => Vec::new(),
-        };
-        // One record per queue the call fills; through the exchange they
-        // share the call (`call`), which is all or nothing.
-        let call = queue.is_none().then(|| sh.hist.call_id());
-        let mut misrouted = Some(misrouted);
-        for q in [STD, FIFO, TTL] {
-            let mine: Vec<PubMsg> = msgs
-                .iter()
-                .filter(|(dest, _)| *dest == q)
-                .map(|(_, m)| m.clone())
-                .collect();
-            if mine.is_empty() {
-                continue;
-            }
-            sh.hist.publish(Publish {
-                queue: q.into(),
-                msgs: mine,
-                inv,
-                done,
-                outcome: outcome.clone(),
-                process: format!("producer {p}"),
-                exchange: call.map(|c| (EXCHANGE.to_string(), c)),
-                misrouted: misrouted.take().unwrap_or_default(),
-            });
-        }
+        let results = r.as_ref().ok().map(|r| r.get_ref().results.as_slice());
+        record_batch(&sh, b, inv, outcome, results, &process);
         let pause = if failed { 50 } else { rng.u64(0..15) };
         tokio::time::sleep(Duration::from_millis(pause)).await;
+    }
+    Ok(())
+}
+
+/// Requests a stream producer keeps unanswered at most.
+const STREAM_WINDOW: usize = 4;
+
+/// A producer over `PublishStream`: the same batches (ids `p<n>-<seq>`),
+/// up to [`STREAM_WINDOW`] requests in flight on one stream, each
+/// answered in order once durable. A request answered with an error code
+/// was refused (nothing stored); when the stream breaks, the requests not
+/// yet answered may or may not have been stored. Then a new stream.
+pub async fn stream_producer(sh: Arc<Shared>, p: usize) -> anyhow::Result<()> {
+    let ch = channel(&sh.url)?;
+    let mut client = msg_client(&ch);
+    let mut rng = fastrand::Rng::with_seed(sh.seed ^ (0x5eed_0000 + p as u64));
+    let mut seq = 0u64;
+    let mut sequence = 0u64;
+    let process = format!("stream producer {p}");
+    'streams: while may_publish(&sh).await {
+        let (tx, rx) = mpsc::channel::<pb::PublishStreamRequest>(STREAM_WINDOW);
+        let mut inbound = match client
+            .publish_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await
+        {
+            Ok(r) => r.into_inner(),
+            Err(_) => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        // Sent and not yet answered, in order.
+        let mut pending: std::collections::VecDeque<(u64, Batch, Stamp)> = Default::default();
+        loop {
+            let quiet = sh.quiet.load(Ordering::Relaxed);
+            let room = pending.len() < STREAM_WINDOW && !quiet && !backlog_full(&sh);
+            tokio::select! {
+                biased;
+                answer = inbound.message() => {
+                    match answer {
+                        Ok(Some(a)) => {
+                            let Some((sent, b, inv)) = pending.pop_front() else {
+                                anyhow::bail!("{process}: an answer to nothing sent ({})", a.sequence);
+                            };
+                            if a.sequence != sent {
+                                anyhow::bail!("{process}: answer {} where {sent} was due", a.sequence);
+                            }
+                            let outcome = if a.code == 0 {
+                                Outcome::Ok
+                            } else {
+                                Outcome::Fail {
+                                    code: format!("{:?}", tonic::Code::from(a.code)),
+                                    msg: a.error.clone(),
+                                }
+                            };
+                            let results = (a.code == 0).then_some(a.results.as_slice());
+                            record_batch(&sh, b, inv, outcome, results, &process);
+                        }
+                        other => {
+                            // The stream ended or broke: what was not
+                            // answered may or may not be stored, unless
+                            // the connection was never made.
+                            let outcome = match other {
+                                Err(s) => match Outcome::from_status(&s) {
+                                    fail @ Outcome::Fail { .. } if s.code() == tonic::Code::Unavailable => fail,
+                                    _ => Outcome::Info {
+                                        code: format!("{:?}", s.code()),
+                                        msg: status_text(&s),
+                                    },
+                                },
+                                _ => Outcome::Info {
+                                    code: "Ok".to_string(),
+                                    msg: "the stream ended before its answers".to_string(),
+                                },
+                            };
+                            for (_, b, inv) in pending.drain(..) {
+                                record_batch(&sh, b, inv, outcome.clone(), None, &process);
+                            }
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            continue 'streams;
+                        }
+                    }
+                }
+                _ = tokio::time::sleep(Duration::from_millis(rng.u64(0..30))), if room => {
+                    let b = next_batch(&sh, p, &mut rng, &mut seq);
+                    sequence += 1;
+                    let inv = sh.hist.now();
+                    let req = pb::PublishStreamRequest {
+                        sequence,
+                        publish: Some(b.req.clone()),
+                    };
+                    pending.push_back((sequence, b, inv));
+                    if tx.send(req).await.is_err() {
+                        // The stream is gone; its end is read above.
+                        continue;
+                    }
+                }
+                _ = tokio::time::sleep(Duration::from_millis(100)), if !room && pending.is_empty() => {
+                    if quiet {
+                        break 'streams;
+                    }
+                }
+            }
+        }
     }
     Ok(())
 }
