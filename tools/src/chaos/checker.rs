@@ -572,17 +572,43 @@ pub fn check(recs: &Records, hist: &History, seed: u64, health: &[String]) -> Re
                 .and_then(|v| v.first())
                 .map(|&i| &ds[i])
         };
+        // When a message left for the DLQ, as its DLQ deliveries' records
+        // say (monotonic ns): its deliveries in the group may all have gone
+        // to calls whose answers were lost (a receive cut off, a stream
+        // closed with the delivery unread), each a counted attempt.
+        let dead_lettered_at = |id: &str| -> Option<i128> {
+            let dlq = workload::dlq_of(FIFO);
+            by_msg.get(&(dlq.as_str(), id)).and_then(|v| {
+                v.iter()
+                    .flat_map(|&i| &ds[i].dead_letters)
+                    .filter(|r| r.source == FIFO)
+                    .map(|r| mono(r.at))
+                    .min()
+            })
+        };
         // Order of first deliveries: no message is first delivered before
         // an earlier one of its group (earlier: its publish completed
-        // before this one was invoked, as one producer owns each group).
+        // before this one was invoked, as one producer owns each group),
+        // nor while an earlier one that was never delivered from the group
+        // was still in it.
         let mut latest_before: Option<(&str, u64)> = None;
         let mut missing_before: Option<&str> = None;
+        let mut left_before: Option<(&str, i128)> = None;
         for idj in ids {
             let dj = first(idj);
             if let Some(dj) = dj {
                 if let Some(idi) = missing_before {
                     rows.add("I9", || {
                         format!("group {group}: {idj} delivered but the earlier {idi} never was")
+                    });
+                } else if let Some((idi, at)) = left_before
+                    && i128::from(dj.done.t) < at - slack_ns
+                {
+                    rows.add("I9", || {
+                        format!(
+                            "group {group}: {idj} delivered {:.1} ms before the earlier {idi}, never delivered from the group, was dead-lettered",
+                            (at - i128::from(dj.done.t)) as f64 / 1e6
+                        )
                     });
                 }
                 if let Some((idi, inv)) = latest_before
@@ -598,10 +624,15 @@ pub fn check(recs: &Records, hist: &History, seed: u64, health: &[String]) -> Re
                 if latest_before.is_none_or(|(_, t)| dj.inv.t > t) {
                     latest_before = Some((idj.as_str(), dj.inv.t));
                 }
-            } else if missing_before.is_none()
-                && msgs.get(idj.as_str()).is_some_and(|m| m.outcome.is_ok())
-            {
-                missing_before = Some(idj.as_str());
+            } else if msgs.get(idj.as_str()).is_some_and(|m| m.outcome.is_ok()) {
+                match dead_lettered_at(idj) {
+                    Some(at) if left_before.is_none_or(|(_, t)| at > t) => {
+                        left_before = Some((idj.as_str(), at));
+                    }
+                    Some(_) => {}
+                    None if missing_before.is_none() => missing_before = Some(idj.as_str()),
+                    None => {}
+                }
             }
         }
         // One message of a group in flight at a time (a single receive may
