@@ -30,6 +30,8 @@
 )]
 
 pub mod checker;
+#[cfg(test)]
+mod checker_tests;
 pub mod history;
 pub mod server;
 pub mod shim;
