@@ -143,7 +143,7 @@ impl Collector for Figures {
             }
         }
         let store = self.broker.store().stats();
-        let counters: [(&str, &str, u64); 9] = [
+        let counters: [(&str, &str, u64); 10] = [
             (
                 "letterbox_log_syncs",
                 "fdatasync calls on the write-ahead log (one per group commit)",
@@ -173,6 +173,11 @@ impl Collector for Figures {
                 "letterbox_payloads_relocated",
                 "Message bodies moved to a newer log segment by compaction",
                 store.relocated,
+            ),
+            (
+                "letterbox_apply_writes_overtaken",
+                "Writes the applier left out of the database because a later delete of the key was already durable",
+                store.overtaken,
             ),
             (
                 "letterbox_database_rewrites",

@@ -155,6 +155,9 @@ pub struct StoreStats {
     pub pinned_segments: u64,
     /// Payloads compacted (moved to a newer segment).
     pub relocated: u64,
+    /// Writes the applier left out of the database because a later delete
+    /// of the same key was already durable (see [`apply_once`]).
+    pub overtaken: u64,
     /// Database rewrites (space given back to the file system).
     pub rewrites: u64,
     /// Bytes of submitted changes not yet applied to the database.
@@ -434,6 +437,9 @@ struct State {
     /// Submitted changes not yet frozen for application.
     active: Memtable,
     active_bytes: usize,
+    /// A delete was submitted since the freeze (the applier looks for
+    /// puts it overtook only then, see [`overtaken`]).
+    active_deletes: bool,
     /// Changes being applied to sled; still read until they are.
     frozen: Option<Arc<Memtable>>,
     /// `active_bytes` of the frozen memtable when it was frozen.
@@ -512,6 +518,7 @@ struct Inner {
     /// Segment files open for payload reads.
     files: payloads::Files,
     relocated: AtomicU64,
+    overtaken: AtomicU64,
     metrics: StoreMetrics,
     /// Negative control: values kept in memory only.
     #[cfg(feature = "fault-no-delivery-count")]
@@ -801,6 +808,7 @@ impl Store {
                 next_lsn: end.last_lsn + 1,
                 active: Memtable::default(),
                 active_bytes: 0,
+                active_deletes: false,
                 frozen: None,
                 frozen_bytes: 0,
                 pending: Vec::new(),
@@ -843,6 +851,7 @@ impl Store {
             live: Mutex::new(live),
             files: payloads::Files::new(&wal_dir),
             relocated: AtomicU64::new(0),
+            overtaken: AtomicU64::new(0),
             metrics: StoreMetrics::new(),
             #[cfg(feature = "fault-no-delivery-count")]
             volatile: Mutex::default(),
@@ -1064,6 +1073,7 @@ impl Store {
             sync_micros: i.sync_micros.load(Ordering::Relaxed),
             pinned_segments: lock(&i.live).pinned.len() as u64,
             relocated: i.relocated.load(Ordering::Relaxed),
+            overtaken: i.overtaken.load(Ordering::Relaxed),
             rewrites: i.rewrites.load(Ordering::Relaxed),
             unapplied_bytes: i.unapplied.load(Ordering::Relaxed) as u64,
             room_waits: i.room_waits.load(Ordering::Relaxed),
@@ -1314,6 +1324,7 @@ impl Inner {
         let mut added = 0;
         for m in &txn.muts {
             added += m.key.len() + m.value.as_ref().map_or(0, Bytes::len) + 48;
+            st.active_deletes |= m.value.is_none();
             match st.active.entry(m.key.clone()) {
                 // Created and deleted within one generation: the database
                 // never needs to hear of it.
@@ -1801,6 +1812,7 @@ fn apply_once(inner: &Inner) -> Result<()> {
         // shrinks it back at the next apply.
         let next = Memtable::with_capacity_and_hasher(st.active.len(), Default::default());
         let frozen = Arc::new(std::mem::replace(&mut st.active, next));
+        st.active_deletes = false;
         inner.generations.fetch_add(1, Ordering::Relaxed);
         st.frozen_bytes = std::mem::take(&mut st.active_bytes);
         st.frozen = Some(Arc::clone(&frozen));
@@ -1824,7 +1836,6 @@ fn apply_once(inner: &Inner) -> Result<()> {
     // replay applies their records again, which changes nothing (replay is
     // idempotent).
     let mut batch = sled::Batch::default();
-    let mut in_batch = 0usize;
     // In key order: sled inserts neighbouring keys far cheaper than
     // scattered ones (fewer node splits and copies).
     let mut ordered: Vec<(&Bytes, &Slot)> = frozen.iter().collect();
@@ -1858,62 +1869,75 @@ fn apply_once(inner: &Inner) -> Result<()> {
     let mut removed: Vec<u64> = Vec::new();
     let db_err = |e| inner.db_error(e);
     let db = inner.db();
-    for (k, slot) in ordered {
-        if in_batch >= APPLY_CHUNK {
+    // Fresh keys left out of the database, with the lsn of the delete
+    // that overtook them (see `overtaken`).
+    let mut unseen: Vec<(&Bytes, u64)> = Vec::new();
+    let mut skipped = 0u64;
+    for (n, chunk) in ordered.chunks(APPLY_CHUNK).enumerate() {
+        if n > 0 {
             db.apply_batch(std::mem::take(&mut batch))
                 .map_err(|e| inner.db_error(e))?;
-            in_batch = 0;
         }
-        in_batch += 1;
-        let payload = payloads::located(k);
-        // The payload pointer the database holds now, if any.
-        let old = |k: &Bytes| -> Result<Option<payloads::Loc>> {
-            Ok(db
-                .get(k)
-                .map_err(db_err)?
-                .and_then(|v| payloads::Loc::decode(&v)))
-        };
-        match &slot.value {
-            Some(v) => {
-                if slot.if_exists && !db.contains_key(k).map_err(db_err)? {
-                    continue;
+        let gone = overtaken(inner, chunk);
+        for (&(k, slot), gone) in chunk.iter().zip(gone) {
+            if let Some(lsn) = gone {
+                skipped += 1;
+                if slot.fresh {
+                    unseen.push((k, lsn));
                 }
-                // Where the log writer put this value, if it is a payload:
-                // from its map, or the slot itself once swapped for it.
-                let here = placed
+                continue;
+            }
+            let payload = payloads::located(k);
+
+            // The payload pointer the database holds now, if any.
+            let old = |k: &Bytes| -> Result<Option<payloads::Loc>> {
+                Ok(db
                     .get(k)
-                    .filter(|(lsn, _)| *lsn == slot.lsn)
-                    .map(|(_, loc)| *loc)
-                    .or_else(|| slot.placed.then(|| payloads::Loc::decode(v)).flatten());
-                match (payload, here) {
-                    (true, Some(loc)) => {
-                        if !slot.fresh {
-                            removed.extend(old(k)?.map(|l| l.seg));
-                        }
-                        batch.insert(k.as_ref(), &loc.encode()[..]);
-                        added.push(loc.seg);
+                    .map_err(db_err)?
+                    .and_then(|v| payloads::Loc::decode(&v)))
+            };
+            match &slot.value {
+                Some(v) => {
+                    if slot.if_exists && !db.contains_key(k).map_err(db_err)? {
+                        continue;
                     }
-                    _ => {
-                        if payload && !slot.fresh {
-                            removed.extend(old(k)?.map(|l| l.seg));
+                    // Where the log writer put this value, if it is a payload:
+                    // from its map, or the slot itself once swapped for it.
+                    let here = placed
+                        .get(k)
+                        .filter(|(lsn, _)| *lsn == slot.lsn)
+                        .map(|(_, loc)| *loc)
+                        .or_else(|| slot.placed.then(|| payloads::Loc::decode(v)).flatten());
+                    match (payload, here) {
+                        (true, Some(loc)) => {
+                            if !slot.fresh {
+                                removed.extend(old(k)?.map(|l| l.seg));
+                            }
+                            batch.insert(k.as_ref(), &loc.encode()[..]);
+                            added.push(loc.seg);
                         }
-                        batch.insert(k.as_ref(), v.as_ref());
+                        _ => {
+                            if payload && !slot.fresh {
+                                removed.extend(old(k)?.map(|l| l.seg));
+                            }
+                            batch.insert(k.as_ref(), v.as_ref());
+                        }
                     }
                 }
-            }
-            // A fresh key deleted is never in the database.
-            None if slot.fresh => {}
-            // A payload's pointer goes out of the batch: the removal
-            // hands back the pointer it removed (whose segment loses a
-            // reference), where reading it first would walk the tree
-            // twice for every message acked. Keys are distinct within a
-            // generation, so this order is as good as the batch's.
-            None if payload => {
-                let gone = db.remove(k.as_ref()).map_err(db_err)?;
-                removed.extend(gone.and_then(|v| payloads::Loc::decode(&v)).map(|l| l.seg));
-            }
-            None => {
-                batch.remove(k.as_ref());
+                // A fresh key deleted is never in the database.
+                None if slot.fresh => {}
+                // A payload's pointer goes out of the batch: the removal
+                // hands back the pointer it removed (whose segment loses a
+                // reference), where reading it first would walk the tree
+                // twice for every message acked. Keys are distinct within a
+                // generation, so this order is as good as the batch's.
+                None if payload => {
+                    let gone = db.remove(k.as_ref()).map_err(db_err)?;
+                    removed.extend(gone.and_then(|v| payloads::Loc::decode(&v)).map(|l| l.seg));
+                }
+                None => {
+                    batch.remove(k.as_ref());
+                }
             }
         }
     }
@@ -1938,12 +1962,54 @@ fn apply_once(inner: &Inner) -> Result<()> {
         inner.unapplied.fetch_sub(bytes, Ordering::Relaxed);
     }
     inner.applied.store(upto, Ordering::Relaxed);
+    // A fresh key left out never reached the database, so the delete that
+    // overtook it need not reach it either: it now deletes a key created
+    // in its own generation (unless the key has changed again since).
+    for part in unseen.chunks(APPLY_CHUNK) {
+        let mut st = lock(&inner.state);
+        for &(k, lsn) in part {
+            if let Some(a) = st.active.get_mut(k)
+                && a.value.is_none()
+                && a.lsn == lsn
+            {
+                a.fresh = true;
+            }
+        }
+    }
+    inner.overtaken.fetch_add(skipped, Ordering::Relaxed);
     inner
         .metrics
         .apply_seconds
         .observe(started.elapsed().as_secs_f64());
     inner.room.notify_waiters();
     Ok(())
+}
+
+/// For each entry of a chunk of the frozen generation, the lsn of the
+/// delete that overtook it, if any: a put whose key's latest change, in the
+/// active memtable, is a delete that is already durable. Such a put need
+/// not reach the database (a backlog acked or its queue deleted while the
+/// applier works through it): readers see the delete above the database,
+/// and a crash before that delete is applied replays it, as it is newer
+/// than anything this generation records as applied. A delete not yet
+/// durable could still be lost to a crash, and the put with it, so it
+/// overtakes nothing.
+fn overtaken(inner: &Inner, chunk: &[(&Bytes, &Slot)]) -> Vec<Option<u64>> {
+    let durable = *lock(&inner.durable);
+    let st = lock(&inner.state);
+    if !st.active_deletes {
+        return vec![None; chunk.len()];
+    }
+    chunk
+        .iter()
+        .map(|&(k, slot)| {
+            slot.value.as_ref()?;
+            st.active
+                .get(k)
+                .filter(|a| a.value.is_none() && a.lsn <= durable)
+                .map(|a| a.lsn)
+        })
+        .collect()
 }
 
 /// Makes the database durable up to the applied lsn, then deletes log

@@ -878,6 +878,74 @@ async fn a_swapped_payload_logged_again_during_its_apply_is_counted_once() {
     assert_eq!(body(&store, 1), Some(format!("{:0>900}", 1)));
 }
 
+#[tokio::test]
+async fn puts_overtaken_by_a_durable_delete_are_left_out_of_the_database() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (store, _) = Store::open(dir.path(), manual_apply_opts()).expect("open");
+    // Payload 3 reaches the database first.
+    put_payloads(&store, 3..4).await;
+    apply_once(&store.inner).expect("apply");
+    let older = stored_pointer(&store, 3).expect("payload 3 stored as a pointer");
+    // The next generation creates payloads 1 and 2 and writes payload 3
+    // again (a compaction's relocation: a put of a key the database
+    // holds).
+    put_payloads(&store, 1..3).await;
+    let mut t = Txn::new();
+    t.relocate(Key::Payload(3).encode(), big(3));
+    store.submit(t).wait().await.expect("durable");
+    let (frozen_tx, frozen) = std::sync::mpsc::channel();
+    let (release, release_rx) = std::sync::mpsc::channel();
+    store.hold_applier(frozen_tx, release_rx);
+    let inner = Arc::clone(&store.inner);
+    let first = std::thread::spawn(move || apply_once(&inner));
+    frozen
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the apply froze a generation");
+    // While that generation waits to be applied, payloads 1 and 3 are
+    // deleted, durably.
+    delete_payloads(&store, [1, 3].into_iter()).await;
+    release.send(()).expect("release");
+    first.join().expect("apply thread").expect("apply");
+    assert_eq!(store.stats().overtaken, 2, "{:?}", store.stats());
+    assert!(!in_database(&store, 1), "payload 1 was written after all");
+    assert!(in_database(&store, 2));
+    assert_eq!(
+        stored_pointer(&store, 3),
+        Some(older),
+        "payload 3 was rewritten after all"
+    );
+    assert_eq!((body(&store, 1), body(&store, 3)), (None, None));
+    assert_eq!(body(&store, 2), Some(format!("{:0>900}", 2)));
+    {
+        // The delete of payload 1 now concerns a key the database never
+        // held; that of payload 3 still has its older pointer to remove.
+        let st = lock(&store.inner.state);
+        let slot = |pid: u64| {
+            st.active
+                .get(&Key::Payload(pid).encode())
+                .expect("the delete")
+        };
+        assert!(slot(1).fresh && slot(1).value.is_none());
+        assert!(!slot(3).fresh && slot(3).value.is_none());
+    }
+    // A crash before the deletes are applied: the log replays them.
+    store.crash();
+    let (store, _) = Store::open(dir.path(), manual_apply_opts()).expect("reopen");
+    assert_eq!(
+        (body(&store, 1), body(&store, 2), body(&store, 3)),
+        (None, Some(format!("{:0>900}", 2)), None)
+    );
+    apply_once(&store.inner).expect("apply the deletes");
+    assert!(!in_database(&store, 1) && !in_database(&store, 3));
+    let live = lock(&store.inner.live);
+    assert_eq!(
+        live.counts.values().sum::<u64>(),
+        1,
+        "one payload left, one live pointer: {:?}",
+        live.counts
+    );
+}
+
 mod sled_scans {
     //! sled's iterator (patched: a forward step reads the next key of its
     //! leaf by index, vendor/sled/PATCHED.md) against a `BTreeMap`: the
