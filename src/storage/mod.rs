@@ -156,7 +156,7 @@ pub struct StoreStats {
     /// Payloads compacted (moved to a newer segment).
     pub relocated: u64,
     /// Writes the applier left out of the database because a later delete
-    /// of the same key was already durable (see [`apply_once`]).
+    /// of the same key was already durable (the applier's `overtaken`).
     pub overtaken: u64,
     /// Database rewrites (space given back to the file system).
     pub rewrites: u64,
