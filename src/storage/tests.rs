@@ -837,13 +837,16 @@ async fn durable_payloads_leave_the_memtable_for_their_places() {
     assert_eq!(body(&store, 2), None);
 }
 
-#[tokio::test]
-async fn a_swapped_payload_logged_again_during_its_apply_is_counted_once() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let (store, _) = Store::open(dir.path(), manual_apply_opts()).expect("open");
-    put_payloads(&store, 1..2).await;
-    // Generation 1 (payload 1, swapped for its place) is frozen and held
-    // by an apply on another thread.
+/// Starts an apply on another thread and returns once it has frozen a
+/// generation and seen it durable: it then waits, with nothing of it
+/// applied, until the returned sender is used (or dropped). Join the
+/// thread for the apply's result.
+fn held_apply(
+    store: &Store,
+) -> (
+    std::thread::JoinHandle<Result<()>>,
+    std::sync::mpsc::Sender<()>,
+) {
     let (frozen_tx, frozen) = std::sync::mpsc::channel();
     let (release, release_rx) = std::sync::mpsc::channel();
     store.hold_applier(frozen_tx, release_rx);
@@ -852,6 +855,17 @@ async fn a_swapped_payload_logged_again_during_its_apply_is_counted_once() {
     frozen
         .recv_timeout(Duration::from_secs(10))
         .expect("the apply froze a generation");
+    (first, release)
+}
+
+#[tokio::test]
+async fn a_swapped_payload_logged_again_during_its_apply_is_counted_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (store, _) = Store::open(dir.path(), manual_apply_opts()).expect("open");
+    put_payloads(&store, 1..2).await;
+    // Generation 1 (payload 1, swapped for its place) is frozen and held
+    // by an apply on another thread.
+    let (first, release) = held_apply(&store);
     // Meanwhile payload 1 is logged again (a compaction's relocation):
     // the log writer's map now holds the newer place, so the held apply
     // finds the older one only in the slot itself.
@@ -893,14 +907,7 @@ async fn puts_overtaken_by_a_durable_delete_are_left_out_of_the_database() {
     let mut t = Txn::new();
     t.relocate(Key::Payload(3).encode(), big(3));
     store.submit(t).wait().await.expect("durable");
-    let (frozen_tx, frozen) = std::sync::mpsc::channel();
-    let (release, release_rx) = std::sync::mpsc::channel();
-    store.hold_applier(frozen_tx, release_rx);
-    let inner = Arc::clone(&store.inner);
-    let first = std::thread::spawn(move || apply_once(&inner));
-    frozen
-        .recv_timeout(Duration::from_secs(10))
-        .expect("the apply froze a generation");
+    let (first, release) = held_apply(&store);
     // While that generation waits to be applied, payloads 1 and 3 are
     // deleted, durably.
     delete_payloads(&store, [1, 3].into_iter()).await;
