@@ -1873,71 +1873,72 @@ fn apply_once(inner: &Inner) -> Result<()> {
     // that overtook them (see `overtaken`).
     let mut unseen: Vec<(&Bytes, u64)> = Vec::new();
     let mut skipped = 0u64;
-    for (n, chunk) in ordered.chunks(APPLY_CHUNK).enumerate() {
-        if n > 0 {
-            db.apply_batch(std::mem::take(&mut batch))
-                .map_err(|e| inner.db_error(e))?;
-        }
-        let gone = overtaken(inner, chunk);
-        for (&(k, slot), gone) in chunk.iter().zip(gone) {
-            if let Some(lsn) = gone {
-                skipped += 1;
-                if slot.fresh {
-                    unseen.push((k, lsn));
-                }
-                continue;
+    // Per chunk: the delete that overtook each entry, if any.
+    let mut gone: Vec<Option<u64>> = Vec::new();
+    for (i, &(k, slot)) in ordered.iter().enumerate() {
+        if i % APPLY_CHUNK == 0 {
+            if i > 0 {
+                db.apply_batch(std::mem::take(&mut batch))
+                    .map_err(|e| inner.db_error(e))?;
             }
-            let payload = payloads::located(k);
-
-            // The payload pointer the database holds now, if any.
-            let old = |k: &Bytes| -> Result<Option<payloads::Loc>> {
-                Ok(db
+            gone = overtaken(inner, &ordered[i..ordered.len().min(i + APPLY_CHUNK)]);
+        }
+        if let Some(lsn) = gone.get(i % APPLY_CHUNK).copied().flatten() {
+            skipped += 1;
+            if slot.fresh {
+                unseen.push((k, lsn));
+            }
+            continue;
+        }
+        let payload = payloads::located(k);
+        // The payload pointer the database holds now, if any.
+        let old = |k: &Bytes| -> Result<Option<payloads::Loc>> {
+            Ok(db
+                .get(k)
+                .map_err(db_err)?
+                .and_then(|v| payloads::Loc::decode(&v)))
+        };
+        match &slot.value {
+            Some(v) => {
+                if slot.if_exists && !db.contains_key(k).map_err(db_err)? {
+                    continue;
+                }
+                // Where the log writer put this value, if it is a payload:
+                // from its map, or the slot itself once swapped for it.
+                let here = placed
                     .get(k)
-                    .map_err(db_err)?
-                    .and_then(|v| payloads::Loc::decode(&v)))
-            };
-            match &slot.value {
-                Some(v) => {
-                    if slot.if_exists && !db.contains_key(k).map_err(db_err)? {
-                        continue;
+                    .filter(|(lsn, _)| *lsn == slot.lsn)
+                    .map(|(_, loc)| *loc)
+                    .or_else(|| slot.placed.then(|| payloads::Loc::decode(v)).flatten());
+                match (payload, here) {
+                    (true, Some(loc)) => {
+                        if !slot.fresh {
+                            removed.extend(old(k)?.map(|l| l.seg));
+                        }
+                        batch.insert(k.as_ref(), &loc.encode()[..]);
+                        added.push(loc.seg);
                     }
-                    // Where the log writer put this value, if it is a payload:
-                    // from its map, or the slot itself once swapped for it.
-                    let here = placed
-                        .get(k)
-                        .filter(|(lsn, _)| *lsn == slot.lsn)
-                        .map(|(_, loc)| *loc)
-                        .or_else(|| slot.placed.then(|| payloads::Loc::decode(v)).flatten());
-                    match (payload, here) {
-                        (true, Some(loc)) => {
-                            if !slot.fresh {
-                                removed.extend(old(k)?.map(|l| l.seg));
-                            }
-                            batch.insert(k.as_ref(), &loc.encode()[..]);
-                            added.push(loc.seg);
+                    _ => {
+                        if payload && !slot.fresh {
+                            removed.extend(old(k)?.map(|l| l.seg));
                         }
-                        _ => {
-                            if payload && !slot.fresh {
-                                removed.extend(old(k)?.map(|l| l.seg));
-                            }
-                            batch.insert(k.as_ref(), v.as_ref());
-                        }
+                        batch.insert(k.as_ref(), v.as_ref());
                     }
                 }
-                // A fresh key deleted is never in the database.
-                None if slot.fresh => {}
-                // A payload's pointer goes out of the batch: the removal
-                // hands back the pointer it removed (whose segment loses a
-                // reference), where reading it first would walk the tree
-                // twice for every message acked. Keys are distinct within a
-                // generation, so this order is as good as the batch's.
-                None if payload => {
-                    let gone = db.remove(k.as_ref()).map_err(db_err)?;
-                    removed.extend(gone.and_then(|v| payloads::Loc::decode(&v)).map(|l| l.seg));
-                }
-                None => {
-                    batch.remove(k.as_ref());
-                }
+            }
+            // A fresh key deleted is never in the database.
+            None if slot.fresh => {}
+            // A payload's pointer goes out of the batch: the removal
+            // hands back the pointer it removed (whose segment loses a
+            // reference), where reading it first would walk the tree
+            // twice for every message acked. Keys are distinct within a
+            // generation, so this order is as good as the batch's.
+            None if payload => {
+                let gone = db.remove(k.as_ref()).map_err(db_err)?;
+                removed.extend(gone.and_then(|v| payloads::Loc::decode(&v)).map(|l| l.seg));
+            }
+            None => {
+                batch.remove(k.as_ref());
             }
         }
     }
