@@ -953,6 +953,52 @@ async fn puts_overtaken_by_a_durable_delete_are_left_out_of_the_database() {
     );
 }
 
+#[tokio::test]
+async fn a_delete_not_yet_durable_overtakes_no_put() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (store, _) = Store::open(dir.path(), manual_apply_opts()).expect("open");
+    put_payloads(&store, 1..2).await;
+    let (first, release) = held_apply(&store);
+    // The test holds the log, so the delete of payload 1 is submitted
+    // (readers see it) but neither written nor durable while the held
+    // apply goes on.
+    let log = lock(&store.inner.log);
+    let mut t = Txn::new();
+    t.delete(Key::Payload(1));
+    let delete = store.submit(t);
+    release.send(()).expect("release");
+    first.join().expect("apply thread").expect("apply");
+    let overtaken = store.stats().overtaken;
+    let stored = in_database(&store, 1);
+    let fresh = {
+        let st = lock(&store.inner.state);
+        let slot = st
+            .active
+            .get(&Key::Payload(1).encode())
+            .expect("the delete");
+        assert!(slot.value.is_none());
+        slot.fresh
+    };
+    drop(log);
+    store.inner.commit_cv.notify_one();
+    // A crash now would lose the delete: the put must be in the database.
+    assert_eq!(overtaken, 0, "{:?}", store.stats());
+    assert!(
+        stored,
+        "payload 1 was left out for a delete not yet durable"
+    );
+    // And the delete still has a stored key to remove.
+    assert!(
+        !fresh,
+        "the delete was marked as never reaching the database"
+    );
+    assert_eq!(body(&store, 1), None);
+    delete.wait().await.expect("durable");
+    apply_once(&store.inner).expect("apply the delete");
+    assert!(!in_database(&store, 1));
+    assert_eq!(body(&store, 1), None);
+}
+
 mod sled_scans {
     //! sled's iterator (patched: a forward step reads the next key of its
     //! leaf by index, vendor/sled/PATCHED.md) against a `BTreeMap`: the
