@@ -176,6 +176,8 @@ struct EpochEnd {
 
 struct Nemesis {
     spec: ServerSpec,
+    /// The server's counters of rare paths, read while the run goes on.
+    counters: server::Counters,
     hist: Arc<History>,
     rng: fastrand::Rng,
     epoch: u64,
@@ -239,6 +241,7 @@ impl Nemesis {
 
     fn spawn(&mut self, kill: Option<&str>) -> Result<Server> {
         self.epoch += 1;
+        self.counters.set_epoch(self.epoch);
         let flags = self.flags();
         self.hist.nemesis(
             self.epoch,
@@ -679,6 +682,7 @@ pub async fn run(args: Args) -> Result<i32> {
         counts: run_dir.join("shim-counts"),
         mark: run_dir.join("shim-killed"),
         extra: args.server_args.clone(),
+        metrics_port: server::free_port()?,
     };
     let _ = std::fs::remove_file(&spec.log);
     let log_file = match &args.history {
@@ -686,8 +690,10 @@ pub async fn run(args: Args) -> Result<i32> {
         None => None,
     };
     let hist = Arc::new(History::new(log_file));
+    let counters = server::Counters::watch(spec.metrics_port)?;
     let mut nem = Nemesis {
         spec,
+        counters,
         hist: Arc::clone(&hist),
         rng: fastrand::Rng::with_seed(seed ^ 0x9e3779b97f4a7c15),
         epoch: 0,
@@ -1166,6 +1172,16 @@ fn print_summary(
     println!(
         "file-system calls seen by the library: {}",
         calls.join(", ")
+    );
+    let counted: Vec<String> = nem
+        .counters
+        .totals()
+        .iter()
+        .map(|(name, n)| format!("{name} {n}"))
+        .collect();
+    println!(
+        "server counters, summed over its starts (read every 100 ms, so at least): {}",
+        counted.join(", ")
     );
     for (k, v) in &report.info {
         println!("{k}: {v}");

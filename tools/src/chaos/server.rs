@@ -2,13 +2,17 @@
 //! data directory and a fixed port, optionally under the LD_PRELOAD
 //! library (kill points, durable mirror).
 
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
+
+use crate::loadgen::scrape::{MetricsUrl, sample};
 
 /// How to run the server.
 #[derive(Debug, Clone)]
@@ -35,6 +39,8 @@ pub struct ServerSpec {
     pub mark: PathBuf,
     /// Extra flags for `serve`.
     pub extra: Vec<String>,
+    /// Port on 127.0.0.1 of the server's metrics endpoint.
+    pub metrics_port: u16,
 }
 
 /// A running server.
@@ -69,6 +75,8 @@ impl ServerSpec {
             .arg(&self.data)
             .arg("--listen")
             .arg(format!("127.0.0.1:{}", self.port))
+            .arg("--metrics-listen")
+            .arg(format!("127.0.0.1:{}", self.metrics_port))
             .args(flags)
             .args(&self.extra)
             .env("LETTERBOX_LOG", "info")
@@ -199,6 +207,75 @@ impl Drop for Server {
 pub fn free_port() -> Result<u16> {
     let l = std::net::TcpListener::bind("127.0.0.1:0")?;
     Ok(l.local_addr()?.port())
+}
+
+/// Counters of the server's metrics endpoint that show which rare paths a
+/// run took (none is checked: the checker judges the history alone).
+pub const WATCHED: [&str; 2] = [
+    "letterbox_apply_writes_overtaken_total",
+    "letterbox_payloads_relocated_total",
+];
+
+/// Reads [`WATCHED`] from the server's metrics endpoint every 100 ms while
+/// a run goes on and keeps, per server epoch, the highest value read
+/// (each start counts from zero). A value is kept only if the epoch did
+/// not change while it was read, so a page is never credited to the
+/// wrong start. What an epoch counted after its last read is missed: the
+/// totals are lower bounds.
+pub struct Counters {
+    epoch: Arc<AtomicU64>,
+    seen: Arc<Mutex<BTreeMap<u64, [u64; WATCHED.len()]>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Counters {
+    /// Starts reading `http://127.0.0.1:{port}/metrics`.
+    pub fn watch(port: u16) -> Result<Counters> {
+        let url = MetricsUrl::parse(&format!("http://127.0.0.1:{port}/metrics"))?;
+        let epoch = Arc::new(AtomicU64::new(0));
+        let seen: Arc<Mutex<BTreeMap<u64, [u64; WATCHED.len()]>>> = Arc::default();
+        let (e, s) = (Arc::clone(&epoch), Arc::clone(&seen));
+        let task = tokio::spawn(async move {
+            loop {
+                let before = e.load(Ordering::SeqCst);
+                if let Ok(page) = url.get().await
+                    && e.load(Ordering::SeqCst) == before
+                {
+                    let mut seen = s.lock().unwrap_or_else(|p| p.into_inner());
+                    let slot = seen.entry(before).or_default();
+                    for (v, name) in slot.iter_mut().zip(WATCHED) {
+                        if let Some(x) = sample(&page, name) {
+                            // Counters are whole numbers.
+                            *v = (*v).max(x as u64);
+                        }
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        });
+        Ok(Counters { epoch, seen, task })
+    }
+
+    /// A new server epoch begins (before its server is spawned).
+    pub fn set_epoch(&self, epoch: u64) {
+        self.epoch.store(epoch, Ordering::SeqCst);
+    }
+
+    /// Each watched counter summed over the epochs.
+    pub fn totals(&self) -> Vec<(&'static str, u64)> {
+        let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        WATCHED
+            .iter()
+            .enumerate()
+            .map(|(i, name)| (*name, seen.values().map(|v| v[i]).sum()))
+            .collect()
+    }
+}
+
+impl Drop for Counters {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
 
 /// Lines of the server log that show a panic or damaged data.
