@@ -11,6 +11,10 @@
 #   TARGETS="letterbox" tools/bench.sh # Letterbox alone (no RabbitMQ/NATS needed)
 #
 # Env: REPS (3), TARGETS ("letterbox rabbit-quorum rabbit-classic nats-js"), OUT (results dir),
+#      ORDER (rows: each row on every target, repetitions alternating between the
+#      targets; targets: each target through all rows, as before 2026-12-03),
+#      SETTLE (1: before each run wait until the brokers are quiet, at most
+#      SETTLE_MAX (20) seconds; 0: no wait),
 #      SKIP_DISK=1, KEEP_PEERS=1 (leave Letterbox and the brokers running),
 #      QBENCH_PEER_DIR (/tmp/qbench-peers), QBENCH_FRESH (1: wipe old data),
 #      LETTERBOX_PORT (50051), LETTERBOX_METRICS_PORT (50052: its Prometheus endpoint, read
@@ -23,6 +27,9 @@ QUICK=${QUICK:-0}
 REPS=${REPS:-3}
 [ "$QUICK" = 1 ] && REPS=${REPS_QUICK:-1}
 TARGETS=${TARGETS:-"letterbox rabbit-quorum rabbit-classic nats-js"}
+ORDER=${ORDER:-rows}
+SETTLE=${SETTLE:-1}
+SETTLE_MAX=${SETTLE_MAX:-20}
 suffix=""; [ "$QUICK" = 1 ] && suffix=-quick
 OUT=${OUT:-$HERE/results/$(date -u +%Y%m%dT%H%M%SZ)$suffix}
 PEERS=${QBENCH_PEER_DIR:-/tmp/qbench-peers}
@@ -161,54 +168,105 @@ broker_pid() {
   esac
 }
 
-q() { # target, then loadgen run args
-  local t=$1; shift
+# CPU ticks (user + system) of every broker process started for the run.
+broker_ticks() {
+  local total=0 f
+  for f in "$LB/server.pid" "$PEERS/rabbitmq/beam.pid" "$PEERS/nats/server.pid"; do
+    [ -f "$f" ] || continue
+    local st; st=$(cat "/proc/$(cat "$f")/stat" 2>/dev/null) || continue
+    # fields 14 and 15 (utime, stime), counted after the ")" that ends the name
+    total=$(( total + $(echo "${st##*) }" | awk '{print $12 + $13}') ))
+  done
+  echo "$total"
+}
+
+# Before each run: wait until the brokers are quiet (together under 10 % of
+# a core over half a second, at most SETTLE_MAX seconds), so that no run
+# pays for work a broker deferred from the run before (Letterbox's applier
+# writing earlier rows into its database, a quorum queue's segment writes),
+# its own or another target's.
+TICK_HZ=$(getconf CLK_TCK)
+settle() {
+  [ "$SETTLE" = 1 ] || return 0
+  local end=$((SECONDS + SETTLE_MAX)) a b
+  while [ $SECONDS -lt $end ]; do
+    a=$(broker_ticks); sleep 0.5; b=$(broker_ticks)
+    [ $(( (b - a) * 20 )) -lt "$TICK_HZ" ] && return 0
+  done
+  echo "brokers still busy after ${SETTLE_MAX}s; running anyway" >&2
+}
+
+q() { # target, first rep, reps, then loadgen run args
+  local t=$1 first=$2 reps=$3; shift 3
   local pid; pid=$(broker_pid "$t" || true)
-  local cmd=("$B" run --target "$t" --reps "$REPS" --out "$OUT/results.jsonl" "$@")
+  local cmd=("$B" run --target "$t" --reps "$reps" --first-rep "$first" --out "$OUT/results.jsonl" "$@")
   [ -n "$pid" ] && cmd+=(--broker-pid "$pid")
   # shellcheck disable=SC2206
   [ -n "${EXTRA_TARGET_ARGS:-}" ] && cmd+=($EXTRA_TARGET_ARGS)
+  settle
   echo "+ ${cmd[*]}" | sed "s#$ROOT/##" | tee -a "$CMDS" >&2
   if ! "${cmd[@]}" > /dev/null; then
     echo "FAILED: ${cmd[*]}" | tee -a "$OUT/failures.txt" >&2
   fi
 }
 
-for t in $TARGETS; do
-  echo "== $t" >&2
+# The rows: who runs them (all targets, or Letterbox only), then the
+# loadgen arguments.
+ROWS=(
   # a. publish with durability acks, in-flight window 1 / 64 / 1024
-  q "$t" --workload publish-durable --window 1    --count "$(scale 50000)"  --max-secs 45
-  q "$t" --workload publish-durable --window 64   --count "$(scale 200000)" --max-secs 60
-  q "$t" --workload publish-durable --window 1024 --count "$(scale 200000)" --max-secs 60
-  if [ "$t" = letterbox ]; then
-    # a'. Letterbox only: up to 100 messages per Publish call (the peers publish one by one)
-    q "$t" --workload publish-durable --window 1024 --batch 100 --count "$(scale 200000)" --max-secs 60
-  fi
-  # b. drain pre-published messages with manual acks
-  q "$t" --workload consume-ack --prefetch 1   --ack async --count "$(scale 50000)"  --max-secs 60
-  q "$t" --workload consume-ack --prefetch 256 --ack async --count "$(scale 200000)" --max-secs 60
-  q "$t" --workload consume-ack --prefetch 1   --ack sync  --count "$(scale 50000)"  --max-secs 60
-  q "$t" --workload consume-ack --prefetch 256 --ack sync  --count "$(scale 200000)" --max-secs 60
-  # c. 1 producer + 1 consumer: unthrottled, and at a fixed 2,500 msg/s
-  q "$t" --workload end-to-end --window 64 --prefetch 256 --count "$(scale 100000)" --max-secs 60
-  q "$t" --workload end-to-end --window 64 --prefetch 256 --rate 2500 --count "$(scale 50000)" --max-secs 60
+  "all|--workload publish-durable --window 1 --count $(scale 50000) --max-secs 45"
+  "all|--workload publish-durable --window 64 --count $(scale 200000) --max-secs 60"
+  "all|--workload publish-durable --window 1024 --count $(scale 200000) --max-secs 60"
+  # a'. Letterbox only: up to 100 messages per Publish call (the peers publish one by one)
+  "letterbox|--workload publish-durable --window 1024 --batch 100 --count $(scale 200000) --max-secs 60"
+  # b. drain pre-published messages with manual acks; b'. Letterbox only: each
+  # drain again over one Subscribe stream (push, acks on the stream), right
+  # after its row over Receive, whose peer figures it is held against
+  "all|--workload consume-ack --prefetch 1 --ack async --count $(scale 50000) --max-secs 60"
+  "letterbox|--workload consume-ack --consumer subscribe --prefetch 1 --ack async --count $(scale 50000) --max-secs 60"
+  "all|--workload consume-ack --prefetch 256 --ack async --count $(scale 200000) --max-secs 60"
+  "letterbox|--workload consume-ack --consumer subscribe --prefetch 256 --ack async --count $(scale 200000) --max-secs 60"
+  "all|--workload consume-ack --prefetch 1 --ack sync --count $(scale 50000) --max-secs 60"
+  "letterbox|--workload consume-ack --consumer subscribe --prefetch 1 --ack sync --count $(scale 50000) --max-secs 60"
+  "all|--workload consume-ack --prefetch 256 --ack sync --count $(scale 200000) --max-secs 60"
+  "letterbox|--workload consume-ack --consumer subscribe --prefetch 256 --ack sync --count $(scale 200000) --max-secs 60"
+  # c. 1 producer + 1 consumer: unthrottled, and at a fixed 2,500 msg/s (c'. and over Subscribe)
+  "all|--workload end-to-end --window 64 --prefetch 256 --count $(scale 100000) --max-secs 60"
+  "letterbox|--workload end-to-end --consumer subscribe --window 64 --prefetch 256 --count $(scale 100000) --max-secs 60"
+  "all|--workload end-to-end --window 64 --prefetch 256 --rate 2500 --count $(scale 50000) --max-secs 60"
+  "letterbox|--workload end-to-end --consumer subscribe --window 64 --prefetch 256 --rate 2500 --count $(scale 50000) --max-secs 60"
   # d. reject everything until the delivery limit (3) dead-letters it
-  q "$t" --workload redelivery --delivery-limit 3 --prefetch 256 --count "$(scale 100000)" --max-secs 60
-  if [ "$t" = letterbox ]; then
-    # b'/c'. Letterbox only: the same over one Subscribe stream (push, acks on the stream)
-    q "$t" --workload consume-ack --consumer subscribe --prefetch 1   --ack async --count "$(scale 50000)"  --max-secs 60
-    q "$t" --workload consume-ack --consumer subscribe --prefetch 256 --ack async --count "$(scale 200000)" --max-secs 60
-    q "$t" --workload consume-ack --consumer subscribe --prefetch 1   --ack sync  --count "$(scale 50000)"  --max-secs 60
-    q "$t" --workload consume-ack --consumer subscribe --prefetch 256 --ack sync  --count "$(scale 200000)" --max-secs 60
-    q "$t" --workload end-to-end --consumer subscribe --window 64 --prefetch 256 --count "$(scale 100000)" --max-secs 60
-    q "$t" --workload end-to-end --consumer subscribe --window 64 --prefetch 256 --rate 2500 --count "$(scale 50000)" --max-secs 60
-    # e. FIFO: 10,000 groups, drained by 8 consumers, per-group order checked
-    q "$t" --workload fifo --groups 10000 --per-group "$(DIV=1 scale 100)" --consumers 8 --prefetch 256 --max-secs 300
-    q "$t" --workload fifo --groups 10000 --per-group "$(DIV=1 scale 100)" --consumers 8 --prefetch 256 --max-secs 300 --consumer subscribe
-    # f. redrive of dead-lettered messages back to their queue, unlimited rate
-    q "$t" --workload redrive --count "$(scale 100000)" --max-secs 120
-  fi
-done
+  "all|--workload redelivery --delivery-limit 3 --prefetch 256 --count $(scale 100000) --max-secs 60"
+  # e. FIFO: 10,000 groups, drained by 8 consumers, per-group order checked
+  "letterbox|--workload fifo --groups 10000 --per-group $(DIV=1 scale 100) --consumers 8 --prefetch 256 --max-secs 300"
+  "letterbox|--workload fifo --groups 10000 --per-group $(DIV=1 scale 100) --consumers 8 --prefetch 256 --max-secs 300 --consumer subscribe"
+  # f. redrive of dead-lettered messages back to their queue, unlimited rate
+  "letterbox|--workload redrive --count $(scale 100000) --max-secs 120"
+)
+runs_row() { [ "${1%%|*}" = all ] || [ "${1%%|*}" = "$2" ]; }
+
+if [ "$ORDER" = targets ]; then
+  # each target through every row in turn, its repetitions back to back
+  for t in $TARGETS; do
+    echo "== $t" >&2
+    for row in "${ROWS[@]}"; do
+      # shellcheck disable=SC2086
+      runs_row "$row" "$t" && q "$t" 1 "$REPS" ${row#*|}
+    done
+  done
+else
+  # each row on every target before the next row, one repetition of each
+  # target in turn: the targets of a row meet the disk in the same minutes
+  for row in "${ROWS[@]}"; do
+    echo "== ${row#*|}" >&2
+    for rep in $(seq "$REPS"); do
+      for t in $TARGETS; do
+        # shellcheck disable=SC2086
+        runs_row "$row" "$t" && q "$t" "$rep" 1 ${row#*|}
+      done
+    done
+  done
+fi
 
 # JetStream with an fsync before every PubAck needs `sync_interval: always` (nats-server 2.10+).
 if has_target nats-js; then
@@ -219,7 +277,7 @@ if has_target nats-js; then
     QBENCH_NATS_SYNC=always scripts/start-peers.sh nats
     for w in 1 64 1024; do
       if [ $w = 1 ]; then n=$(scale 50000); else n=$(scale 200000); fi
-      q nats-js --workload publish-durable --window $w --count "$n" --max-secs 60 --label sync_interval=always
+      q nats-js 1 "$REPS" --workload publish-durable --window $w --count "$n" --max-secs 60 --label sync_interval=always
     done
   fi
 fi

@@ -119,6 +119,11 @@ struct RunArgs {
     broker_pid: Option<u32>,
     #[arg(long, default_value_t = 1)]
     reps: u32,
+    /// number of the first repetition in the results (a script that runs
+    /// each repetition of a row as a call of its own, targets alternating,
+    /// numbers them 1, 2, 3, ...)
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    first_rep: u32,
     /// threads of loadgen's own async runtime, whatever the target: 0 for
     /// one per core (tokio's default), 1 for all of its tasks on one thread
     /// (no wake-ups across threads between a call and its answer)
@@ -275,7 +280,7 @@ async fn run(a: RunArgs) -> Result<()> {
         0 => workload::variant(a.workload, &p),
         n => format!("{},client_threads={n}", workload::variant(a.workload, &p)),
     };
-    for rep in 1..=a.reps {
+    for rep in a.first_rep..a.first_rep.saturating_add(a.reps) {
         let o = workload::run(t.as_ref(), a.workload, &p, &a.queue).await?;
         let secs = o.elapsed.as_secs_f64();
         let r = RunResult {
