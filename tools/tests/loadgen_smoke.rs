@@ -172,11 +172,15 @@ async fn new_workloads_and_options_run_against_letterbox() {
                 "300",
                 "--queue",
                 "e2e",
+                // as bench.sh runs a row's third repetition on its own
+                "--first-rep",
+                "3",
             ],
         )
         .await;
     check(&r, 300);
     assert!(r["latency"]["p50_ms"].as_f64().is_some(), "{r}");
+    assert_eq!(r["rep"], 3, "numbered from --first-rep: {r}");
 
     // FIFO with concurrent consumers, pull and push: order is checked.
     for mode in ["receive", "subscribe"] {
@@ -341,4 +345,22 @@ async fn a_bad_size_is_refused_by_name() {
     .unwrap_err()
     .to_string();
     assert!(e.contains("8 bytes is out of range"), "{e}");
+}
+
+#[tokio::test]
+async fn a_first_repetition_of_zero_is_refused() {
+    let e = letterbox_tools::loadgen::run_cli([
+        "loadgen",
+        "run",
+        "--target",
+        "letterbox",
+        "--workload",
+        "publish-durable",
+        "--first-rep",
+        "0",
+    ])
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("--first-rep"), "{e}");
 }
