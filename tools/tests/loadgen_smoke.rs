@@ -329,38 +329,32 @@ async fn new_workloads_and_options_run_against_letterbox() {
     s.stop().await;
 }
 
-#[tokio::test]
-async fn a_bad_size_is_refused_by_name() {
-    let e = letterbox_tools::loadgen::run_cli([
+/// The error of `loadgen run --target letterbox --workload publish-durable
+/// FLAG VALUE`, which must be refused before any call.
+async fn refused(flag: &str, value: &str) -> String {
+    letterbox_tools::loadgen::run_cli([
         "loadgen",
         "run",
         "--target",
         "letterbox",
         "--workload",
         "publish-durable",
-        "--size",
-        "8",
+        flag,
+        value,
     ])
     .await
     .unwrap_err()
-    .to_string();
+    .to_string()
+}
+
+#[tokio::test]
+async fn a_bad_size_is_refused_by_name() {
+    let e = refused("--size", "8").await;
     assert!(e.contains("8 bytes is out of range"), "{e}");
 }
 
 #[tokio::test]
 async fn a_first_repetition_of_zero_is_refused() {
-    let e = letterbox_tools::loadgen::run_cli([
-        "loadgen",
-        "run",
-        "--target",
-        "letterbox",
-        "--workload",
-        "publish-durable",
-        "--first-rep",
-        "0",
-    ])
-    .await
-    .unwrap_err()
-    .to_string();
+    let e = refused("--first-rep", "0").await;
     assert!(e.contains("--first-rep"), "{e}");
 }
