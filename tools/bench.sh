@@ -168,12 +168,12 @@ broker_pid() {
   esac
 }
 
-# CPU ticks (user + system) of every broker process started for the run.
+# CPU ticks (user + system) of the broker processes of TARGETS (each once:
+# both RabbitMQ targets are one process).
 broker_ticks() {
-  local total=0 f
-  for f in "$LB/server.pid" "$PEERS/rabbitmq/beam.pid" "$PEERS/nats/server.pid"; do
-    [ -f "$f" ] || continue
-    local st; st=$(cat "/proc/$(cat "$f")/stat" 2>/dev/null) || continue
+  local total=0 pid
+  for pid in $(for t in $TARGETS; do broker_pid "$t" || true; done | sort -u); do
+    local st; st=$(cat "/proc/$pid/stat" 2>/dev/null) || continue
     # fields 14 and 15 (utime, stime), counted after the ")" that ends the name
     total=$(( total + $(echo "${st##*) }" | awk '{print $12 + $13}') ))
   done
