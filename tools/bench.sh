@@ -210,8 +210,8 @@ q() { # target, first rep, reps, then loadgen run args
   fi
 }
 
-# The rows: who runs them (all targets, or Letterbox only), then the
-# loadgen arguments.
+# The rows: who runs them (all targets, Letterbox only, or the targets
+# whose name starts with the word: rabbit), then the loadgen arguments.
 ROWS=(
   # a. publish with durability acks, in-flight window 1 / 64 / 1024
   "all|--workload publish-durable --window 1 --count $(scale 50000) --max-secs 45"
@@ -224,6 +224,10 @@ ROWS=(
   # after its row over Receive, whose peer figures it is held against
   "all|--workload consume-ack --prefetch 1 --ack async --count $(scale 50000) --max-secs 60"
   "letterbox|--workload consume-ack --consumer subscribe --prefetch 1 --ack async --count $(scale 50000) --max-secs 60"
+  # b''. RabbitMQ only: the same drain polled with one basic.get per message,
+  # the counterpart of Letterbox's Receive one at a time (its push consumer
+  # is the counterpart of Subscribe)
+  "rabbit|--workload consume-ack --consumer get --prefetch 1 --ack async --count $(scale 50000) --max-secs 60"
   "all|--workload consume-ack --prefetch 256 --ack async --count $(scale 200000) --max-secs 60"
   "letterbox|--workload consume-ack --consumer subscribe --prefetch 256 --ack async --count $(scale 200000) --max-secs 60"
   "all|--workload consume-ack --prefetch 1 --ack sync --count $(scale 50000) --max-secs 60"
@@ -243,7 +247,7 @@ ROWS=(
   # f. redrive of dead-lettered messages back to their queue, unlimited rate
   "letterbox|--workload redrive --count $(scale 100000) --max-secs 120"
 )
-runs_row() { [ "${1%%|*}" = all ] || [ "${1%%|*}" = "$2" ]; }
+runs_row() { [ "${1%%|*}" = all ] || [[ "$2" == "${1%%|*}"* ]]; }
 
 if [ "$ORDER" = targets ]; then
   # each target through every row in turn, its repetitions back to back

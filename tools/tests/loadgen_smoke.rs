@@ -110,6 +110,37 @@ async fn new_workloads_and_options_run_against_letterbox() {
     let dir = tempfile::tempdir().expect("tempdir");
     let out = dir.path().join("r.jsonl");
 
+    // `--consumer get` is RabbitMQ's `basic.get`: Letterbox is skipped,
+    // with no result line.
+    let lines = || {
+        std::fs::read_to_string(&out)
+            .unwrap_or_default()
+            .lines()
+            .count()
+    };
+    let before = lines();
+    letterbox_tools::loadgen::run_cli([
+        "loadgen",
+        "run",
+        "--target",
+        "letterbox",
+        "--letterbox-url",
+        &s.grpc,
+        "--workload",
+        "consume-ack",
+        "--consumer",
+        "get",
+        "--prefetch",
+        "1",
+        "--count",
+        "10",
+        "--out",
+        out.to_str().expect("utf-8 path"),
+    ])
+    .await
+    .expect("a skipped run");
+    assert_eq!(lines(), before, "no result for a skipped run");
+
     // Subscribe consumers, async and sync acks, next to a Receive row.
     for (ack, count) in [("async", "400"), ("sync", "100")] {
         let r = s

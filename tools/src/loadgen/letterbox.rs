@@ -205,6 +205,7 @@ impl Target for LetterboxTarget {
             delivery_limit: true,
             publish_batch: true,
             subscribe: true,
+            get: false,
             fifo: true,
             redrive: true,
         }
@@ -286,6 +287,7 @@ impl Target for LetterboxTarget {
             ConsumerMode::Subscribe => Ok(Box::new(
                 SubscribeConsumer::open(client, q.name.clone(), c).await?,
             )),
+            ConsumerMode::Get => bail!("letterbox: --consumer get is RabbitMQ's basic.get"),
         }
     }
 

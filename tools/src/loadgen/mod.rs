@@ -93,7 +93,8 @@ struct RunArgs {
     ack: AckMode,
     /// consume-ack, end-to-end, redelivery, fifo, redrive: pull with
     /// `Receive` long polls, or push over one `Subscribe` stream (Letterbox
-    /// only; reported as its own row)
+    /// only; reported as its own row), or `get`: one AMQP `basic.get` per
+    /// message (RabbitMQ only, with --prefetch 1; its own row)
     #[arg(long, value_enum, default_value_t = ConsumerMode::Receive)]
     consumer: ConsumerMode,
     /// fifo: message groups (the run has groups × per-group messages;
@@ -260,6 +261,10 @@ async fn run(a: RunArgs) -> Result<()> {
         (
             consumes && a.consumer == ConsumerMode::Subscribe && !caps.subscribe,
             "--consumer subscribe",
+        ),
+        (
+            consumes && a.consumer == ConsumerMode::Get && !caps.get,
+            "--consumer get",
         ),
         (a.workload == Workload::Fifo && !caps.fifo, "FIFO groups"),
         (a.workload == Workload::Redrive && !caps.redrive, "redrive"),
