@@ -137,6 +137,18 @@ pub struct ServeArgs {
     /// client's shorter deadline wins); streams are not cut.
     #[arg(long, env = "LETTERBOX_REQUEST_TIMEOUT", default_value = "60s")]
     pub request_timeout: Millis,
+    /// Most connections open at once, over the gRPC, REST and metrics
+    /// listeners; one more is closed at once. Default: all but a reserve
+    /// (a quarter, at least 256) of the open files the process may have
+    /// (its soft limit is raised to its hard limit at start), at most
+    /// 10000.
+    #[arg(long, env = "LETTERBOX_MAX_CONNECTIONS")]
+    pub max_connections: Option<usize>,
+    /// How long a new connection may take to send its first bytes (the
+    /// HTTP/2 preface, a TLS ClientHello, an HTTP/1 request); one that
+    /// does not is closed.
+    #[arg(long, env = "LETTERBOX_HANDSHAKE_TIMEOUT", default_value = "10s")]
+    pub handshake_timeout: Millis,
     /// Serve Prometheus metrics at `http://ADDR/metrics` (off unless
     /// set; metrics carry queue names, so prefer loopback or a private
     /// network).
@@ -242,10 +254,18 @@ impl ServeArgs {
         if self.request_timeout.0 < Duration::from_secs(1) {
             return Err("--request-timeout: must be at least 1s".into());
         }
+        if self.max_connections == Some(0) {
+            return Err("--max-connections: must be at least 1".into());
+        }
+        if self.handshake_timeout.0 < Duration::from_millis(100) {
+            return Err("--handshake-timeout: must be at least 100ms".into());
+        }
         c.limits = Limits {
             max_concurrent_streams: self.max_concurrent_streams,
             concurrency_per_connection: self.max_calls_per_connection,
             request_timeout: self.request_timeout.0,
+            max_connections: self.max_connections,
+            handshake_timeout: self.handshake_timeout.0,
         };
         if let Some(a) = self.anypoint_listen
             && !auth_on

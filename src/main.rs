@@ -31,7 +31,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// is zeroed whole (2 MiB) the first time any byte of it is touched: the
 /// server's short-lived request and body buffers then spend much of their
 /// CPU in the kernel zeroing pages, and its resident memory grows by whole
-/// huge pages (BENCHMARKS.md, "Transparent huge pages off").
+/// huge pages (docs/benchmarks/2026-12-01/NOTES.md, "Transparent huge pages off").
 fn no_transparent_huge_pages() {
     #[cfg(target_os = "linux")]
     if std::env::var_os("MIMALLOC_ALLOW_THP").is_none()

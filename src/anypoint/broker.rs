@@ -408,6 +408,7 @@ async fn consume(
         wait,
         ack_timeout,
         auto_ack: false,
+        max_per_group: 0,
     };
     let got = match api.broker.receive(&dest, opts).await {
         Err(QueueError::NotFound { kind: "queue", .. }) => {
@@ -453,6 +454,18 @@ fn expired(lock: &str) -> ApiError {
 }
 
 impl Api {
+    /// The error for a lock that is no longer current: released with an
+    /// earlier message of its FIFO group that failed first (SPEC §3), or
+    /// expired.
+    fn released(&self, lock: &str) -> ApiError {
+        match self.broker.released_lease("lockId", lock) {
+            Ok(Some(reason)) => ApiError::bad(format!(
+                "LockId: {lock} was {reason}; the group restarts at that message, so this lock settles nothing"
+            )),
+            _ => expired(lock),
+        }
+    }
+
     /// The lock length of an extension, in milliseconds, from the `ttl`
     /// field `field` of a request.
     fn extension_ms(&self, field: &str, ttl: &Value) -> Result<u64, ApiError> {
@@ -538,6 +551,7 @@ impl Api {
                     Op::Extend => format!("lock extended until {}", message::rfc1123(deadline)),
                 }),
                 Settled::LeaseExpired(_) => Err(expired(token)),
+                Settled::Released(_) => Err(self.released(token)),
             };
         }
         Ok(outcomes)
@@ -552,7 +566,7 @@ impl Api {
             ))
         })?;
         let Some(h) = held else {
-            return Err(expired(lock));
+            return Err(self.released(lock));
         };
         if h.queue != dest {
             return Err(ApiError::bad(format!(

@@ -40,9 +40,7 @@ use axum::extract::DefaultBodyLimit;
 use axum::extract::rejection::BytesRejection;
 use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
-use axum::serve::ListenerExt;
 use serde_json::Value;
-use tokio::net::TcpListener;
 
 use crate::auth::{Action, Authenticator, Credentials, Principal};
 use crate::queue::Broker;
@@ -237,14 +235,15 @@ pub fn router(broker: Arc<Broker>, auth: Arc<Authenticator>, opts: AnypointOptio
 /// Serves `app` on `listener` until `shutdown` resolves, then finishes the
 /// calls in flight (long polls end at once: the engine's shutdown wakes
 /// them and they answer 204).
-pub async fn serve(
-    listener: TcpListener,
+pub async fn serve<L>(
+    listener: L,
     app: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
+) -> std::io::Result<()>
+where
+    L: axum::serve::Listener,
+    L::Addr: std::fmt::Debug,
+{
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await

@@ -25,6 +25,8 @@ pub(crate) enum Reason {
     Expired,
     /// Skipped by an operator.
     Skipped,
+    /// Its stored body was found damaged.
+    Corrupted,
 }
 
 /// Flags of `dlq redrive`.
@@ -79,6 +81,7 @@ pub(super) async fn run(client: &Client, out: &Out, cmd: DlqCmd) -> Result<()> {
                 Reason::Rejected => pb::DeadLetterReason::Rejected,
                 Reason::Expired => pb::DeadLetterReason::Expired,
                 Reason::Skipped => pb::DeadLetterReason::Skipped,
+                Reason::Corrupted => pb::DeadLetterReason::Corrupted,
             } as i32)
             .collect(),
         since_unix_ms: a.since.unwrap_or(0),

@@ -218,6 +218,7 @@ pub(super) async fn consume(client: &Client, out: &Out, a: ConsumeArgs) -> Resul
             ack_timeout_ms: a.ack_timeout.map(Millis::as_ms),
             auto_ack: false,
             ack_tokens: Vec::new(),
+            max_per_group: 0,
         };
         let got = client.receive_with(req).await?;
         if got.is_empty() {

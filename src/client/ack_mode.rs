@@ -1,7 +1,8 @@
 //! Ack modes, the message handed to a handler, and handler errors.
 
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::{Client, ClientError, ErrorKind, Result, Settler, pb};
@@ -73,12 +74,24 @@ pub(super) enum Via {
     Done,
 }
 
+/// The messages a subscriber holds, by token.
+pub(super) type Registry = Arc<Mutex<HashMap<String, Arc<Held>>>>;
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// What the subscriber keeps of a message it holds.
 #[derive(Debug)]
 pub(super) struct Held {
     pub token: String,
     pub via: Via,
     pub settled: AtomicBool,
+    /// FIFO: why the server released this delivery (an earlier message of
+    /// its group, leased with it, failed first); it must not be acked.
+    released: Mutex<Option<String>>,
+    /// The other messages of the subscriber, to mark those a nack released.
+    peers: Weak<Mutex<HashMap<String, Arc<Held>>>>,
     /// Current lease deadline (ms since the epoch).
     pub deadline: AtomicU64,
     /// When the current lease started (ms since the epoch).
@@ -86,10 +99,17 @@ pub(super) struct Held {
 }
 
 impl Held {
-    pub(super) fn new(d: &pb::Delivery, via: Via, timeout: Duration) -> Arc<Held> {
+    pub(super) fn new(
+        d: &pb::Delivery,
+        via: Via,
+        timeout: Duration,
+        peers: &Registry,
+    ) -> Arc<Held> {
         let timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
         Arc::new(Held {
             token: d.ack_token.clone(),
+            released: Mutex::new(None),
+            peers: Arc::downgrade(peers),
             settled: AtomicBool::new(matches!(via, Via::Done)),
             via,
             deadline: AtomicU64::new(d.lease_deadline_unix_ms),
@@ -97,7 +117,22 @@ impl Held {
         })
     }
 
+    /// Marks the delivery released by the server: it is settled, and
+    /// acking or nacking it fails with `why`.
+    fn release(&self, why: String) {
+        *lock(&self.released) = Some(why);
+        self.settled.store(true, Ordering::SeqCst);
+    }
+
+    /// True once the server released the delivery (see [`Held::release`]).
+    pub(super) fn is_released(&self) -> bool {
+        lock(&self.released).is_some()
+    }
+
     fn claim(&self) -> Result<()> {
+        if let Some(why) = lock(&self.released).clone() {
+            return Err(ClientError::new(ErrorKind::LeaseLost, why));
+        }
         if self.settled.swap(true, Ordering::SeqCst) {
             return Err(ClientError::new(
                 ErrorKind::LeaseLost,
@@ -130,11 +165,24 @@ impl Held {
             reason: truncate(reason, 1024),
             dead_letter,
         };
-        let r = match &self.via {
-            Via::Stream(s) => s.nack(vec![item]).await?,
-            Via::Unary(c) => c.nack(vec![item]).await?,
+        let (r, released) = match &self.via {
+            Via::Stream(s) => s.nack_releasing(vec![item]).await?,
+            Via::Unary(c) => c.nack_releasing(vec![item]).await?,
             Via::Done => return Ok(()),
         };
+        // FIFO: later messages of this one's group that came with it are
+        // released by the server; none of them may be acked now.
+        if let Some(peers) = self.peers.upgrade() {
+            let peers = lock(&peers);
+            for r in released {
+                if let Some(h) = peers.get(&r.ack_token) {
+                    h.release(format!(
+                        "released: the earlier message {} of its group failed first",
+                        r.released_by
+                    ));
+                }
+            }
+        }
         check(r)
     }
 
@@ -242,9 +290,17 @@ impl Message {
     }
 
     /// True once the message was acked or nacked (by the handler or the
-    /// subscriber).
+    /// subscriber), or released.
     pub fn is_settled(&self) -> bool {
         self.held.settled.load(Ordering::SeqCst)
+    }
+
+    /// FIFO: true once the server released this delivery because an
+    /// earlier message of its group, delivered with it, failed first. It
+    /// comes again after that one; acking it fails, and the subscriber
+    /// does not hand it to the handler if it has not yet.
+    pub fn is_released(&self) -> bool {
+        self.held.is_released()
     }
 
     /// Acknowledges the message (MANUAL mode). Fails with

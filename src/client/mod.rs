@@ -698,6 +698,16 @@ impl Client {
 
     /// Rejects deliveries; one result per item.
     pub async fn nack(&self, items: Vec<pb::NackItem>) -> Result<Vec<pb::SettleResult>> {
+        Ok(self.nack_releasing(items).await?.0)
+    }
+
+    /// [`Client::nack`] that also returns the FIFO deliveries the nacks
+    /// released: later messages of a failed message's group that were
+    /// leased with it, which must not be acked (SPEC §3).
+    pub async fn nack_releasing(
+        &self,
+        items: Vec<pb::NackItem>,
+    ) -> Result<(Vec<pb::SettleResult>, Vec<pb::ReleasedDelivery>)> {
         let r = self
             .call(true, Duration::ZERO, || {
                 let mut c = self.msg.clone();
@@ -707,7 +717,7 @@ impl Client {
                 async move { c.nack(req).await }
             })
             .await?;
-        Ok(r.results)
+        Ok((r.results, r.released))
     }
 
     /// Extends leases; one result (with the new deadline) per item.

@@ -42,6 +42,10 @@ impl Settler {
     }
 
     async fn request(&self, make: impl FnOnce(u64) -> Out) -> Result<Vec<pb::SettleResult>> {
+        Ok(self.request_full(make).await?.results)
+    }
+
+    async fn request_full(&self, make: impl FnOnce(u64) -> Out) -> Result<pb::StreamSettled> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (done, rx) = oneshot::channel();
         lock(&self.pending).insert(id, done);
@@ -59,7 +63,7 @@ impl Settler {
                 format!("{}: {}", super::code_name(code), settled.error),
             ));
         }
-        Ok(settled.results)
+        Ok(settled)
     }
 
     /// Acknowledges deliveries; one result per token.
@@ -77,6 +81,19 @@ impl Settler {
     pub async fn nack(&self, items: Vec<pb::NackItem>) -> Result<Vec<pb::SettleResult>> {
         self.request(|request_id| Out::Nack(pb::StreamNack { request_id, items }))
             .await
+    }
+
+    /// [`Settler::nack`] that also returns the FIFO deliveries the nacks
+    /// released: later messages of a failed message's group that were
+    /// leased with it, which must not be acked (SPEC §3).
+    pub async fn nack_releasing(
+        &self,
+        items: Vec<pb::NackItem>,
+    ) -> Result<(Vec<pb::SettleResult>, Vec<pb::ReleasedDelivery>)> {
+        let s = self
+            .request_full(|request_id| Out::Nack(pb::StreamNack { request_id, items }))
+            .await?;
+        Ok((s.results, s.released))
     }
 
     /// Extends leases; one result (with the new deadline) per item.
@@ -122,6 +139,7 @@ impl Subscription {
             queue: queue.into(),
             credit,
             ack_timeout_ms: ack_timeout.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+            max_per_group: 0,
         };
         tx.send(pb::SubscribeRequest {
             kind: Some(Out::Open(open)),

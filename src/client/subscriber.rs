@@ -28,7 +28,7 @@
 //! # }
 //! ```
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::future::Future;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -38,7 +38,7 @@ use std::time::Duration;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, watch};
 use tokio::time::Instant;
 
-use super::ack_mode::{Held, Via, now_ms};
+use super::ack_mode::{Held, Registry, Via, now_ms};
 use super::circuit::{CircuitBreaker, CircuitState, Permit};
 use super::{AckMode, Client, ClientError, ErrorKind, HandlerError, Message, Result, Settler, pb};
 
@@ -160,6 +160,9 @@ pub struct SubscriberStats {
     pub extended: u64,
     /// Messages given back unhandled (circuit open, stop).
     pub returned: u64,
+    /// FIFO messages not handed to the handler because a failure of an
+    /// earlier message of their group released them (SPEC §3).
+    pub released: u64,
     /// Most handlers seen running at once.
     pub max_in_flight: usize,
 }
@@ -175,6 +178,7 @@ struct Counters {
     failed: AtomicU64,
     extended: AtomicU64,
     returned: AtomicU64,
+    released: AtomicU64,
     in_flight: AtomicUsize,
     max_in_flight: AtomicUsize,
 }
@@ -185,7 +189,7 @@ struct Shared {
     handler: Handler,
     slots: Arc<Semaphore>,
     /// Messages held (buffered or being handled), for lease extension.
-    held: Mutex<HashMap<String, Arc<Held>>>,
+    held: Registry,
     counters: Counters,
     timeout: Duration,
     /// Signalled when a handler run finishes.
@@ -225,6 +229,7 @@ impl SubscriberHandle {
             failed: c.failed.load(Ordering::SeqCst),
             extended: c.extended.load(Ordering::SeqCst),
             returned: c.returned.load(Ordering::SeqCst),
+            released: c.released.load(Ordering::SeqCst),
             max_in_flight: c.max_in_flight.load(Ordering::SeqCst),
         }
     }
@@ -264,7 +269,7 @@ impl Subscriber {
             client,
             config,
             handler,
-            held: Mutex::default(),
+            held: Registry::default(),
             counters: Counters::default(),
             timeout,
             finished: Notify::new(),
@@ -305,7 +310,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl Shared {
     /// Wraps a delivery; in IMMEDIATE mode acknowledges it first.
     async fn message(&self, d: pb::Delivery, via: Via) -> Option<Message> {
-        let held = Held::new(&d, via, self.timeout);
+        let held = Held::new(&d, via, self.timeout, &self.held);
         if self.config.ack_mode == AckMode::Immediate
             && !d.ack_token.is_empty()
             && let Err(e) = held.ack().await
@@ -359,8 +364,16 @@ impl Shared {
     }
 
     /// Runs the handler for a message on a permit; settles per the ack
-    /// mode and reports to the circuit breaker.
+    /// mode and reports to the circuit breaker. A FIFO message released
+    /// meanwhile (an earlier one of its group failed) is dropped instead:
+    /// it comes again after that one.
     fn dispatch(self: &Arc<Self>, m: Message, permit: OwnedSemaphorePermit) {
+        if m.is_released() {
+            self.counters.released.fetch_add(1, Ordering::SeqCst);
+            lock(&self.held).remove(m.ack_token());
+            drop(permit);
+            return;
+        }
         let s = Arc::clone(self);
         tokio::spawn(async move {
             let c = &s.counters;
@@ -607,6 +620,7 @@ async fn polling(
             ack_timeout_ms: Some(u64::try_from(s.timeout.as_millis()).unwrap_or(u64::MAX)),
             auto_ack: s.config.ack_mode == AckMode::Immediate,
             ack_tokens: Vec::new(),
+            max_per_group: 0,
         };
         let got = match s.client.receive_with(req).await {
             Ok(g) => g,

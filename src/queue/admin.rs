@@ -309,11 +309,26 @@ impl Broker {
             let Some(meta) = self.store.get_meta(qid, pos)? else {
                 continue;
             };
-            let Some(payload) = self.store.get_payload(meta.pid)? else {
-                continue;
+            // A damaged body is shown as such; the rest of the page is
+            // read as usual.
+            let (payload, damaged) = match self.store.get_payload(meta.pid) {
+                Ok(Some(p)) => (p, String::new()),
+                Ok(None) => continue,
+                Err(e) if e.is_corrupt() => {
+                    self.note_corrupt();
+                    let empty = crate::storage::records::PayloadRecord {
+                        published_at: 0,
+                        properties: Vec::new(),
+                        body_crc: 0,
+                        body: bytes::Bytes::new(),
+                    };
+                    (empty, e.to_string())
+                }
+                Err(e) => return Err(e.into()),
             };
             let leased = meta.lease.as_ref().map_or(0, |l| l.deadline);
             messages.push(BrowsedMessage {
+                damaged,
                 message_id: meta.message_id.clone(),
                 body: payload.body,
                 properties: payload.properties,

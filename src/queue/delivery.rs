@@ -11,7 +11,10 @@ use crate::storage::Key;
 use crate::storage::records::LeaseRecord;
 
 use super::error::{QueueError, Result};
-use super::model::{AttemptOutcome, Delivery, LeasedMessage, Nack, ReceiveOptions, Settled};
+use super::model::{
+    AttemptOutcome, DeadLetterReason, Delivery, LeasedMessage, Nack, ReceiveOptions, Released,
+    Settled,
+};
 use super::state::{EntryState, QueueState};
 use super::token::AckToken;
 use super::{Broker, Change, State, durable, persist, validate};
@@ -22,6 +25,9 @@ const DELIVERY_OVERHEAD: u64 = 512;
 /// A leased (or auto-acked) message waiting for its payload to be read.
 struct Picked {
     qid: u32,
+    pos: u64,
+    /// Its queue is a FIFO queue.
+    fifo: bool,
     pid: u64,
     token: Option<AckToken>,
     meta: crate::storage::records::MetaRecord,
@@ -50,6 +56,7 @@ impl Broker {
         opts: ReceiveOptions,
         acks: &[String],
     ) -> Result<(Vec<Settled>, Vec<Delivery>)> {
+        self.check_floor()?;
         let mut parsed = if acks.is_empty() {
             Vec::new()
         } else {
@@ -96,11 +103,17 @@ impl Broker {
                     settled = self.ack_in(&mut st, &parsed, acks, now, &mut change)?;
                     parsed.clear();
                 }
-                let picked = self.pick(&mut st, qid, max, timeout, opts.auto_ack, &mut change)?;
+                let picked = self.pick(&mut st, qid, max, &opts, timeout, &mut change)?;
                 (picked, self.submit(&st, change), wake)
             };
             if !picked.is_empty() {
-                return Ok((settled, self.deliver(queue, picked, commit).await?));
+                let out = self.deliver(queue, picked, commit).await?;
+                if !out.is_empty() {
+                    return Ok((settled, out));
+                }
+                // All it picked was set aside (damaged bodies) or purged
+                // meanwhile: those are out of the way now; pick again.
+                continue;
             }
             durable(commit).await?;
             let left = give_up.saturating_duration_since(Instant::now());
@@ -123,21 +136,27 @@ impl Broker {
         st: &mut State,
         qid: u32,
         max: u32,
+        opts: &ReceiveOptions,
         timeout: u64,
-        auto_ack: bool,
         change: &mut Change,
     ) -> Result<Vec<Picked>> {
         let now = self.now();
         let max = usize::try_from(max).unwrap_or(10);
+        let per_group = usize::try_from(opts.max_per_group).unwrap_or(usize::MAX);
+        let auto_ack = opts.auto_ack;
         let mut picked: Vec<Picked> = Vec::new();
         let mut used = 0u64;
+        // FIFO groups whose message was set aside (a damaged body, auto-ack
+        // only): the rest of the group waits behind it.
+        let mut blocked: Vec<u32> = Vec::new();
         loop {
             let q = st.queue(qid)?;
             let budget = self.opts.max_response_bytes.saturating_sub(used);
             if !picked.is_empty() && budget == 0 {
                 break;
             }
-            let candidates = q.deliverable(max - picked.len(), budget, DELIVERY_OVERHEAD);
+            let candidates =
+                q.deliverable(max - picked.len(), budget, DELIVERY_OVERHEAD, per_group);
             if candidates.is_empty() {
                 break;
             }
@@ -145,13 +164,20 @@ impl Broker {
             for pos in candidates {
                 let q = st.queue(qid)?;
                 let Some(e) = q.msgs.get(pos) else { continue };
+                let group = e.group();
+                if q.fifo.is_some() && blocked.contains(&group) {
+                    continue;
+                }
                 if e.expires_at() <= now {
                     self.expire(st, qid, pos, now, change)?;
                     expired_any = true;
                     continue;
                 }
                 used += u64::from(e.size()) + DELIVERY_OVERHEAD;
-                picked.push(self.lease_one(st, qid, pos, now, timeout, auto_ack, change)?);
+                match self.lease_one(st, qid, pos, now, timeout, auto_ack, change)? {
+                    Some(p) => picked.push(p),
+                    None => blocked.push(group),
+                }
             }
             if !expired_any || picked.len() >= max {
                 break;
@@ -160,7 +186,8 @@ impl Broker {
         Ok(picked)
     }
 
-    /// Leases (or auto-acks) one ready message.
+    /// Leases (or auto-acks) one ready message. `None` when an auto-ack
+    /// found its body damaged: it was set aside instead ([`Broker::set_aside`]).
     #[allow(clippy::too_many_arguments)]
     fn lease_one(
         &self,
@@ -171,7 +198,7 @@ impl Broker {
         timeout: u64,
         auto_ack: bool,
         change: &mut Change,
-    ) -> Result<Picked> {
+    ) -> Result<Option<Picked>> {
         let mut meta = self.meta(qid, pos)?;
         meta.delivery_count += 1;
         meta.leases += 1;
@@ -182,22 +209,32 @@ impl Broker {
         let q = queues
             .get_mut(&qid)
             .ok_or_else(|| QueueError::Unavailable(format!("queue number {qid} vanished")))?;
+        let fifo = q.fifo.is_some();
         if auto_ack {
-            let payload = self.store.get_payload(meta.pid)?;
+            let payload = match self.store.get_payload(meta.pid) {
+                Ok(p) => p,
+                Err(e) if e.is_corrupt() => {
+                    self.set_aside(st, qid, pos, &e.to_string(), now, change)?;
+                    return Ok(None);
+                }
+                Err(e) => return Err(e.into()),
+            };
             q.remove(pos, timers);
             forget_client_id(q, &meta);
             change.txn.delete(Key::Meta(qid, pos));
             change.txn.delete(Key::Payload(meta.pid));
             q.counters.acked += 1;
             change.touch(qid);
-            return Ok(Picked {
+            return Ok(Some(Picked {
                 qid,
+                pos,
+                fifo,
                 pid: meta.pid,
                 token: None,
                 meta,
                 deadline: 0,
                 payload,
-            });
+            }));
         }
         let deadline = now + timeout;
         let epoch = meta.leases;
@@ -211,14 +248,16 @@ impl Broker {
         #[cfg(not(feature = "fault-no-delivery-count"))]
         change.txn.put_meta(qid, pos, &meta);
         q.lease(pos, deadline, epoch, timers);
-        Ok(Picked {
+        Ok(Some(Picked {
             qid,
+            pos,
+            fifo,
             pid: meta.pid,
             token: Some(AckToken { qid, pos, epoch }),
             meta,
             deadline,
             payload: None,
-        })
+        }))
     }
 
     /// Reads the payloads of picked messages and waits for durability.
@@ -237,10 +276,32 @@ impl Broker {
             c.start();
         }
         let mut out = Vec::with_capacity(picked.len());
+        // Leases of damaged bodies, and of the later messages of their
+        // FIFO groups, taken back instead of delivered.
+        let mut damaged: Vec<(AckToken, String)> = Vec::new();
+        let mut held_back: Vec<AckToken> = Vec::new();
         for p in picked {
+            if p.fifo
+                && let Some(t) = p.token
+                && damaged
+                    .iter()
+                    .any(|(d, _)| d.qid == p.qid && self.same_group(d, &p.meta))
+            {
+                held_back.push(t);
+                continue;
+            }
             let payload = match p.payload {
                 Some(payload) => Some(payload),
-                None => self.store.get_payload(p.pid)?,
+                None => match self.store.get_payload(p.pid) {
+                    Ok(payload) => payload,
+                    Err(e) if e.is_corrupt() => {
+                        if let Some(t) = p.token {
+                            damaged.push((t, e.to_string()));
+                        }
+                        continue;
+                    }
+                    Err(e) => return Err(e.into()),
+                },
             };
             let Some(payload) = payload else {
                 // Purged or deleted since it was leased.
@@ -262,10 +323,151 @@ impl Broker {
                 dead_letters: persist::dead_letters(&p.meta),
                 attempts: persist::attempts(&p.meta),
             });
-            let _ = p.qid;
+            let _ = p.pos;
         }
+        let taken_back = if damaged.is_empty() {
+            None
+        } else {
+            self.take_back(&damaged, &held_back)?
+        };
         durable(commit).await?;
+        durable(taken_back).await?;
         Ok(out)
+    }
+
+    /// True when the message of `meta` is in the same FIFO group as the
+    /// message `t` names (read from the lease's record).
+    fn same_group(&self, t: &AckToken, meta: &crate::storage::records::MetaRecord) -> bool {
+        self.meta(t.qid, t.pos)
+            .map(|m| m.group == meta.group)
+            .unwrap_or(true)
+    }
+
+    /// Takes back leases this receive granted but does not hand out: the
+    /// damaged messages are set aside, the held-back ones (later in a
+    /// damaged message's FIFO group) are ready again, neither counted as
+    /// a delivery. Leases no longer current (a purge meanwhile) are left.
+    fn take_back(
+        &self,
+        damaged: &[(AckToken, String)],
+        held_back: &[AckToken],
+    ) -> Result<Option<crate::storage::Commit>> {
+        let now = self.now();
+        let mut st = self.lock();
+        let mut change = Change::default();
+        for (t, why) in damaged {
+            if current_lease(&st, t, now).is_ok() {
+                self.set_aside(&mut st, t.qid, t.pos, why, now, &mut change)?;
+            }
+        }
+        for t in held_back {
+            if current_lease(&st, t, now).is_ok() {
+                let meta = self.unlease(&mut st, t.qid, t.pos, now)?;
+                change.txn.put_meta(t.qid, t.pos, &meta);
+                self.make_ready_again(&mut st, t.qid, t.pos, now, now, meta.leases);
+                change.wake(t.qid);
+            }
+        }
+        Ok(self.submit(&st, change))
+    }
+
+    /// The record of a message whose current lease (or auto-ack pick) is
+    /// being taken back before anything was handed out: the delivery count
+    /// and lease count the grant raised go back down, so the next grant
+    /// reuses the epoch of a token no one ever saw, and the lease is gone.
+    fn unlease(
+        &self,
+        st: &mut State,
+        qid: u32,
+        pos: u64,
+        now: u64,
+    ) -> Result<crate::storage::records::MetaRecord> {
+        let mut meta = self.meta(qid, pos)?;
+        let leased = st
+            .queue(qid)?
+            .msgs
+            .get(pos)
+            .is_some_and(|e| e.state() == EntryState::Leased);
+        if leased && meta.lease.is_some() {
+            meta.delivery_count = meta.delivery_count.saturating_sub(1);
+            meta.leases = meta.leases.saturating_sub(1);
+            meta.lease = None;
+            if meta.delivery_count == 0 && meta.first_delivered_at == now {
+                meta.first_delivered_at = 0;
+            }
+        }
+        Ok(meta)
+    }
+
+    /// Puts a leased or ready message back as ready (or delayed until
+    /// `visible_at`), its entry's epoch `epoch`.
+    fn make_ready_again(
+        &self,
+        st: &mut State,
+        qid: u32,
+        pos: u64,
+        visible_at: u64,
+        now: u64,
+        epoch: u32,
+    ) {
+        let State { queues, timers, .. } = st;
+        let Some(q) = queues.get_mut(&qid) else {
+            return;
+        };
+        if q.msgs
+            .get(pos)
+            .is_some_and(|e| e.state() == EntryState::Ready)
+        {
+            // Through a lease, the one transition out of ready.
+            q.lease(pos, now, epoch, timers);
+        }
+        q.release(pos, visible_at, now, timers);
+        if let Some(e) = q.msgs.get_mut(pos) {
+            e.set_epoch(epoch);
+        }
+    }
+
+    /// A message whose stored body is damaged (found when it was about to
+    /// be delivered) is not delivered and its read is not counted: it moves
+    /// to its queue's dead letter queue with reason CORRUPTED (the note
+    /// says what was wrong), or, without one, waits an hour before it is
+    /// tried again, so that it is neither lost nor in the way of the
+    /// queue's healthy messages (in a FIFO group, the group waits behind
+    /// it: order is not skipped silently). Logged, and counted by
+    /// `letterbox_corrupt_records_found`.
+    pub(crate) fn set_aside(
+        &self,
+        st: &mut State,
+        qid: u32,
+        pos: u64,
+        why: &str,
+        now: u64,
+        change: &mut Change,
+    ) -> Result<()> {
+        let mut meta = self.unlease(st, qid, pos, now)?;
+        self.note_corrupt();
+        let q = st.queue(qid)?;
+        tracing::error!(queue = %q.name, message_id = %meta.message_id, error = %why,
+            "a stored message body is damaged; it was not delivered");
+        if q.config.dead_letter.is_some() {
+            match self.dead_letter(
+                st,
+                qid,
+                pos,
+                meta.clone(),
+                DeadLetterReason::Corrupted,
+                why,
+                now,
+                change,
+            ) {
+                Err(QueueError::FailedPrecondition(_)) => {} // its DLQ is gone
+                done => return done,
+            }
+        }
+        meta.visible_at = now + super::model::HOUR;
+        change.txn.put_meta(qid, pos, &meta);
+        self.make_ready_again(st, qid, pos, meta.visible_at, now, meta.leases);
+        Ok(())
     }
 
     /// Acknowledges deliveries: each message is deleted for good.
@@ -285,6 +487,7 @@ impl Broker {
     ) -> Result<(Vec<Settled>, Option<crate::storage::Commit>)> {
         validate::batch("ack_tokens", tokens.len())?;
         let parsed = parse_tokens("ack_tokens", tokens.iter().map(String::as_str))?;
+        self.check_floor()?;
         let now = self.now();
         let mut st = self.lock();
         let mut change = Change::default();
@@ -306,9 +509,7 @@ impl Broker {
         let mut results = Vec::with_capacity(parsed.len());
         for (t, text) in parsed.iter().zip(tokens) {
             if let Err(why) = current_lease(st, t, now) {
-                results.push(Settled::LeaseExpired(format!(
-                    "lease expired: token {text} {why}"
-                )));
+                results.push(self.not_current(st, t, text, why)?);
                 continue;
             }
             let State { queues, timers, .. } = &mut *st;
@@ -333,6 +534,13 @@ impl Broker {
 
     /// Rejects deliveries: each counts as a failed attempt.
     pub async fn nack(&self, items: &[Nack]) -> Result<Vec<Settled>> {
+        Ok(self.nack_releasing(items).await?.0)
+    }
+
+    /// [`Broker::nack`] that also returns the FIFO deliveries the nacks
+    /// released (later messages of a failed message's group that were
+    /// leased with it, SPEC §3): their tokens settle nothing any more.
+    pub async fn nack_releasing(&self, items: &[Nack]) -> Result<(Vec<Settled>, Vec<Released>)> {
         validate::batch("items", items.len())?;
         let parsed = parse_tokens("items.ack_token", items.iter().map(|n| n.token.as_str()))?;
         for (i, n) in items.iter().enumerate() {
@@ -347,8 +555,9 @@ impl Broker {
             }
             validate::reason(&format!("items[{i}].reason"), &n.reason)?;
         }
+        self.check_floor()?;
         let now = self.now();
-        let (results, commit) = {
+        let (results, released, commit) = {
             let mut st = self.lock();
             // A reject needs a dead letter queue: check all before changing any.
             for (t, n) in parsed.iter().zip(items) {
@@ -368,10 +577,7 @@ impl Broker {
             let mut results = Vec::with_capacity(items.len());
             for (t, n) in parsed.iter().zip(items) {
                 if let Err(why) = current_lease(&st, t, now) {
-                    results.push(Settled::LeaseExpired(format!(
-                        "lease expired: token {} {why}",
-                        n.token
-                    )));
+                    results.push(self.not_current(&st, t, &n.token, why)?);
                     continue;
                 }
                 let outcome = if n.dead_letter {
@@ -391,10 +597,11 @@ impl Broker {
                 )?;
                 results.push(Settled::Ok { deadline: 0 });
             }
-            (results, self.submit(&st, change))
+            let released = std::mem::take(&mut change.released);
+            (results, released, self.submit(&st, change))
         };
         durable(commit).await?;
-        Ok(results)
+        Ok((results, released))
     }
 
     /// Extends leases: new deadline = now + timeout, capped by the queue's
@@ -409,6 +616,7 @@ impl Broker {
                 validate::limits::ACK_TIMEOUT.1,
             )?;
         }
+        self.check_floor()?;
         let now = self.now();
         let (results, commit) = {
             let mut st = self.lock();
@@ -416,9 +624,7 @@ impl Broker {
             let mut results = Vec::with_capacity(items.len());
             for (t, (text, timeout)) in parsed.iter().zip(items) {
                 if let Err(why) = current_lease(&st, t, now) {
-                    results.push(Settled::LeaseExpired(format!(
-                        "lease expired: token {text} {why}"
-                    )));
+                    results.push(self.not_current(&st, t, text, why)?);
                     continue;
                 }
                 let mut meta = self.meta(t.qid, t.pos)?;
@@ -474,6 +680,20 @@ impl Broker {
         }))
     }
 
+    /// Why the lease `token` was released, if it was: a FIFO delivery
+    /// whose lease ended because an earlier message of its group, leased
+    /// with it, failed first (SPEC §3). `None` for a current lease, or one
+    /// that ended otherwise.
+    pub fn released_lease(&self, field: &str, token: &str) -> Result<Option<String>> {
+        let t = AckToken::parse(field, token)?;
+        let now = self.now();
+        let st = self.lock();
+        if current_lease(&st, &t, now).is_ok() {
+            return Ok(None);
+        }
+        self.released_by(&st, &t)
+    }
+
     /// A receiver that changes whenever messages may have become
     /// deliverable in the queue (publish, nack, expiry, a delay ending) or
     /// the engine starts shutting down. Subscribe before trying to receive,
@@ -490,10 +710,13 @@ impl Broker {
     /// exhausted its deliveries. Tokens whose lease is no longer current
     /// are skipped. Returns how many were returned.
     pub async fn return_leases(&self, tokens: &[String]) -> Result<usize> {
-        let parsed: Vec<AckToken> = tokens
+        let mut parsed: Vec<AckToken> = tokens
             .iter()
             .filter_map(|t| AckToken::parse("ack_token", t).ok())
             .collect();
+        // In queue order: in a FIFO group the earliest returned delivery
+        // fails and releases the later ones, uncounted (SPEC §3).
+        parsed.sort_by_key(|t| (t.qid, t.pos));
         if parsed.is_empty() {
             return Ok(0);
         }
@@ -521,6 +744,55 @@ impl Broker {
         };
         durable(commit).await?;
         Ok(n)
+    }
+}
+
+impl Broker {
+    /// The outcome for a token whose lease is not current (`why`): a
+    /// FIFO delivery released by the failure of an earlier message of its
+    /// group says so and names it; any other, that the lease expired.
+    fn not_current(&self, st: &State, t: &AckToken, text: &str, why: &str) -> Result<Settled> {
+        if let Some(reason) = self.released_by(st, t)? {
+            return Ok(Settled::Released(format!(
+                "token {text} was {reason}; the group restarts at that message, so this delivery settles nothing"
+            )));
+        }
+        Ok(Settled::LeaseExpired(format!(
+            "lease expired: token {text} {why}"
+        )))
+    }
+
+    /// The reason recorded when the lease `t` was released (SPEC §3), if
+    /// it was. Every lease that ended at a position left one attempt in
+    /// the message's history, oldest first, so the lease of epoch `e` ended
+    /// with the attempt `ended - e` places from the end (while the history
+    /// still holds it: it keeps the most recent ones).
+    fn released_by(&self, st: &State, t: &AckToken) -> Result<Option<String>> {
+        let Some(q) = st.queues.get(&t.qid) else {
+            return Ok(None);
+        };
+        let Some(e) = q.msgs.get(t.pos) else {
+            return Ok(None);
+        };
+        if q.fifo.is_none() {
+            return Ok(None);
+        }
+        let meta = self.meta(t.qid, t.pos)?;
+        let ended = meta
+            .leases
+            .saturating_sub(u32::from(e.state() == EntryState::Leased));
+        if t.epoch == 0 || t.epoch > ended {
+            return Ok(None);
+        }
+        let back = usize::try_from(ended - t.epoch).unwrap_or(usize::MAX);
+        let attempt = meta
+            .attempts
+            .len()
+            .checked_sub(back.saturating_add(1))
+            .and_then(|i| meta.attempts.get(i));
+        Ok(attempt
+            .filter(|a| a.outcome == persist::outcome_code(AttemptOutcome::Released))
+            .map(|a| a.reason.clone()))
     }
 }
 

@@ -10,8 +10,9 @@ use crate::storage::records::{DeadLetterRec, GroupRecord, MetaRecord};
 
 use super::delivery::forget_client_id;
 use super::error::{QueueError, Result};
-use super::model::{AttemptOutcome, DeadLetterReason, PoisonPolicy};
+use super::model::{AttemptOutcome, DeadLetterReason, PoisonPolicy, Released};
 use super::state::{Entry, EntryState};
+use super::token::AckToken;
 use super::{Broker, Change, State, persist};
 
 impl Broker {
@@ -31,6 +32,8 @@ impl Broker {
         change: &mut Change,
     ) -> Result<()> {
         let mut meta = self.meta(qid, pos)?;
+        #[cfg(not(feature = "fault-no-fifo-release"))]
+        self.release_followers(st, qid, pos, &meta, now, change)?;
         meta.lease = None;
         persist::push_attempt(&mut meta, now, outcome, reason);
         let q = st.queue(qid)?;
@@ -78,6 +81,76 @@ impl Broker {
         let State { queues, timers, .. } = st;
         if let Some(q) = queues.get_mut(&qid) {
             q.release(pos, meta.visible_at, now, timers);
+        }
+        change.wake(qid);
+        Ok(())
+    }
+
+    /// FIFO (SPEC §3): the lease of `failed` (at `pos`) ends without an
+    /// ack, so every later message of its group still leased is released
+    /// with it, in the same transaction: its lease ends (the token is
+    /// fenced), its delivery is not counted (the count the lease raised
+    /// goes back down), the attempt history records the release naming
+    /// `failed`, and it is ready again behind `failed`, where the group
+    /// restarts. Without this a consumer could ack a later message while
+    /// the earlier one waits for its redelivery, and order within the
+    /// group would be lost. Only the group's leased messages are visited.
+    #[cfg_attr(feature = "fault-no-fifo-release", allow(dead_code))]
+    fn release_followers(
+        &self,
+        st: &mut State,
+        qid: u32,
+        pos: u64,
+        failed: &MetaRecord,
+        now: u64,
+        change: &mut Change,
+    ) -> Result<()> {
+        let q = st.queue(qid)?;
+        let Some(f) = &q.fifo else { return Ok(()) };
+        let Some(gidx) = q.msgs.get(pos).map(|e| e.group()) else {
+            return Ok(());
+        };
+        let Some(g) = f.groups.get(&gidx) else {
+            return Ok(());
+        };
+        // `pos` itself is still leased and counted in `g.leased`.
+        let mut left = g.leased.saturating_sub(1);
+        let mut later = Vec::new();
+        for &p in g.msgs.range(pos + 1..) {
+            if left == 0 {
+                break;
+            }
+            if let Some(e) = q.msgs.get(p)
+                && e.state() == EntryState::Leased
+            {
+                later.push((p, e.epoch()));
+                left -= 1;
+            }
+        }
+        if later.is_empty() {
+            return Ok(());
+        }
+        let group = failed.group.as_deref().unwrap_or("");
+        let why = format!(
+            "released: the earlier message {} of group {group:?} failed first",
+            failed.message_id
+        );
+        for (p, epoch) in later {
+            let mut meta = self.meta(qid, p)?;
+            meta.lease = None;
+            meta.delivery_count = meta.delivery_count.saturating_sub(1);
+            meta.visible_at = now;
+            persist::push_attempt(&mut meta, now, AttemptOutcome::Released, &why);
+            change.txn.put_meta(qid, p, &meta);
+            change.released.push(Released {
+                ack_token: AckToken { qid, pos: p, epoch }.to_string(),
+                message_id: meta.message_id,
+                because_of: failed.message_id.clone(),
+            });
+            let State { queues, timers, .. } = &mut *st;
+            if let Some(q) = queues.get_mut(&qid) {
+                q.release(p, now, now, timers);
+            }
         }
         change.wake(qid);
         Ok(())

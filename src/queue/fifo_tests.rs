@@ -4,8 +4,17 @@
 //! once and that every delivered message's predecessors in its group are
 //! gone (acked or dead-lettered) or delivered just before it in the same
 //! receive.
+//!
+//! Each consumer settles what it holds in the order it received it, and
+//! goes on acking the rest of a batch after a nack, as a naive consumer
+//! does. A model predicts which of its tokens the engine released (a
+//! failure of an earlier message of the group, SPEC §3) and how many
+//! failed attempts each message had; the checker verifies every settle
+//! outcome against it, that the messages of each group are acknowledged in
+//! publish order (minus the dead-lettered ones), and that only messages
+//! that failed `max_deliveries` times reach the DLQ.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -26,8 +35,8 @@ const CONSUMERS: u8 = 4;
 enum Op {
     Publish { group: u8, n: u8 },
     Receive { consumer: u8, max: u8 },
-    Ack { consumer: u8, k: usize },
-    Nack { consumer: u8, k: usize },
+    Ack { consumer: u8 },
+    Nack { consumer: u8 },
     Advance(u64),
     Restart,
 }
@@ -36,8 +45,8 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         4 => (0..GROUPS, 1u8..4).prop_map(|(group, n)| Op::Publish { group, n }),
         6 => (0..CONSUMERS, 1u8..4).prop_map(|(consumer, max)| Op::Receive { consumer, max }),
-        5 => (0..CONSUMERS, any::<usize>()).prop_map(|(consumer, k)| Op::Ack { consumer, k }),
-        3 => (0..CONSUMERS, any::<usize>()).prop_map(|(consumer, k)| Op::Nack { consumer, k }),
+        5 => (0..CONSUMERS).prop_map(|consumer| Op::Ack { consumer }),
+        3 => (0..CONSUMERS).prop_map(|consumer| Op::Nack { consumer }),
         2 => (0u64..8_000).prop_map(Op::Advance),
         1 => Just(Op::Restart),
     ]
@@ -50,6 +59,20 @@ struct Held {
     group: u8,
     seq: u64,
     deadline: u64,
+    /// Predicted released by the failure of an earlier message.
+    released: bool,
+}
+
+/// The model's side of a failure of `(group, seq)`: one more failed
+/// attempt for it, and every later message of its group still held (by
+/// anyone) is released.
+fn fail(held: &mut [Vec<Held>], failures: &mut HashMap<(u8, u64), u32>, group: u8, seq: u64) {
+    *failures.entry((group, seq)).or_default() += 1;
+    for h in held.iter_mut().flatten() {
+        if h.group == group && h.seq > seq {
+            h.released = true;
+        }
+    }
 }
 
 fn open(dir: &Path, clock: &Arc<ManualClock>) -> Broker {
@@ -91,6 +114,16 @@ async fn run(ops: Vec<Op>) -> std::result::Result<(), TestCaseError> {
     // (group, seq) of messages acked, and of messages published.
     let mut acked: BTreeSet<(u8, u64)> = BTreeSet::new();
     let mut published: BTreeMap<u8, u64> = BTreeMap::new();
+    // Failed attempts per message, as the model counts them.
+    let mut failures: HashMap<(u8, u64), u32> = HashMap::new();
+    let dead_lettered = |b: &Broker| -> BTreeSet<(u8, u64)> {
+        b.browse("fdlq", 1000, "")
+            .expect("browse")
+            .messages
+            .iter()
+            .map(|m| parse(&m.body))
+            .collect()
+    };
     let mut held: Vec<Vec<Held>> = vec![Vec::new(); CONSUMERS as usize];
     for op in ops {
         let b = broker.as_ref().expect("open");
@@ -132,7 +165,7 @@ async fn run(ops: Vec<Op>) -> std::result::Result<(), TestCaseError> {
                     for (c, list) in held.iter().enumerate() {
                         for h in list {
                             prop_assert!(
-                                !(h.group == g && h.deadline > now),
+                                !(h.group == g && h.deadline > now && !h.released),
                                 "group {} delivered while consumer {} holds {}-{}",
                                 g,
                                 c,
@@ -161,17 +194,20 @@ async fn run(ops: Vec<Op>) -> std::result::Result<(), TestCaseError> {
                         group,
                         seq,
                         deadline: d.lease_deadline,
+                        released: false,
                     });
                 }
             }
-            Op::Ack { consumer, k } | Op::Nack { consumer, k } => {
+            Op::Ack { consumer } | Op::Nack { consumer } => {
+                // The consumer settles the first delivery it holds.
                 let list = &mut held[consumer as usize];
                 if list.is_empty() {
                     continue;
                 }
-                let h = list.remove(k % list.len());
+                let h = list.remove(0);
                 let live = h.deadline > now;
-                let settled = if matches!(op, Op::Ack { .. }) {
+                let is_ack = matches!(op, Op::Ack { .. });
+                let settled = if is_ack {
                     b.ack(&[h.token]).await.expect("ack").remove(0)
                 } else {
                     let n = Nack {
@@ -182,19 +218,67 @@ async fn run(ops: Vec<Op>) -> std::result::Result<(), TestCaseError> {
                     };
                     b.nack(&[n]).await.expect("nack").remove(0)
                 };
-                let ok = matches!(settled, Settled::Ok { .. });
-                if ok && matches!(op, Op::Ack { .. }) {
-                    acked.insert((h.group, h.seq));
+                // A released token settles nothing and says so (once the
+                // message has left the queue, acked after its redelivery
+                // or dead-lettered, its record is gone and the token is
+                // only known to be stale); a live lease is current
+                // (nothing can re-lease it before it runs out or is
+                // released) and settles.
+                if h.released {
+                    let gone = acked.contains(&(h.group, h.seq))
+                        || dead_lettered(b).contains(&(h.group, h.seq));
+                    prop_assert!(
+                        matches!(settled, Settled::Released(_))
+                            || (gone && matches!(settled, Settled::LeaseExpired(_))),
+                        "{}-{}: a released token gave {:?}",
+                        h.group,
+                        h.seq,
+                        settled
+                    );
+                    continue;
                 }
-                // A live lease is current (nothing can re-lease it before
-                // it runs out): settling it must succeed; an expired one
-                // must fail.
+                let ok = matches!(settled, Settled::Ok { .. });
                 prop_assert_eq!(ok, live, "settling a lease that is live: {}", live);
+                if !ok {
+                    continue;
+                }
+                if is_ack {
+                    // Acknowledged in publish order: every earlier message
+                    // of the group was acked or dead-lettered before.
+                    let dl = dead_lettered(b);
+                    for p in 0..h.seq {
+                        prop_assert!(
+                            acked.contains(&(h.group, p)) || dl.contains(&(h.group, p)),
+                            "{}-{} acked before {}-{} was acked or dead-lettered",
+                            h.group,
+                            h.seq,
+                            h.group,
+                            p
+                        );
+                    }
+                    acked.insert((h.group, h.seq));
+                } else {
+                    fail(&mut held, &mut failures, h.group, h.seq);
+                }
             }
             Op::Advance(ms) => {
                 clock.advance(ms);
                 b.run_timers().await.expect("timers");
                 let now = clock.now_ms();
+                // Of the leases that ran out, the earliest of each group
+                // failed; it released the later ones.
+                let mut ran_out: BTreeSet<(u8, u64)> = BTreeSet::new();
+                for h in held.iter().flatten() {
+                    if h.deadline <= now && !h.released {
+                        ran_out.insert((h.group, h.seq));
+                    }
+                }
+                let mut seen = BTreeSet::new();
+                for (g, seq) in ran_out {
+                    if seen.insert(g) {
+                        fail(&mut held, &mut failures, g, seq);
+                    }
+                }
                 for list in &mut held {
                     list.retain(|h| h.deadline > now);
                 }
@@ -205,6 +289,14 @@ async fn run(ops: Vec<Op>) -> std::result::Result<(), TestCaseError> {
                 broker = Some(open(dir.path(), &clock));
             }
         }
+    }
+    // Only messages that failed max_deliveries times were dead-lettered,
+    // with that count: releases did not count.
+    let b = broker.as_ref().expect("open");
+    for m in b.browse("fdlq", 1000, "").expect("browse").messages {
+        let (g, seq) = parse(&m.body);
+        prop_assert_eq!(m.dead_letters[0].delivery_count, 3);
+        prop_assert_eq!(failures.get(&(g, seq)).copied(), Some(3), "{}-{}", g, seq);
     }
     Ok(())
 }

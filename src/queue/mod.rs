@@ -131,6 +131,9 @@ pub(crate) struct Change {
     pub txn: Txn,
     touched: Vec<u32>,
     woken: Vec<u32>,
+    /// FIFO deliveries released by a failure of an earlier message of
+    /// their group (`dlq.rs`), for the caller to report.
+    pub released: Vec<model::Released>,
 }
 
 impl Change {
@@ -173,6 +176,9 @@ pub struct Broker {
     state: Mutex<State>,
     closing: AtomicBool,
     shutdown: tokio_util::sync::CancellationToken,
+    /// Stored records found damaged (bodies failing their checksum) since
+    /// the start.
+    corrupt_found: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for Broker {
@@ -224,6 +230,7 @@ impl Broker {
             state: Mutex::new(state),
             closing: AtomicBool::new(false),
             shutdown: tokio_util::sync::CancellationToken::new(),
+            corrupt_found: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -251,6 +258,28 @@ impl Broker {
     /// The store under the engine.
     pub fn store(&self) -> &Store {
         &self.store
+    }
+
+    /// Stored records found damaged since the start (message bodies that
+    /// failed their checksum when read for a delivery or a browse).
+    pub fn corrupt_records_found(&self) -> u64 {
+        self.corrupt_found.load(Ordering::Relaxed)
+    }
+
+    /// Refuses a write that is not a publish (ack, nack, extension,
+    /// receive) while free disk space is below the hard floor.
+    pub(crate) fn check_floor(&self) -> Result<()> {
+        if self.store.above_floor() {
+            return Ok(());
+        }
+        Err(QueueError::ResourceExhausted(format!(
+            "disk full: free space in {} is below a quarter of the configured minimum (the hard floor); acks, nacks and receives are refused too until space is freed",
+            self.store.dir().display()
+        )))
+    }
+
+    pub(crate) fn note_corrupt(&self) {
+        self.corrupt_found.fetch_add(1, Ordering::Relaxed);
     }
 
     /// The engine's clock.

@@ -212,6 +212,9 @@ pub enum DeadLetterReason {
     Expired,
     /// Skipped by an operator.
     Skipped,
+    /// Its stored body was found damaged (it failed its checksum) when it
+    /// was about to be delivered; the note says what was wrong.
+    Corrupted,
 }
 
 /// One move to a dead letter queue.
@@ -242,6 +245,10 @@ pub enum AttemptOutcome {
     Rejected,
     /// The subscribe stream closed.
     StreamClosed,
+    /// FIFO: released, not failed: an earlier message of its group, leased
+    /// with it, failed first (the reason names it). Not counted as a
+    /// delivery.
+    Released,
 }
 
 /// One failed attempt.
@@ -266,6 +273,8 @@ pub struct ReceiveOptions {
     pub ack_timeout: Option<u64>,
     /// Delete on delivery.
     pub auto_ack: bool,
+    /// FIFO: most messages of one group in this receive (0: no cap).
+    pub max_per_group: u32,
 }
 
 impl Default for ReceiveOptions {
@@ -275,6 +284,7 @@ impl Default for ReceiveOptions {
             wait: 0,
             ack_timeout: None,
             auto_ack: false,
+            max_per_group: 0,
         }
     }
 }
@@ -346,6 +356,22 @@ pub enum Settled {
     },
     /// The lease is not current; nothing changed.
     LeaseExpired(String),
+    /// FIFO: the lease was ended because an earlier message of its group,
+    /// leased with it, failed first (the text names it); nothing changed.
+    Released(String),
+}
+
+/// A FIFO delivery released because an earlier message of its group failed
+/// (SPEC §3): its token no longer settles anything and the message will be
+/// delivered again after the one that failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Released {
+    /// The released delivery's token.
+    pub ack_token: String,
+    /// The released message's id.
+    pub message_id: String,
+    /// The id of the earlier message whose failure released it.
+    pub because_of: String,
 }
 
 /// Exact figures of a queue.
@@ -427,6 +453,9 @@ pub struct BrowsedMessage {
     pub dead_letters: Vec<DeadLetter>,
     /// Recent failed attempts.
     pub attempts: Vec<Attempt>,
+    /// Empty, or why its stored body could not be read (damaged: it
+    /// failed its checksum); the body and properties are then empty.
+    pub damaged: String,
 }
 
 /// A page of browsed messages.

@@ -328,7 +328,7 @@ async fn run(ops: Vec<Op>) -> std::result::Result<(), TestCaseError> {
                         prop_assert!(valid, "extend succeeded on a stale token");
                         prop_assert_eq!(*deadline, expect_deadline);
                     }
-                    Settled::LeaseExpired(_) => {
+                    Settled::LeaseExpired(_) | Settled::Released(_) => {
                         prop_assert!(!valid, "extend failed on a live token")
                     }
                 }

@@ -109,6 +109,7 @@ pub(crate) fn outcome_code(o: AttemptOutcome) -> u8 {
         AttemptOutcome::LeaseExpired => 2,
         AttemptOutcome::Rejected => 3,
         AttemptOutcome::StreamClosed => 4,
+        AttemptOutcome::Released => 5,
     }
 }
 
@@ -117,6 +118,7 @@ fn outcome(code: u8) -> AttemptOutcome {
         2 => AttemptOutcome::LeaseExpired,
         3 => AttemptOutcome::Rejected,
         4 => AttemptOutcome::StreamClosed,
+        5 => AttemptOutcome::Released,
         _ => AttemptOutcome::Nacked,
     }
 }
@@ -127,6 +129,7 @@ pub(crate) fn reason_code(r: DeadLetterReason) -> u8 {
         DeadLetterReason::Rejected => 2,
         DeadLetterReason::Expired => 3,
         DeadLetterReason::Skipped => 4,
+        DeadLetterReason::Corrupted => 5,
     }
 }
 
@@ -135,6 +138,7 @@ fn reason(code: u8) -> DeadLetterReason {
         2 => DeadLetterReason::Rejected,
         3 => DeadLetterReason::Expired,
         4 => DeadLetterReason::Skipped,
+        5 => DeadLetterReason::Corrupted,
         _ => DeadLetterReason::MaxDeliveries,
     }
 }

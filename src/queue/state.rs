@@ -538,8 +538,15 @@ impl QueueState {
     /// Up to `max` positions a receive may lease now, in delivery order,
     /// stopping when `budget` bytes are used (at least one is taken).
     /// Standard: ready messages by position. FIFO: from each ready group
-    /// in rotation, its consecutive visible messages from the head.
-    pub(crate) fn deliverable(&self, max: usize, mut budget: u64, per_message: u64) -> Vec<u64> {
+    /// in rotation, its consecutive visible messages from the head, at
+    /// most `per_group` of them (0: no cap).
+    pub(crate) fn deliverable(
+        &self,
+        max: usize,
+        mut budget: u64,
+        per_message: u64,
+        per_group: usize,
+    ) -> Vec<u64> {
         let mut out = Vec::new();
         let mut take = |pos: u64, size: u32, out: &mut Vec<u64>| -> bool {
             let cost = u64::from(size) + per_message;
@@ -564,7 +571,12 @@ impl QueueState {
                     let Some(g) = f.groups.get(&gidx) else {
                         continue;
                     };
-                    for &pos in &g.msgs {
+                    let cap = if per_group == 0 {
+                        usize::MAX
+                    } else {
+                        per_group
+                    };
+                    for &pos in g.msgs.iter().take(cap) {
                         match self.msgs.get(pos) {
                             Some(e) if e.state() == EntryState::Ready => {
                                 if !take(pos, e.size(), &mut out) {

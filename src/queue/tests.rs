@@ -681,11 +681,204 @@ async fn fifo_groups_are_leased_to_one_consumer_at_a_time_in_order() {
         "group a is leased"
     );
     env.nack(&first[0], "").await;
-    env.ack(&first[1]).await;
-    // a1 went back to the head: it comes before a3.
+    // a1 failed, so a2, leased with it, was released: its ack settles
+    // nothing (SPEC §3).
+    assert!(matches!(env.ack(&first[1]).await, Settled::Released(_)));
+    // a1 went back to the head, and a2 follows it again.
     let again = env.receive("f", 10).await;
-    assert_eq!(again.iter().map(body).collect::<Vec<_>>(), ["a1", "a3"]);
+    assert_eq!(
+        again.iter().map(body).collect::<Vec<_>>(),
+        ["a1", "a2", "a3"]
+    );
     assert_eq!(again[0].delivery_count, 2);
+    assert_eq!(again[1].delivery_count, 1, "a release is not a delivery");
+}
+
+/// Receives from `q` and returns the bodies.
+async fn bodies(env: &Env, q: &str, n: u32) -> (Vec<Delivery>, Vec<String>) {
+    let got = env.receive(q, n).await;
+    let b = got.iter().map(|d| body(d).to_string()).collect();
+    (got, b)
+}
+
+#[tokio::test]
+async fn fifo_a_nack_releases_the_later_messages_of_its_group_leased_with_it() {
+    let env = Env::new();
+    env.create("f", fifo(QueueConfigInput::default())).await;
+    publish_group(&env, "f", "g", &["m1", "m2", "m3"]).await;
+    publish_group(&env, "f", "h", &["h1"]).await;
+    let (got, b) = bodies(&env, "f", 10).await;
+    assert_eq!(b, ["m1", "m2", "m3", "h1"]);
+    // Acking a later one while an earlier one is still leased is allowed
+    // (a consumer acking as it goes is not what the rule refuses) ...
+    let (got2, _) = {
+        // ... but here m1 fails first.
+        let n = Nack {
+            token: got[1].ack_token.clone().expect("token"),
+            delay: None,
+            reason: "m2 broke".into(),
+            dead_letter: false,
+        };
+        let (r, released) = env.b().nack_releasing(&[n]).await.expect("nack");
+        assert_eq!(r, [Settled::Ok { deadline: 0 }]);
+        // m3 is released with m2; m1 (earlier) and h1 (another group) not.
+        assert_eq!(released.len(), 1);
+        assert_eq!(released[0].message_id, got[2].message_id);
+        assert_eq!(released[0].because_of, got[1].message_id);
+        assert_eq!(Some(&released[0].ack_token), got[2].ack_token.as_ref());
+        (got.clone(), ())
+    };
+    let Settled::Released(why) = env.ack(&got2[2]).await else {
+        panic!("m3's ack must say it was released");
+    };
+    assert!(why.contains(&got[1].message_id), "{why}");
+    assert!(
+        why.contains(got[2].ack_token.as_deref().expect("token")),
+        "{why}"
+    );
+    // m1 is still leased and can be acked; h1 too.
+    assert_eq!(env.ack(&got[0]).await, Settled::Ok { deadline: 0 });
+    assert_eq!(env.ack(&got[3]).await, Settled::Ok { deadline: 0 });
+    // An extend or a nack of the released token is refused the same way.
+    let r = env
+        .b()
+        .extend(&[(got[2].ack_token.clone().expect("token"), 10 * SECOND)])
+        .await
+        .expect("extend");
+    assert!(matches!(r[0], Settled::Released(_)));
+    assert!(matches!(env.nack(&got[2], "").await, Settled::Released(_)));
+    // The group restarts at m2, then m3; m3's release is in its history
+    // and did not count.
+    let (again, b) = bodies(&env, "f", 10).await;
+    assert_eq!(b, ["m2", "m3"]);
+    assert_eq!(again[0].delivery_count, 2);
+    assert_eq!(again[0].attempts[0].reason, "m2 broke");
+    assert_eq!(again[1].delivery_count, 1);
+    assert_eq!(again[1].attempts.len(), 1);
+    assert_eq!(again[1].attempts[0].outcome, AttemptOutcome::Released);
+    assert!(again[1].attempts[0].reason.contains(&got[1].message_id));
+    let st = env.stats("f");
+    assert_eq!(st.nacked, 1, "only m2's failure counts");
+    // The old token of m3 still names the release after m3 was leased
+    // again.
+    assert!(matches!(env.ack(&got[2]).await, Settled::Released(_)));
+    assert_eq!(env.ack(&again[0]).await, Settled::Ok { deadline: 0 });
+    assert_eq!(env.ack(&again[1]).await, Settled::Ok { deadline: 0 });
+}
+
+#[tokio::test]
+async fn fifo_a_lease_that_runs_out_releases_the_rest_of_its_group_uncounted() {
+    let mut env = Env::new();
+    env.create("fdlq", fifo(QueueConfigInput::default())).await;
+    env.create("f", fifo(with_dlq("fdlq", 2))).await;
+    publish_group(&env, "f", "g", &["m1", "m2"]).await;
+    // Twice: both leased, both run out. m1 fails each time; m2 is released
+    // each time, so it never reaches max_deliveries.
+    for round in 1..=2 {
+        let (got, b) = bodies(&env, "f", 10).await;
+        assert_eq!(b, ["m1", "m2"], "round {round}");
+        assert_eq!(got[0].delivery_count, round);
+        assert_eq!(got[1].delivery_count, 1);
+        // A restart with the leases outstanding changes nothing.
+        env.crash();
+        env.advance(11 * SECOND).await;
+        assert!(matches!(env.ack(&got[1]).await, Settled::Released(_)));
+    }
+    // m1 went to the DLQ after its second failure; the group goes on
+    // with m2, which was never a failed attempt.
+    let (got, b) = bodies(&env, "f", 10).await;
+    assert_eq!(b, ["m2"]);
+    assert_eq!(got[0].delivery_count, 1);
+    assert_eq!(
+        got[0]
+            .attempts
+            .iter()
+            .map(|a| a.outcome)
+            .collect::<Vec<_>>(),
+        [AttemptOutcome::Released, AttemptOutcome::Released]
+    );
+    let (dl, b) = bodies(&env, "fdlq", 10).await;
+    assert_eq!(b, ["m1"]);
+    assert_eq!(dl[0].dead_letters[0].delivery_count, 2);
+}
+
+#[tokio::test]
+async fn fifo_a_reject_releases_and_the_group_goes_on_with_the_next() {
+    let env = Env::new();
+    env.create("fdlq", fifo(QueueConfigInput::default())).await;
+    env.create("f", fifo(with_dlq("fdlq", 5))).await;
+    publish_group(&env, "f", "g", &["m1", "m2", "m3"]).await;
+    let got = env.receive("f", 10).await;
+    let n = Nack {
+        token: got[0].ack_token.clone().expect("token"),
+        delay: None,
+        reason: "invalid".into(),
+        dead_letter: true,
+    };
+    let (_, released) = env.b().nack_releasing(&[n]).await.expect("reject");
+    assert_eq!(released.len(), 2);
+    assert!(matches!(env.ack(&got[1]).await, Settled::Released(_)));
+    let (_, b) = bodies(&env, "f", 10).await;
+    assert_eq!(b, ["m2", "m3"]);
+}
+
+#[tokio::test]
+async fn fifo_the_release_survives_a_crash() {
+    let mut env = Env::new();
+    env.create("f", fifo(QueueConfigInput::default())).await;
+    publish_group(&env, "f", "g", &["m1", "m2"]).await;
+    let got = env.receive("f", 10).await;
+    env.nack(&got[0], "").await;
+    env.crash();
+    assert!(matches!(env.ack(&got[1]).await, Settled::Released(_)));
+    let (again, b) = bodies(&env, "f", 10).await;
+    assert_eq!(b, ["m1", "m2"]);
+    assert_eq!(again[1].delivery_count, 1);
+}
+
+#[tokio::test]
+async fn fifo_returned_leases_release_in_order() {
+    let env = Env::new();
+    env.create("f", fifo(QueueConfigInput::default())).await;
+    publish_group(&env, "f", "g", &["m1", "m2", "m3"]).await;
+    let got = env.receive("f", 10).await;
+    // A closed stream returns its deliveries in any order: the earliest
+    // counts as the failed attempt, the later ones are released.
+    let tokens: Vec<String> = got
+        .iter()
+        .rev()
+        .map(|d| d.ack_token.clone().expect("t"))
+        .collect();
+    assert_eq!(env.b().return_leases(&tokens).await.expect("return"), 1);
+    let (again, b) = bodies(&env, "f", 10).await;
+    assert_eq!(b, ["m1", "m2", "m3"]);
+    let counts: Vec<u32> = again.iter().map(|d| d.delivery_count).collect();
+    assert_eq!(counts, [2, 1, 1]);
+    assert_eq!(again[0].attempts[0].outcome, AttemptOutcome::StreamClosed);
+}
+
+#[tokio::test]
+async fn fifo_max_per_group_caps_one_group_in_a_receive() {
+    let env = Env::new();
+    env.create("f", fifo(QueueConfigInput::default())).await;
+    publish_group(&env, "f", "g", &["g1", "g2", "g3"]).await;
+    publish_group(&env, "f", "h", &["h1", "h2"]).await;
+    let opts = ReceiveOptions {
+        max_messages: 10,
+        max_per_group: 1,
+        ..ReceiveOptions::default()
+    };
+    let got = env.b().receive("f", opts).await.expect("receive");
+    assert_eq!(got.iter().map(body).collect::<Vec<_>>(), ["g1", "h1"]);
+    for d in &got {
+        env.ack(d).await;
+    }
+    let opts = ReceiveOptions {
+        max_per_group: 2,
+        ..opts
+    };
+    let got = env.b().receive("f", opts).await.expect("receive");
+    assert_eq!(got.iter().map(body).collect::<Vec<_>>(), ["g2", "g3", "h2"]);
 }
 
 #[tokio::test]
@@ -947,4 +1140,122 @@ async fn lease_holder_names_the_queue_and_message_of_a_current_lease_only() {
     );
     env.ack(&d).await;
     assert_eq!(env.b().lease_holder("lockId", &token2).expect("ok"), None);
+}
+
+// ---- Damaged bodies ----------------------------------------------------
+
+/// Replaces the stored payload of the message of `q` whose body is `body`
+/// with one whose body fails its checksum (a byte flipped on disk).
+async fn damage(env: &Env, q: &str, body_text: &str) {
+    let b = env.b();
+    let (qid, positions): (u32, Vec<u64>) = {
+        let st = b.lock();
+        let qid = st.qid(q).expect("queue");
+        let positions = st.queues[&qid].msgs.iter().map(|(p, _)| p).collect();
+        (qid, positions)
+    };
+    for pos in positions {
+        let meta = b.meta(qid, pos).expect("meta");
+        let Some(mut rec) = b.store.get_payload(meta.pid).expect("payload") else {
+            continue;
+        };
+        if rec.body.as_ref() != body_text.as_bytes() {
+            continue;
+        }
+        let mut flipped = rec.body.to_vec();
+        flipped[0] ^= 0x20;
+        rec.body = Bytes::from(flipped);
+        let mut txn = crate::storage::Txn::new();
+        txn.put_payload(meta.pid, crate::storage::encode_payload(&rec));
+        let c = b.store.submit(txn);
+        c.wait().await.expect("durable");
+        return;
+    }
+    panic!("no message {body_text:?} in {q}");
+}
+
+#[tokio::test]
+async fn a_damaged_body_goes_to_the_dlq_alone_and_uncounted() {
+    let env = Env::new();
+    env.create("dlq", QueueConfigInput::default()).await;
+    env.create("q", with_dlq("dlq", 3)).await;
+    env.publish("q", &["m1", "m2", "m3", "m4", "m5"]).await;
+    damage(&env, "q", "m3").await;
+    let (got, b) = bodies(&env, "q", 10).await;
+    assert_eq!(b, ["m1", "m2", "m4", "m5"], "the neighbours are delivered");
+    assert!(got.iter().all(|d| d.delivery_count == 1));
+    assert_eq!(env.b().corrupt_records_found(), 1);
+    let dl = env.b().browse("dlq", 10, "").expect("browse").messages;
+    assert_eq!(dl.len(), 1);
+    let rec = &dl[0].dead_letters[0];
+    assert_eq!(rec.reason, DeadLetterReason::Corrupted);
+    assert_eq!(rec.delivery_count, 0, "the failed read was no delivery");
+    assert!(rec.note.contains("checksum"), "{}", rec.note);
+    assert!(dl[0].damaged.contains("checksum"), "browse marks it");
+    assert!(dl[0].body.is_empty());
+    let st = env.stats("q");
+    assert_eq!((st.in_flight, st.dead_lettered), (4, 1));
+}
+
+#[tokio::test]
+async fn without_a_dlq_a_damaged_body_waits_and_browse_marks_it() {
+    let env = Env::new();
+    env.create("q", QueueConfigInput::default()).await;
+    env.publish("q", &["m1", "m2", "m3"]).await;
+    damage(&env, "q", "m2").await;
+    // A receive of one message at a time is not starved by it.
+    let (first, b) = bodies(&env, "q", 1).await;
+    assert_eq!(b, ["m1"]);
+    env.ack(&first[0]).await;
+    let (third, b) = bodies(&env, "q", 1).await;
+    assert_eq!(b, ["m3"]);
+    let page = env.b().browse("q", 10, "").expect("browse").messages;
+    assert_eq!(page.len(), 2);
+    env.ack(&third[0]).await;
+    let bad = page.iter().find(|m| !m.damaged.is_empty()).expect("marked");
+    assert_eq!(bad.state, MessageState::Delayed);
+    assert_eq!(bad.delivery_count, 0);
+    assert_eq!(env.stats("q").delayed, 1);
+    // An hour later it is tried again, and set aside again: never lost.
+    env.advance(HOUR).await;
+    assert!(env.receive("q", 10).await.is_empty());
+    assert_eq!(env.stats("q").total, 1);
+    assert!(env.b().corrupt_records_found() >= 2);
+}
+
+#[tokio::test]
+async fn an_auto_ack_receive_never_deletes_a_damaged_body() {
+    let env = Env::new();
+    env.create("q", QueueConfigInput::default()).await;
+    env.publish("q", &["m1", "m2", "m3"]).await;
+    damage(&env, "q", "m2").await;
+    let opts = ReceiveOptions {
+        max_messages: 10,
+        auto_ack: true,
+        ..ReceiveOptions::default()
+    };
+    let got = env.b().receive("q", opts).await.expect("receive");
+    assert_eq!(got.iter().map(body).collect::<Vec<_>>(), ["m1", "m3"]);
+    let st = env.stats("q");
+    assert_eq!((st.total, st.delayed, st.acked), (1, 1, 2));
+}
+
+#[tokio::test]
+async fn fifo_a_damaged_body_holds_its_group_back_and_nothing_is_counted() {
+    let mut env = Env::new();
+    env.create("f", fifo(QueueConfigInput::default())).await;
+    publish_group(&env, "f", "g", &["m1", "m2", "m3"]).await;
+    publish_group(&env, "f", "h", &["h1"]).await;
+    damage(&env, "f", "m2").await;
+    let (got, b) = bodies(&env, "f", 10).await;
+    // m3 is not delivered ahead of m2; group h is not held up.
+    assert_eq!(b, ["m1", "h1"]);
+    for d in &got {
+        assert_eq!(env.ack(d).await, Settled::Ok { deadline: 0 });
+    }
+    env.crash();
+    assert!(env.receive("f", 10).await.is_empty(), "m2 blocks its group");
+    let page = env.b().browse("f", 10, "").expect("browse").messages;
+    let counts: Vec<u32> = page.iter().map(|m| m.delivery_count).collect();
+    assert_eq!(counts, [0, 0], "neither m2 nor m3 counted a delivery");
 }

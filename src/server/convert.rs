@@ -9,7 +9,7 @@ use crate::queue::exchange::ExchangeInfo;
 use crate::queue::model::{
     Attempt, AttemptOutcome, BrowsedMessage, DeadLetter, DeadLetterReason, Delivery, GroupInfo,
     GroupState, MessageState, NewMessage, PoisonPolicy, Published, QueueConfig, QueueConfigInput,
-    QueueInfo, QueueKind, QueueStats, RetryBackoff, Settled,
+    QueueInfo, QueueKind, QueueStats, Released, RetryBackoff, Settled,
 };
 use crate::queue::redrive::RedriveSpec;
 
@@ -124,6 +124,7 @@ fn reason_pb(r: DeadLetterReason) -> pb::DeadLetterReason {
         DeadLetterReason::Rejected => pb::DeadLetterReason::Rejected,
         DeadLetterReason::Expired => pb::DeadLetterReason::Expired,
         DeadLetterReason::Skipped => pb::DeadLetterReason::Skipped,
+        DeadLetterReason::Corrupted => pb::DeadLetterReason::Corrupted,
     }
 }
 
@@ -149,6 +150,7 @@ fn attempts_pb(v: Vec<Attempt>) -> Vec<pb::Attempt> {
                 AttemptOutcome::LeaseExpired => pb::AttemptOutcome::LeaseExpired,
                 AttemptOutcome::Rejected => pb::AttemptOutcome::Rejected,
                 AttemptOutcome::StreamClosed => pb::AttemptOutcome::StreamClosed,
+                AttemptOutcome::Released => pb::AttemptOutcome::Released,
             } as i32,
             reason: a.reason,
         })
@@ -194,7 +196,25 @@ pub(crate) fn settle_pb(token: String, s: Settled) -> pb::SettleResult {
             error: why,
             lease_deadline_unix_ms: 0,
         },
+        Settled::Released(why) => pb::SettleResult {
+            ack_token: token,
+            status: pb::SettleStatus::Released as i32,
+            code: tonic::Code::FailedPrecondition as i32,
+            error: why,
+            lease_deadline_unix_ms: 0,
+        },
     }
+}
+
+/// FIFO deliveries released by a nack.
+pub(crate) fn released_pb(v: Vec<Released>) -> Vec<pb::ReleasedDelivery> {
+    v.into_iter()
+        .map(|r| pb::ReleasedDelivery {
+            ack_token: r.ack_token,
+            message_id: r.message_id,
+            released_by: r.because_of,
+        })
+        .collect()
 }
 
 /// Queue figures.
@@ -240,6 +260,7 @@ pub(crate) fn browsed_pb(m: BrowsedMessage) -> pb::BrowsedMessage {
         group_id: m.group_id.unwrap_or_default(),
         dead_letters: dead_letters_pb(m.dead_letters),
         attempts: attempts_pb(m.attempts),
+        damaged: m.damaged,
     }
 }
 
@@ -259,6 +280,7 @@ pub(crate) fn reason_from(field: &str, v: i32) -> Result<DeadLetterReason> {
         Ok(pb::DeadLetterReason::Rejected) => Ok(DeadLetterReason::Rejected),
         Ok(pb::DeadLetterReason::Expired) => Ok(DeadLetterReason::Expired),
         Ok(pb::DeadLetterReason::Skipped) => Ok(DeadLetterReason::Skipped),
+        Ok(pb::DeadLetterReason::Corrupted) => Ok(DeadLetterReason::Corrupted),
         Ok(pb::DeadLetterReason::Unspecified) | Err(_) => {
             Err(QueueError::invalid(field, v, "is not a DeadLetterReason"))
         }

@@ -192,6 +192,7 @@ proptest! {
                 ack_timeout_ms: ack_timeout,
                 auto_ack: false,
                 ack_tokens: Vec::new(),
+                max_per_group: 0,
             }))
             .await;
             let mut tokens = vec![token];

@@ -29,6 +29,7 @@ struct Figures {
     broker: Arc<Broker>,
     recovery: Duration,
     replayed: u64,
+    gate: Arc<super::conns::Gate>,
 }
 
 type Pick = fn(&QueueStats) -> u64;
@@ -143,7 +144,17 @@ impl Collector for Figures {
             }
         }
         let store = self.broker.store().stats();
-        let counters: [(&str, &str, u64); 10] = [
+        let counters: [(&str, &str, u64); 12] = [
+            (
+                "letterbox_connections_refused",
+                "Connections closed at once because --max-connections were open",
+                self.gate.refused(),
+            ),
+            (
+                "letterbox_corrupt_records_found",
+                "Stored records found damaged (message bodies failing their checksum when read for a delivery or a browse); each damaged message is set aside (RELIABILITY.md)",
+                self.broker.corrupt_records_found(),
+            ),
             (
                 "letterbox_log_syncs",
                 "fdatasync calls on the write-ahead log (one per group commit)",
@@ -204,7 +215,12 @@ impl Collector for Figures {
             )?)?;
         }
         let failed = i64::from(self.broker.store().failure().borrow().is_some());
-        let gauges: [(&str, &str, f64); 4] = [
+        let gauges: [(&str, &str, f64); 5] = [
+            (
+                "letterbox_connections_open",
+                "Connections open now, over the gRPC, REST and metrics listeners",
+                to_f64(self.gate.open() as u64),
+            ),
             (
                 "letterbox_log_pinned_segments",
                 "Log segments kept only for the message bodies they hold",
@@ -248,7 +264,12 @@ fn to_f64(v: u64) -> f64 {
 }
 
 /// The registry of one server.
-pub(crate) fn registry(broker: Arc<Broker>, recovery: Duration, replayed: u64) -> Registry {
+pub(crate) fn registry(
+    broker: Arc<Broker>,
+    recovery: Duration,
+    replayed: u64,
+    gate: Arc<super::conns::Gate>,
+) -> Registry {
     let mut r = Registry::default();
     let m = broker.store().metrics().clone();
     r.register(
@@ -275,6 +296,7 @@ pub(crate) fn registry(broker: Arc<Broker>, recovery: Duration, replayed: u64) -
         broker,
         recovery,
         replayed,
+        gate,
     }));
     r
 }

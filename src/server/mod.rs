@@ -7,6 +7,7 @@
 //! closes the store (apply and checkpoint).
 
 mod access;
+mod conns;
 mod convert;
 mod metrics;
 mod publish_stream;
@@ -22,7 +23,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
-use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 
 use crate::anypoint::AnypointOptions;
@@ -99,6 +99,13 @@ pub struct Limits {
     /// Longest time a unary call may take, long polls included (a client's
     /// shorter `grpc-timeout` wins). Streams are not cut.
     pub request_timeout: Duration,
+    /// Most connections open at once, over all listeners; `None`: all but
+    /// a reserve of the open files the process may have (its soft limit
+    /// is raised to the hard one at start).
+    pub max_connections: Option<usize>,
+    /// How long a new connection may take to send its first bytes (its
+    /// HTTP/2 preface, TLS ClientHello or HTTP/1 request line).
+    pub handshake_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -107,6 +114,8 @@ impl Default for Limits {
             max_concurrent_streams: 1024,
             concurrency_per_connection: 1024,
             request_timeout: Duration::from_secs(60),
+            max_connections: None,
+            handshake_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -311,9 +320,26 @@ impl Server {
             report,
             ..
         } = self;
+        let open_files = conns::raise_open_files();
+        let max_connections = config
+            .limits
+            .max_connections
+            .unwrap_or_else(|| conns::derived_cap(open_files));
+        tracing::info!(
+            max_connections,
+            open_files = open_files.unwrap_or(0),
+            "connections capped"
+        );
+        let gate = conns::Gate::new(max_connections, config.limits.handshake_timeout);
         let (stop_metrics, metrics_stopped) = tokio::sync::oneshot::channel::<()>();
         let metrics_task = metrics.map(|(l, _)| {
-            let registry = metrics::registry(Arc::clone(&broker), report.elapsed, report.replayed);
+            let registry = metrics::registry(
+                Arc::clone(&broker),
+                report.elapsed,
+                report.replayed,
+                Arc::clone(&gate),
+            );
+            let l = conns::GatedListener::new(l, Arc::clone(&gate));
             tokio::spawn(async move {
                 let served = axum::serve(l, metrics::router(registry))
                     .with_graceful_shutdown(async move {
@@ -366,6 +392,7 @@ impl Server {
                 config.anypoint.clone(),
             );
             let stop = drain.clone();
+            let l = conns::GatedListener::new(l, Arc::clone(&gate));
             (
                 drain.clone(),
                 tokio::spawn(async move {
@@ -384,7 +411,7 @@ impl Server {
             Arc::clone(&config.auth),
         );
         let limit = config.max_request_bytes;
-        let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+        let incoming = Box::pin(conns::incoming(listener, Arc::clone(&gate)));
         let reflection = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(crate::pb::FILE_DESCRIPTOR_SET)
             .build_v1()

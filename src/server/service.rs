@@ -512,6 +512,7 @@ impl MessagingService for Service {
             wait: r.wait_ms,
             ack_timeout: r.ack_timeout_ms,
             auto_ack: r.auto_ack,
+            max_per_group: r.max_per_group,
         };
         let (acked, got) = self
             .broker
@@ -563,13 +564,18 @@ impl MessagingService for Service {
             })
             .collect();
         allow_tokens(&p, &self.broker, items.iter().map(|i| i.token.as_str()))?;
-        let results = self.broker.nack(&items).await.map_err(to_status)?;
+        let (results, released) = self
+            .broker
+            .nack_releasing(&items)
+            .await
+            .map_err(to_status)?;
         Ok(Response::new(pb::NackResponse {
             results: items
                 .into_iter()
                 .zip(results)
                 .map(|(i, s)| convert::settle_pb(i.token, s))
                 .collect(),
+            released: convert::released_pb(released),
         }))
     }
 

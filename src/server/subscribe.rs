@@ -60,6 +60,7 @@ pub(crate) async fn session(
     tx: Tx,
 ) {
     let mut credit = open.credit;
+    let mut per_group = open.max_per_group;
     // Unsettled deliveries: token → lease deadline.
     let mut unsettled: HashMap<String, u64> = HashMap::new();
     let queue = open.queue.clone();
@@ -86,6 +87,7 @@ pub(crate) async fn session(
                 wait: 0,
                 ack_timeout: open.ack_timeout_ms,
                 auto_ack: false,
+                max_per_group: per_group,
             };
             match broker.receive(&queue, opts).await {
                 Ok(got) if !got.is_empty() => {
@@ -127,7 +129,8 @@ pub(crate) async fn session(
         tokio::select! {
             msg = inbound.message() => match msg {
                 Ok(Some(req)) => {
-                    match handle(&broker, &principal, req, &mut credit, &mut unsettled, &tx).await {
+                    let limits = Limits { credit: &mut credit, per_group: &mut per_group };
+                    match handle(&broker, &principal, req, limits, &mut unsettled, &tx).await {
                         Ok(Some(ack)) => acks.push(ack),
                         Ok(None) => {}
                         Err(why) => break why,
@@ -190,13 +193,21 @@ async fn answer_acks(acks: &mut Vec<PendingAck>, tx: &Tx) -> Result<(), String> 
     Ok(())
 }
 
+/// What the client may change of its subscription while it runs.
+struct Limits<'a> {
+    /// Most unsettled deliveries.
+    credit: &'a mut u32,
+    /// FIFO: most deliveries of one group per turn (0: no cap).
+    per_group: &'a mut u32,
+}
+
 /// Handles one client message; `Err` ends the session. A successful ack
 /// comes back to be answered once durable (see [`answer_acks`]).
 async fn handle(
     broker: &Broker,
     principal: &Principal,
     req: pb::SubscribeRequest,
-    credit: &mut u32,
+    limits: Limits<'_>,
     unsettled: &mut HashMap<String, u64>,
     tx: &Tx,
 ) -> Result<Option<PendingAck>, String> {
@@ -222,6 +233,7 @@ async fn handle(
             results: Vec::new(),
             code: status.code() as i32,
             error: status.message().to_string(),
+            released: Vec::new(),
         };
         let msg = pb::SubscribeResponse {
             kind: Some(Out::Settled(settled)),
@@ -233,6 +245,8 @@ async fn handle(
             .map_err(|_| "client went away".to_string());
     }
     let mut commit = None;
+    // FIFO deliveries the request's nacks released (SPEC §3).
+    let mut released = Vec::new();
     // (request id, outcome, tokens, whether a success keeps the delivery held)
     let (request_id, result, tokens, keeps): (
         u64,
@@ -241,7 +255,11 @@ async fn handle(
         bool,
     ) = match req.kind {
         Some(In::Credit(n)) => {
-            *credit = n.min(MAX_CREDIT);
+            *limits.credit = n.min(MAX_CREDIT);
+            return Ok(None);
+        }
+        Some(In::MaxPerGroup(n)) => {
+            *limits.per_group = n;
             return Ok(None);
         }
         Some(In::Ack(a)) => {
@@ -263,7 +281,11 @@ async fn handle(
                 })
                 .collect();
             let tokens = items.iter().map(|i| i.token.clone()).collect();
-            (n.request_id, broker.nack(&items).await, tokens, false)
+            let r = broker.nack_releasing(&items).await.map(|(results, r)| {
+                released = r;
+                results
+            });
+            (n.request_id, r, tokens, false)
         }
         Some(In::Extend(e)) => {
             let items: Vec<(String, u64)> = e
@@ -302,6 +324,11 @@ async fn handle(
                     unsettled.remove(t);
                 }
             }
+            // Released with a failed message of their group: no longer
+            // the client's, and their credit is free again.
+            for r in &released {
+                unsettled.remove(&r.ack_token);
+            }
             pb::StreamSettled {
                 request_id,
                 results: tokens
@@ -311,6 +338,7 @@ async fn handle(
                     .collect(),
                 code: 0,
                 error: String::new(),
+                released: convert::released_pb(released),
             }
         }
         Err(e @ QueueError::Storage(_)) => {
@@ -324,6 +352,7 @@ async fn handle(
                 results: Vec::new(),
                 code: status.code() as i32,
                 error: status.message().to_string(),
+                released: Vec::new(),
             }
         }
     };

@@ -92,6 +92,12 @@ impl StorageError {
         }
     }
 
+    /// True when stored bytes were found damaged (they do not decode, or
+    /// fail their checksum): the data is bad, not the disk's access to it.
+    pub fn is_corrupt(&self) -> bool {
+        matches!(self, StorageError::Corrupt { .. })
+    }
+
     /// True when the error means the disk ran out of space.
     pub fn is_disk_full(&self) -> bool {
         match self {

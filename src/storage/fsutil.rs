@@ -219,12 +219,36 @@ fn write_format(dir: &Path, path: &PathBuf) -> Result<()> {
 /// renamed, directory fsynced). A start whose database comes back older
 /// than this (damaged or truncated, with the log that fed it retired) is
 /// refused instead of serving less than was acknowledged.
-pub fn write_checkpoint(dir: &Path, lsn: u64) -> Result<()> {
+pub fn write_checkpoint(dir: &Path, cp: &Checkpoint) -> Result<()> {
+    let mut log = cp
+        .log
+        .map(|(segment, first)| format!("log {segment} {first}\n"))
+        .unwrap_or_default();
+    if !cp.sizes.is_empty() {
+        let sizes: Vec<String> = cp.sizes.iter().map(|(n, b)| format!("{n}:{b}")).collect();
+        log.push_str(&format!("sizes {}\n", sizes.join(" ")));
+    }
     replace_file(
         dir,
         CHECKPOINT_FILE,
-        &format!("{CHECKPOINT_HEADER}\napplied {lsn}\n"),
+        &format!("{CHECKPOINT_HEADER}\napplied {}\n{log}", cp.applied),
     )
+}
+
+/// What a checkpoint recorded.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Checkpoint {
+    /// Every change up to this lsn is durable in the database.
+    pub applied: u64,
+    /// Where the log goes on: the segment that holds the record after
+    /// `applied` (or will hold it), as (its number, the lsn of its first
+    /// record). The log is written into consecutive segments from there.
+    /// Absent when a start had not yet begun its log, and in checkpoints
+    /// of earlier builds.
+    pub log: Option<(u64, u64)>,
+    /// (number, size in bytes) of every log segment from that one on, at
+    /// the checkpoint: none may be shorter at the next start.
+    pub sizes: Vec<(u64, u64)>,
 }
 
 /// Replaces the file `name` of `dir` with `text` atomically and durably:
@@ -241,22 +265,56 @@ fn replace_file(dir: &Path, name: &str, text: &str) -> Result<()> {
     sync_dir(dir)
 }
 
-/// The lsn of the last checkpoint (0 when none was recorded).
-pub fn read_checkpoint(dir: &Path) -> Result<u64> {
+/// The last checkpoint (applied lsn 0 and no log position when none was
+/// recorded).
+pub fn read_checkpoint(dir: &Path) -> Result<Checkpoint> {
     let path = dir.join(CHECKPOINT_FILE);
     let text = match std::fs::read_to_string(&path) {
         Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Checkpoint::default()),
         Err(e) => return Err(StorageError::io("read", &path, e)),
     };
+    let malformed =
+        || StorageError::corrupt(path.display().to_string(), "malformed checkpoint record");
     let mut lines = text.lines();
-    let lsn = (lines.next() == Some(CHECKPOINT_HEADER))
+    let applied = (lines.next() == Some(CHECKPOINT_HEADER))
         .then(|| lines.next())
         .flatten()
         .and_then(|l| l.strip_prefix("applied "))
-        .and_then(|n| n.trim().parse::<u64>().ok());
-    lsn.ok_or_else(|| {
-        StorageError::corrupt(path.display().to_string(), "malformed checkpoint record")
+        .and_then(|n| n.trim().parse::<u64>().ok())
+        .ok_or_else(malformed)?;
+    let log = match lines.next() {
+        None => None,
+        Some(l) => {
+            let mut f = l
+                .strip_prefix("log ")
+                .ok_or_else(malformed)?
+                .split_whitespace()
+                .map(str::parse::<u64>);
+            match (f.next(), f.next(), f.next()) {
+                (Some(Ok(segment)), Some(Ok(first)), None) => Some((segment, first)),
+                _ => return Err(malformed()),
+            }
+        }
+    };
+    let mut sizes = Vec::new();
+    if let Some(l) = lines.next() {
+        for pair in l
+            .strip_prefix("sizes ")
+            .ok_or_else(malformed)?
+            .split_whitespace()
+        {
+            let (n, b) = pair.split_once(':').ok_or_else(malformed)?;
+            match (n.parse::<u64>(), b.parse::<u64>()) {
+                (Ok(n), Ok(b)) => sizes.push((n, b)),
+                _ => return Err(malformed()),
+            }
+        }
+    }
+    Ok(Checkpoint {
+        applied,
+        log,
+        sizes,
     })
 }
 

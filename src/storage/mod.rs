@@ -494,6 +494,9 @@ struct Inner {
     durable_cv: Condvar,
     failure: watch::Sender<Option<String>>,
     space_ok: AtomicBool,
+    /// False while free space is below the hard floor (a quarter of the
+    /// minimum): then acks, nacks and receives are refused too.
+    floor_ok: AtomicBool,
     /// `log_bytes` when free space was last checked from the publish path.
     space_checked_bytes: AtomicU64,
     /// Set to stop without a final apply and checkpoint (a simulated
@@ -510,6 +513,11 @@ struct Inner {
     generations: AtomicU64,
     sync_micros: AtomicU64,
     segments: Arc<Mutex<Vec<(u64, u64)>>>,
+    /// The segment the log began in at this start (before its first
+    /// record, it is where the log goes on).
+    start_segment: u64,
+    /// What `CHECKPOINT` holds now (the applier's to write).
+    recorded: Mutex<fsutil::Checkpoint>,
     pool: Arc<wal::Pool>,
     /// Where the log writer put each payload value: key → (lsn, place).
     placed: Mutex<Placed>,
@@ -718,8 +726,12 @@ impl Store {
         fsutil::sync_dir(dir)?;
         check_db_format(&db, &db_dir, fresh)?;
         let applied = read_sys(&db, SysKey::AppliedLsn, &db_dir)?.unwrap_or(0);
+        let checkpoint = fsutil::read_checkpoint(dir)?;
+        if let Some(log) = checkpoint.log {
+            wal::check_continuity(&wal_dir, checkpoint.applied, log, &checkpoint.sizes)?;
+        }
         let (end, batch) = replay_into(&db, &wal_dir, applied, &db_dir)?;
-        let checkpointed = fsutil::read_checkpoint(dir)?;
+        let checkpointed = checkpoint.applied;
         if end.last_lsn < checkpointed {
             return Err(StorageError::corrupt(
                 db_dir.display().to_string(),
@@ -733,7 +745,15 @@ impl Store {
         // Make the database durable before the log that fed it goes.
         db.flush().map_err(dbe)?;
         fsutil::sync_tree(&db_dir)?;
-        fsutil::write_checkpoint(dir, end.last_lsn)?;
+        // No log position yet: the segments replayed are retired below and
+        // the log starts again in a new one, named once it exists.
+        fsutil::write_checkpoint(
+            dir,
+            &fsutil::Checkpoint {
+                applied: end.last_lsn,
+                ..fsutil::Checkpoint::default()
+            },
+        )?;
         // Count payload pointers (segments without any are retired, the
         // others kept, pinned, for their payloads) while `load` reads.
         let reader = Reader {
@@ -795,6 +815,15 @@ impl Store {
         }
         fsutil::sync_dir(&wal_dir)?;
         let writer = wal::Writer::start(Arc::clone(&pool), end.last_segment)?;
+        let start_segment = writer.current_number();
+        // The new segment exists (created, directory fsynced): from now on
+        // a start checks that the log goes on there.
+        let recorded = fsutil::Checkpoint {
+            applied: end.last_lsn,
+            log: Some((start_segment, end.last_lsn + 1)),
+            sizes: segment_sizes(&wal_dir, [start_segment])?,
+        };
+        fsutil::write_checkpoint(dir, &recorded)?;
 
         let written = Arc::clone(&writer.written);
         let (failure, _) = watch::channel(None);
@@ -835,6 +864,7 @@ impl Store {
             durable_cv: Condvar::new(),
             failure,
             space_ok: AtomicBool::new(true),
+            floor_ok: AtomicBool::new(true),
             space_checked_bytes: AtomicU64::new(0),
             abandon: AtomicBool::new(false),
             log_syncs: AtomicU64::new(0),
@@ -846,6 +876,8 @@ impl Store {
             generations: AtomicU64::new(0),
             sync_micros: AtomicU64::new(0),
             segments: written,
+            start_segment,
+            recorded: Mutex::new(recorded),
             pool,
             placed: Mutex::default(),
             live: Mutex::new(live),
@@ -1028,8 +1060,20 @@ impl Store {
         }
     }
 
+    /// False while free space is below the hard floor, a quarter of the
+    /// configured minimum: the engine then refuses acks, nacks, extensions
+    /// and receives as well, so that the disk never fills under the
+    /// server (a full disk is fail-stop). Checked as often as
+    /// [`Store::has_space`].
+    pub fn above_floor(&self) -> bool {
+        let _ = self.has_space();
+        self.inner.floor_ok.load(Ordering::Relaxed)
+    }
+
     /// False while free space on the data directory's file system is below
-    /// the configured minimum: the engine then refuses publishes.
+    /// the configured minimum plus the size of the log segment it will
+    /// prepare next (none when a retired one can be reused): the engine
+    /// then refuses publishes.
     /// Checked again at once after every MiB of log
     /// written, not only by the applier's periodic check: a fast publisher
     /// must not run through the headroom between two periodic checks.
@@ -1432,8 +1476,27 @@ impl Inner {
     }
 
     fn refresh_space(&self) {
-        let ok =
-            fsutil::free_bytes(&self.dir).map_or(true, |free| free >= self.opts.min_free_bytes);
+        let free = fsutil::free_bytes(&self.dir).ok();
+        let min = self.opts.min_free_bytes;
+        // The log's next segment takes its size from the free space when
+        // it is prepared (unless a retired one is reused): it counts
+        // against the minimum, or publishes would run the disk down to
+        // the minimum less a segment.
+        let next_segment = if min == 0 || self.pool.spare_count() > 0 {
+            0
+        } else {
+            self.opts.segment_size
+        };
+        let ok = free.is_none_or(|f| f >= min.saturating_add(next_segment));
+        let floor = hard_floor(min);
+        let floor_ok = free.is_none_or(|f| f >= floor);
+        if self.floor_ok.swap(floor_ok, Ordering::Relaxed) != floor_ok {
+            if floor_ok {
+                tracing::info!(dir = %self.dir.display(), "free disk space is back above the hard floor; acks and receives resume");
+            } else {
+                tracing::error!(dir = %self.dir.display(), floor, "free disk space is below the hard floor; acks, nacks and receives are refused too");
+            }
+        }
         if self.space_ok.swap(ok, Ordering::Relaxed) != ok {
             if ok {
                 tracing::info!(dir = %self.dir.display(), "free disk space is back above the minimum; publishes resume");
@@ -1768,6 +1831,10 @@ fn applier(inner: &Inner) {
             return;
         }
         if last_space_check.elapsed() >= Duration::from_millis(500) {
+            if let Err(e) = note_segments(inner) {
+                inner.fail(&e);
+                return;
+            }
             inner.refresh_space();
             last_space_check = Instant::now();
         }
@@ -2019,8 +2086,37 @@ fn checkpoint(inner: &Inner) -> Result<()> {
     let applied = inner.applied.load(Ordering::Relaxed);
     inner.db().flush().map_err(|e| inner.db_error(e))?;
     fsutil::sync_tree(&inner.db_path())?;
-    fsutil::write_checkpoint(&inner.dir, applied)?;
+    // Where the log goes on: the last segment whose first record is at or
+    // before the one after `applied` (the segments before it are retired
+    // below), or the one the log began in at this start.
+    let (log, written) = {
+        let segments = lock(&inner.segments);
+        let log = segments
+            .iter()
+            .rev()
+            .find(|&&(_, first)| first <= applied + 1)
+            .copied()
+            .unwrap_or((inner.start_segment, applied + 1));
+        // The segments written into from there on: their files are
+        // durable (the writer uses a segment only once its creation is).
+        let mut written: Vec<u64> = segments
+            .iter()
+            .map(|&(n, _)| n)
+            .filter(|&n| n >= log.0)
+            .collect();
+        if written.is_empty() {
+            written.push(log.0);
+        }
+        (log, written)
+    };
     let wal_dir = inner.dir.join("wal");
+    let recorded = fsutil::Checkpoint {
+        applied,
+        log: Some(log),
+        sizes: segment_sizes(&wal_dir, written)?,
+    };
+    fsutil::write_checkpoint(&inner.dir, &recorded)?;
+    *lock(&inner.recorded) = recorded;
     let mut retire = Vec::new();
     {
         let mut segments = lock(&inner.segments);
@@ -2063,6 +2159,53 @@ fn checkpoint(inner: &Inner) -> Result<()> {
     inner.checkpoints.fetch_add(1, Ordering::Relaxed);
     rewrite::maybe_rewrite(inner)?;
     compact(inner)
+}
+
+/// Adds the segments the log moved into since `CHECKPOINT` was written to
+/// its list of sizes (the applied lsn and log position unchanged), so that
+/// a truncation of one of them is found at the next start without waiting
+/// for the next checkpoint.
+fn note_segments(inner: &Inner) -> Result<()> {
+    let mut recorded = lock(&inner.recorded);
+    let Some((from, _)) = recorded.log else {
+        return Ok(());
+    };
+    let known: Vec<u64> = recorded.sizes.iter().map(|&(n, _)| n).collect();
+    let new: Vec<u64> = lock(&inner.segments)
+        .iter()
+        .map(|&(n, _)| n)
+        .filter(|&n| n >= from && !known.contains(&n))
+        .collect();
+    if new.is_empty() {
+        return Ok(());
+    }
+    let mut next = recorded.clone();
+    next.sizes
+        .extend(segment_sizes(&inner.dir.join("wal"), new)?);
+    fsutil::write_checkpoint(&inner.dir, &next)?;
+    *recorded = next;
+    Ok(())
+}
+
+/// (number, size) of the given log segments. Segments only appear whole
+/// (renamed into place once full size) and only grow.
+fn segment_sizes(
+    wal_dir: &Path,
+    numbers: impl IntoIterator<Item = u64>,
+) -> Result<Vec<(u64, u64)>> {
+    let mut out = Vec::new();
+    for number in numbers {
+        let path = wal::segment_path(wal_dir, number);
+        let m = std::fs::metadata(&path).map_err(|e| StorageError::io("stat", &path, e))?;
+        out.push((number, m.len()));
+    }
+    Ok(out)
+}
+
+/// The free space below which every write is refused: a quarter of the
+/// minimum that publishes need (0 when that is 0).
+fn hard_floor(min_free: u64) -> u64 {
+    min_free / 4
 }
 
 /// Segments kept for their payloads before compaction starts.

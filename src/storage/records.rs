@@ -86,7 +86,8 @@ pub struct LeaseRecord {
 pub struct AttemptRecord {
     /// When it ended.
     pub at: u64,
-    /// 1 nacked, 2 lease expired, 3 rejected, 4 stream closed.
+    /// 1 nacked, 2 lease expired, 3 rejected, 4 stream closed, 5 released
+    /// (FIFO: an earlier message of its group failed first).
     pub outcome: u8,
     /// The nack reason.
     pub reason: String,
@@ -97,7 +98,8 @@ pub struct AttemptRecord {
 pub struct DeadLetterRec {
     /// The queue the message left.
     pub source_queue: String,
-    /// 1 max deliveries, 2 rejected, 3 expired, 4 skipped.
+    /// 1 max deliveries, 2 rejected, 3 expired, 4 skipped, 5 corrupted
+    /// (its stored body was found damaged).
     pub reason: u8,
     /// Delivery count at the move.
     pub delivery_count: u32,

@@ -199,12 +199,19 @@ pub fn verify(dir: &Path, opts: &VerifyOptions) -> Result<VerifyReport> {
     }
     r.figure("log segments", segments.len());
     r.figure("log records in segments", frames);
+    let checkpoint = fsutil::read_checkpoint(dir);
+    if let Ok(cp) = &checkpoint
+        && let Some(log) = cp.log
+        && let Err(e) = wal::check_continuity(&wal_dir, cp.applied, log, &cp.sizes)
+    {
+        r.problem(format!("log: {e}"));
+    }
     match super::replay_into(&db, &wal_dir, applied, &db_dir) {
         Ok((end, batch)) => {
             db.apply_batch(batch).map_err(dbe)?;
             r.figure("log records newer than the database", end.replayed);
             r.figure("last lsn", end.last_lsn);
-            match fsutil::read_checkpoint(dir) {
+            match checkpoint.as_ref().map(|c| c.applied) {
                 Ok(cp) if cp > end.last_lsn => r.problem(format!(
                     "{}: holds changes up to lsn {} (with the log), but a checkpoint made lsn {cp} durable: the database is damaged or truncated",
                     db_dir.display(),

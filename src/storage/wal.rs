@@ -402,6 +402,105 @@ pub struct ReplayEnd {
     pub last_segment: u64,
 }
 
+/// Checks that the log still goes on where the last checkpoint says it
+/// does: `log` is (segment number, lsn of its first record) of the segment
+/// that held (or was to hold) the record after `applied`. That segment
+/// must exist; if its first record was at or below `applied` (it held
+/// records when the checkpoint was taken, durable since), that record must
+/// still be there; and from it on, the segments must be consecutive (the
+/// log is written into consecutive segments, and only segments before it
+/// are ever retired). A missing, zeroed or replaced segment there would
+/// otherwise end the log early and quietly drop acknowledged changes; this
+/// names the file instead.
+///
+/// `sizes` are the sizes the segments from that one on had at the
+/// checkpoint: segments are created full size (zero-filled under a
+/// temporary name, then renamed) and never shrink, so one that is shorter
+/// now was truncated (a torn write never shortens a file).
+pub fn check_continuity(
+    dir: &Path,
+    applied: u64,
+    log: (u64, u64),
+    sizes: &[(u64, u64)],
+) -> Result<()> {
+    let (segment, first) = log;
+    let present = list_segments(dir)?;
+    for &(number, size) in sizes {
+        let path = segment_path(dir, number);
+        let now = match std::fs::metadata(&path) {
+            Ok(m) => m.len(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(StorageError::corrupt(
+                    path.display().to_string(),
+                    format!(
+                        "this log segment is missing, but it was part of the log at the last checkpoint (lsn {applied})"
+                    ),
+                ));
+            }
+            Err(e) => return Err(StorageError::io("stat", &path, e)),
+        };
+        if now < size {
+            return Err(StorageError::corrupt(
+                path.display().to_string(),
+                format!(
+                    "this log segment is {now} bytes, but it was {size} at the last checkpoint: it was truncated"
+                ),
+            ));
+        }
+    }
+    let path = segment_path(dir, segment);
+    if !present.contains(&segment) {
+        return Err(StorageError::corrupt(
+            path.display().to_string(),
+            format!(
+                "this log segment is missing, but the last checkpoint (lsn {applied}) says the log goes on in it: acknowledged changes after lsn {applied} would be lost; restore the file"
+            ),
+        ));
+    }
+    // A record after `first` in the next segment means the log filled this
+    // one: its first record was durable then.
+    let moved_on = || -> Result<bool> {
+        let next = segment_path(dir, segment + 1);
+        Ok(next.exists() && first_frame(&next)?.is_some_and(|f| f.lsn > first))
+    };
+    if first <= applied || moved_on()? {
+        match first_frame(&path)? {
+            Some(f) if f.lsn == first => {}
+            Some(f) => {
+                return Err(StorageError::corrupt(
+                    path.display().to_string(),
+                    format!(
+                        "its first record is lsn {}, but the last checkpoint recorded lsn {first} there: the segment was replaced",
+                        f.lsn
+                    ),
+                ));
+            }
+            None => {
+                return Err(StorageError::corrupt(
+                    path.display().to_string(),
+                    format!(
+                        "its first record (lsn {first}, durable since the last checkpoint at lsn {applied}, later records following it) is gone: the segment was zeroed or damaged"
+                    ),
+                ));
+            }
+        }
+    }
+    let from: Vec<u64> = present.into_iter().filter(|&n| n >= segment).collect();
+    for w in from.windows(2) {
+        if w[1] != w[0] + 1 {
+            return Err(StorageError::corrupt(
+                segment_path(dir, w[0] + 1).display().to_string(),
+                format!(
+                    "this log segment is missing between {} and {}: the log is written into consecutive segments",
+                    segment_path(dir, w[0]).display(),
+                    segment_path(dir, w[1]).display()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Reads every record with `lsn > after`, in order, and hands its mutations
 /// to `apply`. Records at or below `after` are in the database already and
 /// are skipped; segments holding only such records (deleted after a
@@ -570,6 +669,11 @@ impl Pool {
         })
     }
 
+    /// Retired segments ready to be reused (taking no new space).
+    pub fn spare_count(&self) -> usize {
+        self.spares.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
     /// Retires a segment whose records are all applied: kept as a spare,
     /// or deleted when there are enough. The caller fsyncs the directory.
     pub fn retire(&self, path: &Path) -> Result<()> {
@@ -618,8 +722,13 @@ impl Pool {
 /// writer's `fdatasync` calls wait behind whatever write-back is queued on
 /// the same disk: a step of 4 MiB held them up 9-18 ms on the benchmark
 /// machine; with 256 KiB steps most of those slow calls went
-/// (BENCHMARKS.md, "Preallocation in small steps").
+/// (docs/benchmarks/2026-11-30f/NOTES.md, "Preallocation in small steps").
 const PREALLOC_STEP: usize = 256 << 10;
+
+/// The zeros a preallocation writes: static, so that preparing a segment
+/// takes no heap (a 256 KiB buffer alive for the seconds a segment takes
+/// to prepare showed up in whatever heap figure was read meanwhile).
+static ZEROS: [u8; PREALLOC_STEP] = [0; PREALLOC_STEP];
 
 /// Creates segment `number` of `size` bytes filled with zeros and makes it
 /// durable (file and directory).
@@ -633,11 +742,10 @@ pub fn preallocate(dir: &Path, number: u64, size: u64) -> Result<Segment> {
         .truncate(true)
         .open(&tmp)
         .map_err(|e| StorageError::io("create", &tmp, e))?;
-    let zeros = vec![0u8; PREALLOC_STEP];
     let mut left = size;
     while left > 0 {
         let n = usize::try_from(left).map_or(PREALLOC_STEP, |l| l.min(PREALLOC_STEP));
-        if let Err(e) = file.write_all(&zeros[..n]) {
+        if let Err(e) = file.write_all(&ZEROS[..n]) {
             let _ = std::fs::remove_file(&tmp);
             return Err(StorageError::io("preallocate", &tmp, e));
         }

@@ -624,6 +624,42 @@ async fn fifo_groups_and_message_id_dedup() {
     s.stop().await;
 }
 
+/// SPEC §3 over REST: a batch consume of a FIFO queue leases consecutive
+/// messages of a group; when the first fails, the second's lock is
+/// released with it and cannot be acked ahead of the first's redelivery.
+#[tokio::test]
+async fn fifo_a_failed_message_releases_the_rest_of_its_batch() {
+    let s = facade().await;
+    let rest = client_of(&s).await;
+    rest.put_queue("f", json!({"fifo": true})).await;
+    let grouped =
+        |id: &str| json!({"headers": {"messageId": id, "messageGroupId": "g"}, "body": id});
+    rest.publish_batch("f", json!([grouped("m1"), grouped("m2")]))
+        .await
+        .expect(200);
+    let got = rest
+        .consume("f", "batchSize=10&pollingTime=0")
+        .await
+        .expect(200);
+    let ids: Vec<String> = got.as_array().unwrap().iter().map(id).collect();
+    assert_eq!(ids, ["m1", "m2"]);
+    rest.nack("f", "m1", &lock(&got[0])).await.expect(200);
+    rest.ack("f", "m2", &lock(&got[1]))
+        .await
+        .failure(400, "released: the earlier message m1");
+    let again = rest
+        .consume("f", "batchSize=10&pollingTime=0")
+        .await
+        .expect(200);
+    let ids: Vec<String> = again.as_array().unwrap().iter().map(id).collect();
+    assert_eq!(ids, ["m1", "m2"], "m1 first again, then m2");
+    assert_eq!(again[0]["headers"]["deliveryCount"], "2");
+    assert_eq!(again[1]["headers"]["deliveryCount"], "1");
+    rest.ack("f", "m1", &lock(&again[0])).await.expect(200);
+    rest.ack("f", "m2", &lock(&again[1])).await.expect(200);
+    s.stop().await;
+}
+
 #[tokio::test]
 async fn exchanges_bindings_and_routing_rules() {
     let s = facade().await;

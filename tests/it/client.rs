@@ -125,6 +125,70 @@ async fn manual_mode_leaves_settling_to_the_handler() {
     assert_eq!((st.acked, st.nacked), (6, 3));
 }
 
+/// SPEC §3 in the subscriber: a FIFO message nacked by a MANUAL handler
+/// releases the later messages of its group that came with it; they are
+/// not handed to the handler (nor acked), and come again after it, so the
+/// handler acks the group in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn manual_mode_skips_what_a_fifo_nack_released() {
+    let s = TestServer::start().await;
+    let c = client(&s).await;
+    let fifo = pb::QueueConfig {
+        kind: pb::QueueKind::Fifo as i32,
+        ..config()
+    };
+    queue(&c, "f", fifo).await;
+    let msgs = (1..=3)
+        .map(|i| pb::PublishMessage {
+            group_id: "g".into(),
+            ..Client::message(format!("m{i}"))
+        })
+        .collect();
+    c.publish("f", msgs).await.unwrap();
+    let acked = Arc::new(Mutex::new(Vec::new()));
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let (acked2, seen2) = (acked.clone(), seen.clone());
+    let config = SubscriberConfig {
+        ack_mode: AckMode::Manual,
+        ..SubscriberConfig::prefetch("f", 3)
+    };
+    let sub = Subscriber::start(c.clone(), config, move |m| {
+        let (acked, seen) = (acked2.clone(), seen2.clone());
+        async move {
+            let body = String::from_utf8_lossy(m.body()).into_owned();
+            seen.lock()
+                .unwrap()
+                .push((body.clone(), m.delivery_count()));
+            if body == "m1" && m.delivery_count() == 1 {
+                m.nack("first try fails").await.unwrap();
+            } else {
+                m.ack().await.unwrap();
+                acked.lock().unwrap().push(body);
+            }
+            Ok(())
+        }
+    })
+    .await
+    .unwrap();
+    eventually(10, "all acked", || async {
+        c.stats("f").await.unwrap().total == 0
+    })
+    .await;
+    let stats = sub.stats();
+    sub.stop().await.unwrap();
+    assert_eq!(*acked.lock().unwrap(), ["m1", "m2", "m3"]);
+    let seen = seen.lock().unwrap().clone();
+    let want: Vec<(String, u32)> = [("m1", 1), ("m1", 2), ("m2", 1), ("m3", 1)]
+        .iter()
+        .map(|(b, n)| (b.to_string(), *n))
+        .collect();
+    assert_eq!(
+        seen, want,
+        "m2 and m3 of the first batch were never handled"
+    );
+    assert_eq!(stats.released, 2);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn immediate_mode_is_at_most_once() {
     let s = TestServer::start().await;

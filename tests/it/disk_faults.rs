@@ -124,7 +124,12 @@ fn start(
         .arg("serve")
         .arg("--data-dir")
         .arg(data)
-        .args(["--listen", "127.0.0.1:0", "--wal-segment-size", "1MiB"])
+        .args(["--listen", "127.0.0.1:0"])
+        .args(if args.contains(&"--wal-segment-size") {
+            &[][..]
+        } else {
+            &["--wal-segment-size", "1MiB"][..]
+        })
         .args(args)
         .env("LETTERBOX_LOG", "info")
         .env("RUST_BACKTRACE", "0")
@@ -312,6 +317,110 @@ async fn a_full_disk_refuses_publishes_keeps_acks_and_resumes_when_space_returns
     let st = wait_exit(&mut child, Duration::from_secs(30)).await;
     assert_eq!(st.and_then(|s| s.code()), Some(0));
     assert_eq!(ids_after_restart(&data, &log, &args).await, want);
+}
+
+/// Free bytes of the file system holding `dir`.
+fn free_bytes(dir: &Path) -> u64 {
+    let st = rustix::fs::statvfs(dir).expect("statvfs");
+    st.f_bavail * st.f_frsize
+}
+
+/// `--min-free-disk` is honest: the log segment the server will prepare
+/// next counts against it, so publishes are refused while the minimum is
+/// still free; below the hard floor (a quarter of it) acks and receives
+/// are refused too, and the server stays up; both resume when space
+/// returns.
+#[tokio::test]
+async fn the_minimum_counts_the_next_segment_and_a_hard_floor_keeps_the_server_up() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mnt = tmp.path().join("mnt");
+    let _m = match Mount::tmpfs(&mnt, "128m") {
+        Ok(m) => m,
+        Err(e) => return skip("free space", &format!("cannot mount a tmpfs ({e})")),
+    };
+    let data = mnt.join("data");
+    let log = tmp.path().join("server.log");
+    let args = [
+        "--min-free-disk",
+        "16MiB",
+        "--wal-segment-size",
+        "16MiB",
+        "--checkpoint-interval",
+        "200ms",
+    ];
+    let (mut child, mut c) = start_with_queue(&[], &data, &log, &args).await;
+    let mut refused = None;
+    for round in 0..1000 {
+        if let Err(s) = publish_batch(&mut c, "m", round * 8, 8, 64 << 10).await {
+            refused = Some(s);
+            break;
+        }
+    }
+    let refused = refused.expect("publishes were refused");
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    // Let the log prepare its next segment, as it does after a switch.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let free = free_bytes(&mnt);
+    assert!(free >= 16 << 20, "refused only at {free} bytes free");
+    // Down to below the hard floor (4 MiB): acks and receives are refused
+    // too, with a clear status, and the server stays up.
+    let filler = mnt.join("filler");
+    let fill = usize::try_from(free - (3 << 20)).unwrap();
+    std::fs::write(&filler, vec![0u8; fill]).unwrap();
+    let until = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        let r = c
+            .msg
+            .receive(pb::ReceiveRequest {
+                queue: "q".into(),
+                max_messages: 1,
+                ..Default::default()
+            })
+            .await;
+        match r {
+            Err(s) => break s,
+            Ok(got) => {
+                // Not yet noticed: give the lease back.
+                for d in got.into_inner().deliveries {
+                    let _ = c.nack(&d.ack_token, "").await;
+                }
+            }
+        }
+        assert!(Instant::now() < until, "receives were not refused");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert!(
+        status.message().contains("hard floor"),
+        "{}",
+        status.message()
+    );
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the server is still up"
+    );
+    // Space returns: receives and acks, then publishes, resume.
+    std::fs::remove_file(&filler).unwrap();
+    let until = Instant::now() + Duration::from_secs(10);
+    let got = loop {
+        let r = c
+            .msg
+            .receive(pb::ReceiveRequest {
+                queue: "q".into(),
+                max_messages: 1,
+                ..Default::default()
+            })
+            .await;
+        if let Ok(r) = r {
+            break r.into_inner().deliveries;
+        }
+        assert!(Instant::now() < until, "receives did not resume");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(ok(&c.ack(&[&got[0].ack_token]).await[0]));
+    term(&child);
+    let st = wait_exit(&mut child, Duration::from_secs(30)).await;
+    assert_eq!(st.and_then(|s| s.code()), Some(0));
 }
 
 #[tokio::test]
@@ -641,11 +750,14 @@ async fn a_database_older_than_its_last_checkpoint_is_refused() {
     // looks like: the CHECKPOINT record is ahead of what the database and
     // the log hold together.
     let (s, before) = checkpointed_dir().await;
+    // The applied lsn raised; the log position kept as it was.
+    let text = std::fs::read_to_string(s.data_dir().join("CHECKPOINT")).unwrap();
+    let log: String = text.lines().skip(2).map(|l| format!("{l}\n")).collect();
     let err = assert_refused_after_writing(
         &s,
         &before,
         "CHECKPOINT",
-        "letterbox checkpoint\napplied 1000000\n",
+        &format!("letterbox checkpoint\napplied 10000000\n{log}"),
         "/db",
     );
     assert!(err.contains("damaged or truncated"), "{err}");

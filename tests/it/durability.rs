@@ -321,6 +321,51 @@ async fn damage_to_acknowledged_log_records_is_refused_at_start() {
     assert!(err.contains("damaged") && err.contains(".wal"), "{err}");
 }
 
+/// One message's body damaged on disk (a byte flipped in the log segment
+/// that holds it, after a checkpoint, so no replay reads it again): a
+/// receive of the whole queue delivers the 99 others, each once and
+/// counted once; the damaged one goes to the DLQ with reason CORRUPTED,
+/// uncounted, and the server logs it.
+#[tokio::test]
+async fn one_damaged_body_does_not_cost_its_neighbours() {
+    let mut s = TestServer::start().await;
+    let mut c = s.clients().await;
+    c.create("dlq", config()).await;
+    c.create("q", with_dlq("dlq", 3)).await;
+    let bodies: Vec<String> = (0..100).map(|i| format!("body-{i:03}-marker")).collect();
+    let refs: Vec<&str> = bodies.iter().map(String::as_str).collect();
+    c.publish("q", &refs).await;
+    assert!(s.stop().await.success());
+    let needle = b"body-042-marker";
+    let mut flipped = false;
+    for path in walk(&s.data_dir().join("wal")) {
+        let mut data = std::fs::read(&path).unwrap();
+        if let Some(at) = data.windows(needle.len()).position(|w| w == needle) {
+            data[at + 5] ^= 0x01;
+            std::fs::write(&path, &data).unwrap();
+            flipped = true;
+        }
+    }
+    assert!(flipped, "the body is in a log segment");
+    s.restart().await;
+    let mut c = s.clients().await;
+    let got = c.receive("q", 1000).await;
+    assert_eq!(got.len(), 99, "every healthy message is delivered");
+    assert!(got.iter().all(|d| d.delivery_count == 1));
+    assert!(got.iter().all(|d| body(d) != "body-042-marker"));
+    let dl = c.browse("dlq").await;
+    assert_eq!(dl.len(), 1);
+    assert_eq!(
+        dl[0].dead_letters[0].reason,
+        pb::DeadLetterReason::Corrupted as i32
+    );
+    assert_eq!(dl[0].dead_letters[0].delivery_count, 0);
+    assert!(!dl[0].damaged.is_empty(), "browse marks it");
+    let st = c.stats("q").await;
+    assert_eq!((st.in_flight, st.dead_lettered), (99, 1));
+    assert!(s.log().contains("damaged"), "logged");
+}
+
 #[tokio::test]
 async fn with_the_disk_full_publishes_fail_and_acks_work() {
     let mut s = TestServer::start().await;
@@ -329,10 +374,13 @@ async fn with_the_disk_full_publishes_fail_and_acks_work() {
     c.publish("q", &["before"]).await;
     let d = c.receive("q", 1).await.remove(0);
     s.stop().await;
-    // Restart believing the disk is full (free space below the minimum).
+    // Restart believing the disk is full: the minimum just above the free
+    // space (its quarter, the hard floor for acks, below it).
+    let st = rustix::fs::statvfs(&s.data_dir()).unwrap();
+    let free = st.f_bavail * st.f_frsize;
     let log = s.data_dir().with_file_name("full.log");
-    let (mut child, addr) =
-        spawn(&s.data_dir(), &log, &["--min-free-disk=1000000GiB".into()]).expect("start");
+    let min = format!("--min-free-disk={}", free + (64 << 20));
+    let (mut child, addr) = spawn(&s.data_dir(), &log, &[min]).expect("start");
     let mut c = connect(addr).await;
     let r = c
         .msg
@@ -348,4 +396,108 @@ async fn with_the_disk_full_publishes_fail_and_acks_work() {
     assert_eq!((st.total, st.acked, st.published), (0, 1, 1));
     child.kill().unwrap();
     child.wait().unwrap();
+}
+
+/// 1,100 idle TCP connections against a server limited to 1,024 open
+/// files: connections over the cap are closed at once, those that never
+/// send their handshake are closed after `--handshake-timeout`, the
+/// storage keeps its descriptors (checkpoints go on), and the server
+/// serves calls again once the idle ones are gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_cannot_take_the_server_down() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    // This test process needs more than 1,024 descriptors itself.
+    let lim = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+    if lim.maximum.is_some_and(|m| m < 2048) {
+        eprintln!(
+            "SKIPPED idle_connections_cannot_take_the_server_down: the hard limit of open files is below 2048"
+        );
+        return;
+    }
+    let _ = rustix::process::setrlimit(
+        rustix::process::Resource::Nofile,
+        rustix::process::Rlimit {
+            current: lim.maximum,
+            maximum: lim.maximum,
+        },
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("server.log");
+    let mut child = Command::new("sh")
+        .args(["-c", "ulimit -n 1024 && exec \"$@\"", "sh"])
+        .arg(env!("CARGO_BIN_EXE_letterbox"))
+        .arg("serve")
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--checkpoint-interval",
+            "200ms",
+            "--handshake-timeout",
+            "1s",
+            "--min-free-disk",
+            "0",
+        ])
+        .env("LETTERBOX_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr: std::net::SocketAddr = line
+        .trim()
+        .strip_prefix("letterbox listening on ")
+        .unwrap_or_else(|| panic!("{line}: {}", std::fs::read_to_string(&log).unwrap()))
+        .parse()
+        .unwrap();
+    let mut c = connect(addr).await;
+    c.create("q", config()).await;
+    let mut idle = Vec::new();
+    for _ in 0..1100 {
+        if let Ok(s) = tokio::net::TcpStream::connect(addr).await {
+            idle.push(s);
+        }
+    }
+    // Several checkpoints pass with the flood open: none fails.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(child.try_wait().unwrap().is_none(), "the server is up");
+    // The idle ones were closed by the server: past the server's own
+    // HTTP/2 settings, their reads end.
+    let mut closed = 0;
+    for s in &mut idle {
+        let mut b = [0u8; 256];
+        let read_to_end = async {
+            loop {
+                match tokio::io::AsyncReadExt::read(s, &mut b).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+            }
+        };
+        if tokio::time::timeout(Duration::from_millis(100), read_to_end)
+            .await
+            .is_ok()
+        {
+            closed += 1;
+        }
+    }
+    assert_eq!(closed, idle.len(), "every idle connection was closed");
+    drop(idle);
+    // The server serves again (the first client's connection was one of
+    // the first, before the flood, and is kept).
+    let mut c2 = connect(addr).await;
+    let ids = c2.publish("q", &["after the flood"]).await;
+    assert_eq!(ids.len(), 1);
+    assert_eq!(c.stats("q").await.total, 1);
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(!text.contains("storage failed"), "{text}");
+    assert!(!text.contains("Too many open files"), "{text}");
+    assert!(text.contains("max-connections"), "the refusals are logged");
+    let _ = child.kill();
+    let _ = child.wait();
 }

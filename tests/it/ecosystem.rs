@@ -128,6 +128,7 @@ async fn prometheus_metrics_move_with_the_queues() {
     assert!(v("letterbox_log_sync_batch_records_count") >= 1.0);
     assert!(v("letterbox_recovery_seconds") >= 0.0);
     assert_eq!(v("letterbox_publish_waits_total"), 0.0);
+    assert_eq!(v("letterbox_corrupt_records_found_total"), 0.0);
     assert!(v("letterbox_log_unapplied_bytes") >= 0.0);
     assert!(v("letterbox_apply_seconds_count") >= 0.0);
     assert_eq!(v("letterbox_storage_failed"), 0.0);
@@ -142,7 +143,7 @@ async fn prometheus_metrics_move_with_the_queues() {
 /// The server turns transparent huge pages off for its process
 /// (`THP_enabled: 0` in `/proc/<pid>/status`, Linux 5.0 and later), as it
 /// must for its allocator's arenas not to be backed and zeroed 2 MiB at a
-/// time (BENCHMARKS.md, "Transparent huge pages off").
+/// time (docs/benchmarks/2026-12-01/NOTES.md, "Transparent huge pages off").
 #[cfg(target_os = "linux")]
 #[tokio::test]
 async fn the_server_runs_without_transparent_huge_pages() {

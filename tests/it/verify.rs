@@ -215,3 +215,158 @@ async fn a_directory_that_is_not_a_data_directory_cannot_be_checked() {
     assert!(out.contains("FORMAT"), "{out}");
     assert!(!dir.path().join("LOCK").exists(), "nothing created");
 }
+
+/// The log segments of a data directory, in order.
+fn wal_segments(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut segs: Vec<_> = std::fs::read_dir(dir.join("wal"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "wal"))
+        .collect();
+    segs.sort();
+    segs
+}
+
+/// A server killed with 400 acknowledged publishes of 1 KiB spread over
+/// several 64 KiB log segments, with a checkpoint taken part way.
+async fn killed_with_segments() -> (TestServer, Vec<String>) {
+    let mut s = TestServer::start_with(&[
+        "--wal-segment-size",
+        "64KiB",
+        "--checkpoint-interval",
+        "1h",
+        "--checkpoint-bytes",
+        "128KiB",
+    ])
+    .await;
+    let mut c = s.clients().await;
+    c.create("q", config()).await;
+    let body = "x".repeat(1000);
+    let mut ids = Vec::new();
+    for _ in 0..400 {
+        ids.extend(c.publish("q", &[body.as_str()]).await);
+    }
+    s.kill();
+    (s, ids)
+}
+
+/// Starting refuses naming `needle`; verify reports it too, and the
+/// directory is left as it was.
+fn assert_refused(s: &TestServer, needle: &str) {
+    let log = s.data_dir().with_file_name("refused.log");
+    let err = spawn(&s.data_dir(), &log, &[]).expect_err("the start is refused");
+    assert!(err.contains(needle), "start: {err}");
+    let (code, out) = run_verify(&s.data_dir());
+    assert_eq!(code, 1, "verify: {out}");
+    assert!(out.contains(needle), "verify: {out}");
+}
+
+#[tokio::test]
+async fn a_deleted_log_is_refused_not_started_empty() {
+    let (s, _) = killed_with_segments().await;
+    for seg in wal_segments(&s.data_dir()) {
+        std::fs::remove_file(seg).unwrap();
+    }
+    assert_refused(&s, "is missing");
+}
+
+#[tokio::test]
+async fn a_segment_missing_between_two_is_refused() {
+    let (s, _) = killed_with_segments().await;
+    let segs = wal_segments(&s.data_dir());
+    assert!(segs.len() >= 4, "{segs:?}");
+    let victim = &segs[segs.len() - 3];
+    std::fs::remove_file(victim).unwrap();
+    let name = victim.file_name().unwrap().to_string_lossy().into_owned();
+    assert_refused(&s, &name);
+}
+
+#[tokio::test]
+async fn a_zeroed_segment_is_refused() {
+    let (s, _) = killed_with_segments().await;
+    // The segment the last checkpoint says the log goes on in (it held
+    // records then): zero it whole.
+    let text = std::fs::read_to_string(s.data_dir().join("CHECKPOINT")).unwrap();
+    let number: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("log "))
+        .and_then(|l| l.split_whitespace().next())
+        .unwrap()
+        .parse()
+        .unwrap();
+    let first = s.data_dir().join("wal").join(format!("{number:020}.wal"));
+    let len = std::fs::metadata(&first).unwrap().len();
+    std::fs::write(&first, vec![0u8; usize::try_from(len).unwrap()]).unwrap();
+    let name = first.file_name().unwrap().to_string_lossy().into_owned();
+    assert_refused(&s, &name);
+}
+
+/// A segment kept only for the message bodies that point into it, zeroed:
+/// verify reports the bodies; a start serves the other messages and sets
+/// the damaged ones aside instead of delivering them.
+#[tokio::test]
+async fn a_zeroed_segment_of_bodies_is_reported() {
+    let (mut s, ids) = killed_with_segments().await;
+    // A start keeps the segments that bodies point into (pinned) and
+    // begins the log in a new one after them.
+    s.restart().await;
+    assert!(s.stop().await.success());
+    let text = std::fs::read_to_string(s.data_dir().join("CHECKPOINT")).unwrap();
+    let number: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("log "))
+        .and_then(|l| l.split_whitespace().next())
+        .unwrap()
+        .parse()
+        .unwrap();
+    let segs = wal_segments(&s.data_dir());
+    let pinned = segs
+        .iter()
+        .find(|p| {
+            let n: u64 = p.file_stem().unwrap().to_str().unwrap().parse().unwrap();
+            n < number
+        })
+        .expect("a segment before the log's, kept for its bodies")
+        .clone();
+    let len = std::fs::metadata(&pinned).unwrap().len();
+    std::fs::write(&pinned, vec![0u8; usize::try_from(len).unwrap()]).unwrap();
+    let (code, out) = run_verify(&s.data_dir());
+    assert_eq!(code, 1, "verify: {out}");
+    s.restart().await;
+    let mut c = s.clients().await;
+    let got = c.receive("q", 1000).await;
+    assert!(!got.is_empty() && got.len() < ids.len(), "{}", got.len());
+    let st = c.stats("q").await;
+    assert_eq!(st.in_flight, got.len() as u64);
+    assert_eq!(
+        st.total - st.in_flight,
+        (ids.len() - got.len()) as u64,
+        "the damaged ones are set aside, not lost"
+    );
+}
+
+#[tokio::test]
+async fn a_truncated_segment_is_refused() {
+    let (s, _) = killed_with_segments().await;
+    // The last segment `CHECKPOINT` lists with its size (the log moved
+    // into it before the checkpoint, or was noted since).
+    let text = std::fs::read_to_string(s.data_dir().join("CHECKPOINT")).unwrap();
+    let number: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("sizes "))
+        .and_then(|l| l.split_whitespace().last())
+        .and_then(|p| p.split_once(':'))
+        .unwrap()
+        .0
+        .parse()
+        .unwrap();
+    let current = s.data_dir().join("wal").join(format!("{number:020}.wal"));
+    let len = std::fs::metadata(&current).unwrap().len();
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&current)
+        .unwrap();
+    f.set_len(len / 2).unwrap();
+    let name = current.file_name().unwrap().to_string_lossy().into_owned();
+    assert_refused(&s, &name);
+}

@@ -7,7 +7,7 @@ use std::process::Command;
 fn index_memory_reports_the_store_and_the_engine_apart() {
     let dir = tempfile::tempdir().expect("tempdir");
     let out = Command::new(env!("CARGO_BIN_EXE_index-memory"))
-        .args(["--messages", "3000", "--size", "100", "--batch", "500"])
+        .args(["--messages", "30000", "--size", "100", "--batch", "1000"])
         .arg("--dir")
         .arg(dir.path().join("data"))
         .output()
@@ -20,8 +20,8 @@ fn index_memory_reports_the_store_and_the_engine_apart() {
     );
     let row = stdout
         .lines()
-        .find(|l| l.starts_with("| 3000 |"))
-        .unwrap_or_else(|| panic!("no row for 3000 messages in:\n{stdout}"));
+        .find(|l| l.starts_with("| 30000 |"))
+        .unwrap_or_else(|| panic!("no row for 30000 messages in:\n{stdout}"));
     let per_msg: Vec<f64> = row
         .split('|')
         .filter_map(|c| c.trim().strip_suffix(" B/msg"))
@@ -30,10 +30,12 @@ fn index_memory_reports_the_store_and_the_engine_apart() {
     let [store, engine, both] = per_msg[..] else {
         panic!("expected three B/msg figures in {row:?}");
     };
-    // Every queued message has at least its entry in the position map
-    // (32 bytes, its key 8, and its share of the B-tree's nodes) in the engine,
-    // and its records' keys in sled.
-    assert!(engine >= 48.0, "engine {engine} B/msg in {row:?}");
+    // Every queued message has its 24-byte entry (in chunks of 64) in the
+    // engine, with its share of the ready and expiry bitmaps: 25-26 B/msg
+    // measured at 30,000. The figures are signed (sled's cache may give
+    // back during the rebuild some of what it took as the store opened),
+    // so the bound leaves room below the entry's size.
+    assert!(engine >= 16.0, "engine {engine} B/msg in {row:?}");
     assert!(store > 0.0, "store {store} B/msg in {row:?}");
     assert!((store + engine - both).abs() < 0.2, "{row:?}");
 }

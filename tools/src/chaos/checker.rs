@@ -105,7 +105,11 @@ impl Rows {
             ),
             ("I7", "no overlapping leases of a message", true),
             ("I8", "lease expiry: unacked messages come back", true),
-            ("I9", "FIFO: per-group order, one in flight per group", true),
+            (
+                "I9",
+                "FIFO: group order (delivered, acked), one in flight",
+                true,
+            ),
             ("I10", "no delivery after TTL", true),
             (
                 "I11",
@@ -249,9 +253,9 @@ pub fn check(recs: &Records, hist: &History, seed: u64, health: &[String]) -> Re
         }
     }
 
-    // The window in which a delivery's lease was certainly live:
-    // [arrival, end], end in monotonic ns.
-    let live_end = |d: &Delivery| -> i128 {
+    // The window in which a delivery's lease was certainly live by its
+    // own settles: [arrival, end], end in monotonic ns.
+    let own_end = |d: &Delivery| -> i128 {
         let mut end = mono(d.deadline) - slack_ns;
         for s in settles(d.idx) {
             match (s.kind, &s.result) {
@@ -268,6 +272,114 @@ pub fn check(recs: &Records, hist: &History, seed: u64, health: &[String]) -> Re
         }
         end
     };
+
+    // ---- FIFO batches (SPEC §3) -----------------------------------------------
+    // The deliveries of a FIFO queue (or its DLQ) that one receive call or
+    // stream batch leased together, per group, in queue order (the order
+    // of the answer, which is the order they were recorded in). When one
+    // fails (nack, reject, lease expiry, stream closed), the later ones
+    // still leased are released with it: their tokens settle nothing, and
+    // their deliveries do not count.
+    let mut batches: HashMap<(u64, &str, &str), Vec<usize>> = HashMap::new();
+    for d in ds {
+        if workload::fifo_kind(&d.queue) {
+            batches
+                .entry((d.call, d.queue.as_str(), d.group.as_str()))
+                .or_default()
+                .push(d.idx);
+        }
+    }
+    // When the final phase began (the drain's big batches), to tell the
+    // workload's releases from the drain's in the summary.
+    let drain_from = recs
+        .nemesis
+        .iter()
+        .find(|n| n.what == "note" && n.detail == workload::FINAL_NOTE)
+        .map_or(u64::MAX, |n| n.at.t);
+    // Batches of the FIFO queue with several messages of one group: all,
+    // and before the drain.
+    let mut multi_batches = (0usize, 0usize);
+    for v in batches.values_mut() {
+        v.sort_unstable();
+        if v.len() > 1 && ds[v[0]].queue == FIFO {
+            multi_batches.0 += 1;
+            if ds[v[0]].inv.t < drain_from {
+                multi_batches.1 += 1;
+            }
+        }
+    }
+    // The deliveries leased with `d` before it, of its group.
+    let before = |d: &Delivery| -> Vec<usize> {
+        batches
+            .get(&(d.call, d.queue.as_str(), d.group.as_str()))
+            .map(|v| v.iter().copied().take_while(|&i| i < d.idx).collect())
+            .unwrap_or_default()
+    };
+    let ok_settled = |i: usize, kinds: &[SettleKind]| {
+        settles(i)
+            .iter()
+            .any(|s| kinds.contains(&s.kind) && matches!(s.result, SettleResult::Ok { .. }))
+    };
+    // The earliest instant at which an earlier delivery of `d`'s batch and
+    // group may have failed and so released `d` (one with an `ok` ack
+    // never failed); `None` if none can have.
+    let release_from = |d: &Delivery| -> Option<i128> {
+        before(d)
+            .into_iter()
+            .filter(|&i| !ok_settled(i, &[SettleKind::Ack]))
+            .map(|i| own_end(&ds[i]))
+            .min()
+    };
+    // Whether `d` may have been released by the time `t`.
+    let released_by = |d: &Delivery, t: u64| release_from(d).is_some_and(|r| r <= i128::from(t));
+    // Whether delivery `i` certainly ended without an ack before `t`: its
+    // nack succeeded, or the server said it was released, before `t`.
+    let failed_before = |i: usize, t: u64| {
+        settles(i).iter().any(|s| {
+            s.done.t < t
+                && (s.kind == SettleKind::Nack && matches!(s.result, SettleResult::Ok { .. })
+                    || matches!(s.result, SettleResult::Released { .. }))
+        })
+    };
+    // A delivery that may have been released: it neither acked nor nacked
+    // with success, and an earlier one of its batch and group may have
+    // failed. The next delivery of its message may have the same count.
+    let maybe_released = |d: &Delivery| -> bool {
+        !ok_settled(d.idx, &[SettleKind::Ack, SettleKind::Nack]) && release_from(d).is_some()
+    };
+    // The window in which a delivery's lease was certainly live: its own,
+    // cut where an earlier delivery of its batch and group may have failed.
+    let live_end = |d: &Delivery| -> i128 {
+        let end = own_end(d);
+        release_from(d).map_or(end, |r| end.min(r))
+    };
+    let released_deliveries = ds
+        .iter()
+        .filter(|d| {
+            settles(d.idx)
+                .iter()
+                .any(|s| matches!(s.result, SettleResult::Released { .. }))
+        })
+        .count();
+    // Settles answered RELEASED: all, and before the drain.
+    let answered: Vec<u64> = recs
+        .settles
+        .iter()
+        .filter(|s| {
+            s.kind != SettleKind::ReleasedWith && matches!(s.result, SettleResult::Released { .. })
+        })
+        .map(|s| s.inv.t)
+        .collect();
+    let answered_running = answered.iter().filter(|&&t| t < drain_from).count();
+    info.push((
+        "FIFO releases".into(),
+        format!(
+            "{} batches leased several messages of one group ({} before the final drain); {released_deliveries} deliveries released; {} settles answered RELEASED ({answered_running} before the final drain)",
+            multi_batches.0,
+            multi_batches.1,
+            answered.len()
+        ),
+    ));
 
     // ---- I1 lost ------------------------------------------------------------
     let mut lost_by_producer: BTreeMap<String, usize> = BTreeMap::new();
@@ -387,7 +499,11 @@ pub fn check(recs: &Records, hist: &History, seed: u64, health: &[String]) -> Re
             let end_a = live_end(da);
             for &b in &list[a_pos + 1..] {
                 let db = &ds[b];
-                if db.inv.t > da.done.t && db.count <= da.count {
+                // A released delivery did not count: the next one has the
+                // same count.
+                if db.inv.t > da.done.t
+                    && (db.count < da.count || (db.count == da.count && !maybe_released(da)))
+                {
                     rows.add("I5", || {
                         format!(
                             "{id} in {queue}: count {} then {} (second receive invoked {:.1} ms after the first delivery)",
@@ -456,11 +572,15 @@ pub fn check(recs: &Records, hist: &History, seed: u64, health: &[String]) -> Re
                         )
                     });
                 }
-                if source_deliveries.len() > MAX_DELIVERIES as usize {
+                // Released deliveries (FIFO) do not count.
+                let counted = source_deliveries
+                    .iter()
+                    .filter(|d| !maybe_released(d))
+                    .count();
+                if counted > MAX_DELIVERIES as usize {
                     rows.add("I6", || {
                         format!(
-                            "{id}: {} deliveries seen from {} before the move (max {MAX_DELIVERIES})",
-                            source_deliveries.len(),
+                            "{id}: {counted} deliveries seen from {} before the move, not counting released ones (max {MAX_DELIVERIES})",
                             m.queue
                         )
                     });
@@ -666,6 +786,120 @@ pub fn check(recs: &Records, hist: &History, seed: u64, health: &[String]) -> Re
                 }
             }
         }
+        // The acknowledged order: the messages of the group whose ack
+        // succeeded follow the publish order, less the dead-lettered ones
+        // (and the unknown publishes that never appeared). So when an ack
+        // of j succeeded, every earlier message i was acked or
+        // dead-lettered already: violated when i's first ack (`ok` or
+        // `info`: an answer lost in a crash may have acked it) was invoked,
+        // and its move to the DLQ made (less the clock slack), only after
+        // j's ack completed. One exception: i was leased with j, in the
+        // same batch, and had not certainly failed when j's ack was
+        // invoked (a consumer may ack a later message while an earlier
+        // one of its batch is leased; ours do so only after an ack of i
+        // whose answer was lost).
+        let done_from = |id: &str| -> i128 {
+            let acked = by_msg
+                .get(&(FIFO, id))
+                .into_iter()
+                .flatten()
+                .flat_map(|&i| settles(i))
+                .filter(|s| {
+                    s.kind == SettleKind::Ack
+                        && (matches!(s.result, SettleResult::Ok { .. })
+                            || matches!(&s.result, SettleResult::Call(o) if o.is_info()))
+                })
+                .map(|s| i128::from(s.inv.t))
+                .min();
+            let moved = dead_lettered_at(id).map(|at| at - slack_ns);
+            acked.into_iter().chain(moved).min().unwrap_or(i128::MAX)
+        };
+        let order: Vec<(&str, i128)> = ids
+            .iter()
+            .map(String::as_str)
+            .filter(|id| {
+                msgs.get(id).is_some_and(|m| {
+                    m.outcome.is_ok() || m.outcome.is_info() && by_id.contains_key(id)
+                })
+            })
+            .map(|id| (id, done_from(id)))
+            .collect();
+        // The latest `done_from` of the messages before j.
+        let mut latest = i128::MIN;
+        for (jpos, &(idj, _)) in order.iter().enumerate() {
+            if jpos > 0 {
+                latest = latest.max(order[jpos - 1].1);
+            }
+            let Some(list) = by_msg.get(&(FIFO, idj)) else {
+                continue;
+            };
+            for &j in list {
+                let dj = &ds[j];
+                for s in settles(j) {
+                    if s.kind != SettleKind::Ack || !matches!(s.result, SettleResult::Ok { .. }) {
+                        continue;
+                    }
+                    let t = i128::from(s.done.t);
+                    if latest <= t {
+                        continue;
+                    }
+                    let culprit = order[..jpos].iter().find(|&&(idi, from)| {
+                        from > t
+                            && !by_msg.get(&(FIFO, idi)).is_some_and(|v| {
+                                v.iter()
+                                    .any(|&i| ds[i].call == dj.call && !failed_before(i, s.inv.t))
+                            })
+                    });
+                    if let Some(&(idi, from)) = culprit {
+                        rows.add("I9", || {
+                            let when = if from == i128::MAX {
+                                "never acked nor dead-lettered".to_string()
+                            } else {
+                                format!(
+                                    "acked or dead-lettered {:.1} ms later at the earliest",
+                                    (from - t) as f64 / 1e6
+                                )
+                            };
+                            format!(
+                                "group {group}: {idj} acked (delivery {}) before the earlier {idi} ({when})",
+                                dj.count
+                            )
+                        });
+                    }
+                }
+            }
+        }
+    }
+    // A later message of a batch settled with success after an earlier one
+    // of its group, leased with it, certainly failed (its nack succeeded,
+    // or it was answered RELEASED) before that settle was invoked: the
+    // failure released it (SPEC §3), so its token settles nothing.
+    for d in ds {
+        if !workload::fifo_kind(&d.queue) {
+            continue;
+        }
+        let earlier = before(d);
+        if earlier.is_empty() {
+            continue;
+        }
+        for s in settles(d.idx) {
+            if !matches!(s.result, SettleResult::Ok { .. })
+                || !matches!(
+                    s.kind,
+                    SettleKind::Ack | SettleKind::Nack | SettleKind::Extend
+                )
+            {
+                continue;
+            }
+            if let Some(&a) = earlier.iter().find(|&&a| failed_before(a, s.inv.t)) {
+                rows.add("I9", || {
+                    format!(
+                        "group {}: {:?} of {} in {} succeeded after the earlier {}, leased with it, failed: it should have been released",
+                        d.group, s.kind, d.id, d.queue, ds[a].id
+                    )
+                });
+            }
+        }
     }
 
     // ---- I10 TTL -----------------------------------------------------------------
@@ -696,6 +930,20 @@ pub fn check(recs: &Records, hist: &History, seed: u64, health: &[String]) -> Re
         for s in settles(d.idx) {
             match (&s.kind, &s.result) {
                 (SettleKind::Release, _) => attempted = true,
+                (kind, SettleResult::Released { msg }) => {
+                    // Released only by the failure of an earlier message
+                    // of its group leased with it (SPEC §3).
+                    if !released_by(d, s.done.t) {
+                        rows.add("I11", || {
+                            format!(
+                                "{} in {}: {kind:?} answered RELEASED ({msg}) though no earlier message of its group leased with it may have failed",
+                                d.id, d.queue
+                            )
+                        });
+                    }
+                    attempted = true;
+                }
+                (SettleKind::ReleasedWith, _) => attempted = true,
                 (kind, SettleResult::Ok { deadline: nd }) => {
                     if s.inv.wall > deadline + SLACK_MS {
                         rows.add("I11", || {
@@ -727,7 +975,11 @@ pub fn check(recs: &Records, hist: &History, seed: u64, health: &[String]) -> Re
                     }
                 }
                 (kind, SettleResult::LeaseExpired) => {
-                    if !attempted && s.done.wall + SLACK_MS < deadline {
+                    // A released lease whose message left since (or whose
+                    // attempt history no longer holds the release) is
+                    // refused as expired.
+                    if !attempted && s.done.wall + SLACK_MS < deadline && !released_by(d, s.done.t)
+                    {
                         rows.add("I11", || {
                             format!(
                                 "{} in {}: {kind:?} refused as expired {} ms before the lease deadline",

@@ -184,6 +184,12 @@ pub enum SettleKind {
     Extend,
     /// The consumer dropped its stream with this delivery unsettled.
     Release,
+    /// FIFO: the answer to a nack of an earlier message of this delivery's
+    /// group (`NackResponse.released`, `StreamSettled.released`) listed
+    /// this delivery as released with it (SPEC §3): its lease ended between
+    /// that nack's invocation and completion (the instants recorded). Its
+    /// result is [`SettleResult::Released`], naming that message.
+    ReleasedWith,
 }
 
 /// The result of settling one token.
@@ -197,6 +203,13 @@ pub enum SettleResult {
     },
     /// The token was refused as expired or settled.
     LeaseExpired,
+    /// FIFO: the token was refused because its lease was released when an
+    /// earlier message of its group, leased with it, failed first
+    /// (`SETTLE_STATUS_RELEASED`, code 9, SPEC §3); nothing was changed.
+    Released {
+        /// The server's text (it names the earlier message).
+        msg: String,
+    },
     /// The whole call failed or is unknown.
     Call(Outcome),
 }

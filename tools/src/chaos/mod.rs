@@ -865,6 +865,7 @@ pub async fn run(args: Args) -> Result<i32> {
         }
     }
     sh.phase.store(workload::FINAL, Ordering::SeqCst);
+    hist.nemesis(nem.epoch, "note", workload::FINAL_NOTE);
     let drain_until = Instant::now() + Duration::from_secs(90);
     let mut empty_reads = 0;
     let mut drained = false;

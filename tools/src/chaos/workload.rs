@@ -46,6 +46,12 @@ pub fn dlq_of(q: &str) -> String {
     format!("{q}.dlq")
 }
 
+/// Whether `q` is one of the workload's FIFO queues: the FIFO queue or its
+/// DLQ (a DLQ has its source's kind).
+pub fn fifo_kind(q: &str) -> bool {
+    q == FIFO || q.strip_suffix(".dlq") == Some(FIFO)
+}
+
 /// What a consumer does with a message, fixed by seed and id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Fate {
@@ -148,6 +154,8 @@ pub fn check_body(seed: u64, id: &str, got: &[u8]) -> Option<String> {
 pub const RUNNING: u8 = 0;
 /// Final phase: every fate but poison acks on sight.
 pub const FINAL: u8 = 1;
+/// The nemesis note that marks the start of the final phase.
+pub const FINAL_NOTE: &str = "final phase: the drain begins";
 /// Stop.
 pub const STOP: u8 = 2;
 
@@ -703,8 +711,37 @@ fn settle_result(r: &pb::SettleResult) -> SettleResult {
         SettleResult::Ok {
             deadline: r.lease_deadline_unix_ms,
         }
+    } else if r.status == pb::SettleStatus::Released as i32 {
+        SettleResult::Released {
+            msg: format!("code {}: {}", r.code, r.error),
+        }
     } else {
         SettleResult::LeaseExpired
+    }
+}
+
+/// Token → delivery index of the deliveries a consumer holds from one
+/// receive call or stream, to map the releases a nack's answer lists.
+type Mates = HashMap<String, usize>;
+
+/// Records the deliveries that a nack's answer (invoked at `inv`) says it
+/// released with the nacked message (FIFO, SPEC §3), as far as they are
+/// among `mates`.
+fn record_released(sh: &Shared, released: &[pb::ReleasedDelivery], mates: &Mates, inv: Stamp) {
+    let done = sh.hist.now();
+    for r in released {
+        if let Some(&idx) = mates.get(&r.ack_token) {
+            sh.hist.settle(Settle {
+                delivery: idx,
+                kind: SettleKind::ReleasedWith,
+                inv,
+                done,
+                result: SettleResult::Released {
+                    msg: format!("released by the nack of {}", r.released_by),
+                },
+                timeout_ms: 0,
+            });
+        }
     }
 }
 
@@ -755,7 +792,13 @@ async fn ack(sh: &Shared, client: &mut MessagingServiceClient<Channel>, idx: usi
     record_settle(sh, idx, SettleKind::Ack, inv, r, 0);
 }
 
-async fn nack(sh: &Shared, client: &mut MessagingServiceClient<Channel>, idx: usize, token: &str) {
+async fn nack(
+    sh: &Shared,
+    client: &mut MessagingServiceClient<Channel>,
+    idx: usize,
+    token: &str,
+    mates: &Mates,
+) {
     let inv = sh.hist.now();
     let r = client
         .nack(pb::NackRequest {
@@ -766,8 +809,20 @@ async fn nack(sh: &Shared, client: &mut MessagingServiceClient<Channel>, idx: us
             }],
         })
         .await
-        .map(|resp| resp.into_inner().results);
-    record_settle(sh, idx, SettleKind::Nack, inv, r, 0);
+        .map(tonic::Response::into_inner);
+    let released = r
+        .as_ref()
+        .map(|resp| resp.released.clone())
+        .unwrap_or_default();
+    record_settle(
+        sh,
+        idx,
+        SettleKind::Nack,
+        inv,
+        r.map(|resp| resp.results),
+        0,
+    );
+    record_released(sh, &released, mates, inv);
 }
 
 async fn extend(
@@ -794,13 +849,63 @@ async fn extend(
 /// token).
 type Riding = std::sync::Mutex<Vec<(usize, String)>>;
 
-/// Handles one unary delivery by its fate; long holds run in their own
-/// task. Every other plain ack rides on the consumer's next `Receive`.
+/// Puts a plain ack on the consumer's next `Receive`.
+fn ride(sh: &Shared, riding: &Riding, idx: usize, token: &str) {
+    sh.inflight.fetch_add(1, Ordering::SeqCst);
+    riding
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push((idx, token.to_string()));
+}
+
+/// Sleeps until 300 ms after the lease deadline `deadline`.
+async fn past_deadline(sh: &Shared, deadline: u64) {
+    let now = sh.hist.now().wall;
+    let wait = deadline.saturating_sub(now) + 300;
+    tokio::time::sleep(Duration::from_millis(wait)).await;
+}
+
+/// Does what `act` says with one unary delivery, to the end (holds and
+/// extensions included). `Drop` waits until the lease has run out, as a
+/// consumer that lost the delivery and goes on with the next one of a
+/// FIFO group only then; `mates` are the deliveries of the same receive.
+async fn settle_one(
+    sh: &Shared,
+    client: &mut MessagingServiceClient<Channel>,
+    act: Action,
+    idx: usize,
+    d: &pb::Delivery,
+    mates: &Mates,
+) {
+    let token = d.ack_token.as_str();
+    match act {
+        Action::Ack => ack(sh, client, idx, token).await,
+        Action::Nack => nack(sh, client, idx, token, mates).await,
+        Action::DoubleAck => {
+            ack(sh, client, idx, token).await;
+            ack(sh, client, idx, token).await;
+        }
+        Action::Hold => {
+            past_deadline(sh, d.lease_deadline_unix_ms).await;
+            ack(sh, client, idx, token).await;
+        }
+        Action::Extend => {
+            extend(sh, client, idx, token, 2500).await;
+            tokio::time::sleep(Duration::from_millis(ACK_TIMEOUT_MS + 200)).await;
+            ack(sh, client, idx, token).await;
+        }
+        Action::Drop => past_deadline(sh, d.lease_deadline_unix_ms).await,
+    }
+}
+
+/// Handles one unary delivery of a standard queue by its fate; each runs
+/// in its own task. Every other plain ack rides on the consumer's next
+/// `Receive`.
 fn handle(
     sh: &Arc<Shared>,
     client: &MessagingServiceClient<Channel>,
     idx: usize,
-    d: &pb::Delivery,
+    d: pb::Delivery,
     queue: &str,
     riding: &Riding,
 ) {
@@ -809,41 +914,71 @@ fn handle(
         return;
     }
     if act == Action::Ack && idx.is_multiple_of(2) {
-        sh.inflight.fetch_add(1, Ordering::SeqCst);
-        riding
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push((idx, d.ack_token.clone()));
+        ride(sh, riding, idx, &d.ack_token);
         return;
     }
     let sh = Arc::clone(sh);
     let mut client = client.clone();
-    let token = d.ack_token.clone();
-    let deadline = d.lease_deadline_unix_ms;
     sh.inflight.fetch_add(1, Ordering::SeqCst);
     tokio::spawn(async move {
-        match act {
-            Action::Ack => ack(&sh, &mut client, idx, &token).await,
-            Action::Nack => nack(&sh, &mut client, idx, &token).await,
-            Action::DoubleAck => {
-                ack(&sh, &mut client, idx, &token).await;
-                ack(&sh, &mut client, idx, &token).await;
-            }
-            Action::Hold => {
-                let now = sh.hist.now().wall;
-                let wait = deadline.saturating_sub(now) + 300;
-                tokio::time::sleep(Duration::from_millis(wait)).await;
-                ack(&sh, &mut client, idx, &token).await;
-            }
-            Action::Extend => {
-                extend(&sh, &mut client, idx, &token, 2500).await;
-                tokio::time::sleep(Duration::from_millis(ACK_TIMEOUT_MS + 200)).await;
-                ack(&sh, &mut client, idx, &token).await;
-            }
-            Action::Drop => {}
-        }
+        settle_one(&sh, &mut client, act, idx, &d, &Mates::new()).await;
         sh.inflight.fetch_sub(1, Ordering::SeqCst);
     });
+}
+
+/// Handles the deliveries of one receive from a FIFO queue as a naive
+/// consumer that keeps each group's order does: the messages of one
+/// group one after the other, each to the end of its fate (hold, extend,
+/// a nack, a drop that waits for the lease to run out) before the next,
+/// which it then settles whatever happened to the one before (so a nack
+/// or a lease run out is followed by the acks of the later messages of
+/// the group leased with it: SPEC §3 releases those, and their acks must
+/// be refused). Groups run in parallel, each in a task. Only the last
+/// message of a group in the batch may ride on the next `Receive`: an ack
+/// that rides goes after the direct acks of the messages behind it.
+fn handle_fifo(
+    sh: &Arc<Shared>,
+    client: &MessagingServiceClient<Channel>,
+    batch: Vec<(usize, pb::Delivery)>,
+    queue: &str,
+    riding: &Arc<Riding>,
+) {
+    let mates: Arc<Mates> = Arc::new(
+        batch
+            .iter()
+            .map(|(idx, d)| (d.ack_token.clone(), *idx))
+            .collect(),
+    );
+    let mut groups: Vec<Vec<(usize, pb::Delivery)>> = Vec::new();
+    for (idx, d) in batch {
+        match groups.iter_mut().find(|g| g[0].1.group_id == d.group_id) {
+            Some(g) => g.push((idx, d)),
+            None => groups.push(vec![(idx, d)]),
+        }
+    }
+    for group in groups {
+        let sh = Arc::clone(sh);
+        let mut client = client.clone();
+        let riding = Arc::clone(riding);
+        let mates = Arc::clone(&mates);
+        let queue = queue.to_string();
+        sh.inflight.fetch_add(1, Ordering::SeqCst);
+        tokio::spawn(async move {
+            let last = group.len() - 1;
+            for (n, (idx, d)) in group.iter().enumerate() {
+                let act = action(&sh, &queue, &d.message_id, d.delivery_count);
+                // Riding only while running: the final drain must not
+                // leave an ack behind on a consumer that stops.
+                if act == Action::Ack && n == last && idx.is_multiple_of(2) && sh.phase() == RUNNING
+                {
+                    ride(&sh, &riding, *idx, &d.ack_token);
+                    continue;
+                }
+                settle_one(&sh, &mut client, act, *idx, d, &mates).await;
+            }
+            sh.inflight.fetch_sub(1, Ordering::SeqCst);
+        });
+    }
 }
 
 /// A consumer of unary receives over every queue.
@@ -856,7 +991,7 @@ pub async fn consumer(sh: Arc<Shared>, c: usize) -> anyhow::Result<()> {
         .flat_map(|q| [q.to_string(), q.to_string(), dlq_of(q)])
         .collect();
     let name = format!("consumer {c}");
-    let riding = Riding::default();
+    let riding = Arc::new(Riding::default());
     while sh.phase() != STOP {
         if sh.paused.load(Ordering::Relaxed) {
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -877,6 +1012,10 @@ pub async fn consumer(sh: Arc<Shared>, c: usize) -> anyhow::Result<()> {
                 max_messages: if draining { 100 } else { max_messages },
                 wait_ms: if draining { 20 } else { 200 },
                 ack_tokens: acks.iter().map(|(_, t)| t.clone()).collect(),
+                // The drain settles a FIFO group's messages one after the
+                // other: a few per group, so that the last are acked well
+                // within their lease.
+                max_per_group: if draining { 10 } else { 0 },
                 ..Default::default()
             })
             .await
@@ -893,9 +1032,20 @@ pub async fn consumer(sh: Arc<Shared>, c: usize) -> anyhow::Result<()> {
         match r {
             Ok(resp) => {
                 sh.hist.receive_call(&Outcome::Ok);
-                for d in resp.deliveries {
-                    let idx = record_delivery(&sh, &d, call, &queue, inv, false, &name);
-                    handle(&sh, &client, idx, &d, &queue, &riding);
+                let batch: Vec<(usize, pb::Delivery)> = resp
+                    .deliveries
+                    .into_iter()
+                    .map(|d| {
+                        let idx = record_delivery(&sh, &d, call, &queue, inv, false, &name);
+                        (idx, d)
+                    })
+                    .collect();
+                if fifo_kind(&queue) {
+                    handle_fifo(&sh, &client, batch, &queue, &riding);
+                } else {
+                    for (idx, d) in batch {
+                        handle(&sh, &client, idx, d, &queue, &riding);
+                    }
                 }
             }
             Err(s) => {
@@ -935,6 +1085,7 @@ pub async fn stream_consumer(sh: Arc<Shared>) -> anyhow::Result<()> {
                     queue: queue.clone(),
                     credit: rng.u32(1..=3),
                     ack_timeout_ms: None,
+                    max_per_group: 0,
                 })),
             })
             .await;
@@ -950,8 +1101,10 @@ pub async fn stream_consumer(sh: Arc<Shared>) -> anyhow::Result<()> {
             }
         };
         let session_end = tokio::time::Instant::now() + Duration::from_millis(rng.u64(1000..4000));
-        // token → delivery index; request id → (kind, deliveries, invoked)
+        // token → delivery index (unsettled ones; all of the stream's);
+        // request id → (kind, deliveries, invoked)
         let mut unsettled: HashMap<String, usize> = HashMap::new();
+        let mut mates = Mates::new();
         let mut pending: HashMap<u64, (SettleKind, Vec<usize>, Stamp)> = HashMap::new();
         let mut next_req = 1u64;
         let mut dropped = false;
@@ -971,6 +1124,7 @@ pub async fn stream_consumer(sh: Arc<Shared>) -> anyhow::Result<()> {
                     for d in &batch.deliveries {
                         let idx = record_delivery(&sh, d, call, &queue, inv, true, &name);
                         unsettled.insert(d.ack_token.clone(), idx);
+                        mates.insert(d.ack_token.clone(), idx);
                         got.push((idx, d));
                     }
                     for (idx, d) in got {
@@ -1035,6 +1189,12 @@ pub async fn stream_consumer(sh: Arc<Shared>) -> anyhow::Result<()> {
                                 result,
                                 timeout_ms: 0,
                             });
+                        }
+                        // Later deliveries of a nacked message's group,
+                        // released with it: no longer this stream's.
+                        record_released(&sh, &s.released, &mates, inv);
+                        for r in &s.released {
+                            unsettled.remove(&r.ack_token);
                         }
                     }
                 }
