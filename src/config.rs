@@ -149,6 +149,11 @@ pub struct ServeArgs {
     /// does not is closed.
     #[arg(long, env = "LETTERBOX_HANDSHAKE_TIMEOUT", default_value = "10s")]
     pub handshake_timeout: Millis,
+    /// A gRPC connection with no call open for this long is closed (its
+    /// client reconnects when it calls again; a long poll or an open
+    /// stream keeps it).
+    #[arg(long, env = "LETTERBOX_IDLE_TIMEOUT", default_value = "5m")]
+    pub idle_timeout: Millis,
     /// Serve Prometheus metrics at `http://ADDR/metrics` (off unless
     /// set; metrics carry queue names, so prefer loopback or a private
     /// network).
@@ -260,12 +265,16 @@ impl ServeArgs {
         if self.handshake_timeout.0 < Duration::from_millis(100) {
             return Err("--handshake-timeout: must be at least 100ms".into());
         }
+        if self.idle_timeout.0 < Duration::from_millis(100) {
+            return Err("--idle-timeout: must be at least 100ms".into());
+        }
         c.limits = Limits {
             max_concurrent_streams: self.max_concurrent_streams,
             concurrency_per_connection: self.max_calls_per_connection,
             request_timeout: self.request_timeout.0,
             max_connections: self.max_connections,
             handshake_timeout: self.handshake_timeout.0,
+            idle_timeout: self.idle_timeout.0,
         };
         if let Some(a) = self.anypoint_listen
             && !auth_on

@@ -11,21 +11,30 @@
 //! (`max_connections`). A connection over the cap is accepted and closed
 //! at once (the client sees the connection reset), so that the listen
 //! backlog never fills with them.
+//!
+//! An HTTP/1 connection (REST, metrics) that sends nothing for the idle
+//! timeout is closed; so is a gRPC connection with no call open for it
+//! (its client reconnects when it calls again). The calls open on each
+//! connection are counted by [`CallsLayer`], which finds the connection by
+//! its peer address; a long poll or a subscription keeps its connection
+//! busy for as long as it runs.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tokio::time::Sleep;
-use tonic::transport::server::{Connected, TcpConnectInfo};
+use tokio::time::{Instant, Sleep};
+use tonic::codegen::{Body as HttpBody, Bytes, Service, http};
+use tonic::transport::server::{Connected, TcpConnectInfo, TlsConnectInfo};
 
 /// Bytes a new connection must send within the handshake deadline: the
 /// HTTP/2 client preface is 24 bytes; a TLS ClientHello and an HTTP/1
@@ -70,23 +79,53 @@ pub(crate) fn derived_cap(open_files: Option<u64>) -> usize {
     usize::try_from(cap).unwrap_or(16)
 }
 
-/// The cap and the handshake deadline, shared by the server's listeners.
+/// The cap, the handshake deadline and the idle timeout, shared by the
+/// server's listeners.
 #[derive(Debug)]
 pub(crate) struct Gate {
     permits: Arc<Semaphore>,
     handshake: Duration,
+    /// After this long with no call open, a gRPC connection is closed.
+    idle: Duration,
     max: usize,
     refused: AtomicU64,
+    /// The gRPC connections open, by peer address, with their calls.
+    conns: Mutex<HashMap<SocketAddr, Arc<Calls>>>,
+}
+
+/// What a connection is doing, as its calls begin and end.
+#[derive(Debug)]
+pub(crate) struct Calls {
+    open: AtomicUsize,
+    /// When the last call began or ended.
+    last: Mutex<Instant>,
+}
+
+impl Calls {
+    fn touch(&self) {
+        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+    }
+
+    fn idle_since(&self) -> Option<Instant> {
+        (self.open.load(Ordering::SeqCst) == 0)
+            .then(|| *self.last.lock().unwrap_or_else(|e| e.into_inner()))
+    }
 }
 
 impl Gate {
-    pub(crate) fn new(max: usize, handshake: Duration) -> Arc<Gate> {
+    pub(crate) fn new(max: usize, handshake: Duration, idle: Duration) -> Arc<Gate> {
         Arc::new(Gate {
             permits: Arc::new(Semaphore::new(max)),
             handshake,
+            idle,
             max,
             refused: AtomicU64::new(0),
+            conns: Mutex::new(HashMap::new()),
         })
+    }
+
+    fn conns(&self) -> std::sync::MutexGuard<'_, HashMap<SocketAddr, Arc<Calls>>> {
+        self.conns.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Connections open now.
@@ -103,7 +142,21 @@ impl Gate {
     /// itself (out of file descriptors, a connection reset before it was
     /// accepted) are logged and waited out, never returned: a listener
     /// must go on.
-    pub(crate) async fn accept(&self, listener: &TcpListener) -> (Conn, SocketAddr) {
+    pub(crate) async fn accept(self: &Arc<Self>, listener: &TcpListener) -> (Conn, SocketAddr) {
+        self.accept_with(listener, false).await
+    }
+
+    /// [`Gate::accept`] for gRPC: the connection is registered so that its
+    /// calls are counted, and closed after the idle timeout without one.
+    async fn accept_grpc(self: &Arc<Self>, listener: &TcpListener) -> (Conn, SocketAddr) {
+        self.accept_with(listener, true).await
+    }
+
+    async fn accept_with(
+        self: &Arc<Self>,
+        listener: &TcpListener,
+        grpc: bool,
+    ) -> (Conn, SocketAddr) {
         loop {
             let (tcp, peer) = match listener.accept().await {
                 Ok(a) => a,
@@ -123,7 +176,23 @@ impl Gate {
                 continue;
             };
             let _ = tcp.set_nodelay(true);
-            return (Conn::new(tcp, permit, self.handshake, peer), peer);
+            let mut conn = Conn::new(tcp, permit, self.handshake, peer);
+            if !grpc {
+                conn.quiet = Some((self.idle, Box::pin(tokio::time::sleep(self.idle))));
+            } else {
+                let calls = Arc::new(Calls {
+                    open: AtomicUsize::new(0),
+                    last: Mutex::new(Instant::now()),
+                });
+                self.conns().insert(peer, Arc::clone(&calls));
+                conn.idle = Some(Idle {
+                    calls,
+                    after: self.idle,
+                    gate: Arc::clone(self),
+                    timer: Box::pin(tokio::time::sleep(self.idle)),
+                });
+            }
+            return (conn, peer);
         }
     }
 }
@@ -134,7 +203,7 @@ pub(crate) fn incoming(
     gate: Arc<Gate>,
 ) -> impl futures_util::Stream<Item = io::Result<Conn>> + Send + 'static {
     futures_util::stream::unfold((listener, gate), |(listener, gate)| async move {
-        let (conn, _) = gate.accept(&listener).await;
+        let (conn, _) = gate.accept_grpc(&listener).await;
         Some((Ok(conn), (listener, gate)))
     })
 }
@@ -155,8 +224,8 @@ impl axum::serve::Listener for GatedListener {
     type Io = Conn;
     type Addr = SocketAddr;
 
-    fn accept(&mut self) -> impl Future<Output = (Conn, SocketAddr)> + Send {
-        self.gate.accept(&self.listener)
+    async fn accept(&mut self) -> (Conn, SocketAddr) {
+        self.gate.accept(&self.listener).await
     }
 
     fn local_addr(&self) -> io::Result<SocketAddr> {
@@ -174,6 +243,18 @@ pub(crate) struct Conn {
     deadline: Option<Pin<Box<Sleep>>>,
     received: usize,
     peer: SocketAddr,
+    /// gRPC: its calls, watched for idleness.
+    idle: Option<Idle>,
+    /// HTTP/1: closed after this long without a byte received.
+    quiet: Option<(Duration, Pin<Box<Sleep>>)>,
+}
+
+/// The idle watch of a gRPC connection.
+struct Idle {
+    calls: Arc<Calls>,
+    after: Duration,
+    gate: Arc<Gate>,
+    timer: Pin<Box<Sleep>>,
 }
 
 impl Conn {
@@ -189,6 +270,40 @@ impl Conn {
             deadline: Some(Box::pin(tokio::time::sleep(handshake))),
             received: 0,
             peer,
+            idle: None,
+            quiet: None,
+        }
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        if let Some(i) = &self.idle {
+            let mut conns = i.gate.conns();
+            if conns
+                .get(&self.peer)
+                .is_some_and(|c| Arc::ptr_eq(c, &i.calls))
+            {
+                conns.remove(&self.peer);
+            }
+        }
+    }
+}
+
+impl Idle {
+    /// True once the connection has had no call open for `after`; else
+    /// arms the timer for the earliest moment it could be.
+    fn expired(&mut self, cx: &mut Context<'_>) -> bool {
+        loop {
+            if self.timer.as_mut().poll(cx).is_pending() {
+                return false;
+            }
+            let due = match self.calls.idle_since() {
+                Some(since) if since + self.after <= Instant::now() => return true,
+                Some(since) => since + self.after,
+                None => Instant::now() + self.after,
+            };
+            self.timer.as_mut().reset(due);
         }
     }
 }
@@ -211,10 +326,26 @@ impl AsyncRead for Conn {
         let before = buf.filled().len();
         let r = Pin::new(&mut this.tcp).poll_read(cx, buf);
         if let Poll::Ready(Ok(())) = &r {
-            this.received += buf.filled().len() - before;
+            let n = buf.filled().len() - before;
+            this.received += n;
             if this.received >= HANDSHAKE_BYTES {
                 this.deadline = None;
             }
+            if n > 0
+                && let Some((after, timer)) = this.quiet.as_mut()
+            {
+                timer.as_mut().reset(Instant::now() + *after);
+            }
+        }
+        if r.is_pending()
+            && let Some((_, timer)) = this.quiet.as_mut()
+            && timer.as_mut().poll(cx).is_ready()
+        {
+            tracing::debug!(peer = %this.peer, "closing a connection that sent nothing for the idle timeout");
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the connection sent nothing for the idle timeout",
+            )));
         }
         if r.is_pending()
             && let Some(d) = this.deadline.as_mut()
@@ -227,7 +358,133 @@ impl AsyncRead for Conn {
                 "the connection did not finish its handshake in time",
             )));
         }
+        if r.is_pending()
+            && let Some(idle) = this.idle.as_mut()
+            && idle.expired(cx)
+        {
+            tracing::debug!(peer = %this.peer, "closing a connection idle for the idle timeout");
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the connection was idle for the idle timeout",
+            )));
+        }
         r
+    }
+}
+
+/// Counts the calls open on each gRPC connection (see [`Gate`]).
+#[derive(Debug, Clone)]
+pub(crate) struct CallsLayer {
+    gate: Arc<Gate>,
+}
+
+impl CallsLayer {
+    pub(crate) fn new(gate: Arc<Gate>) -> CallsLayer {
+        CallsLayer { gate }
+    }
+}
+
+impl<S> tower_layer::Layer<S> for CallsLayer {
+    type Service = Counted<S>;
+
+    fn layer(&self, inner: S) -> Counted<S> {
+        Counted {
+            inner,
+            gate: Arc::clone(&self.gate),
+        }
+    }
+}
+
+/// A service whose calls hold their connection busy until their response
+/// body ends (a stream's, when the stream does).
+#[derive(Debug, Clone)]
+pub(crate) struct Counted<S> {
+    inner: S,
+    gate: Arc<Gate>,
+}
+
+/// One call open on a connection; ends when dropped.
+pub(crate) struct Open(Option<Arc<Calls>>);
+
+impl Open {
+    fn begin(calls: Option<Arc<Calls>>) -> Open {
+        if let Some(c) = &calls {
+            c.open.fetch_add(1, Ordering::SeqCst);
+            c.touch();
+        }
+        Open(calls)
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        if let Some(c) = &self.0 {
+            c.touch();
+            c.open.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+impl<S, B, Req> Service<http::Request<Req>> for Counted<S>
+where
+    S: Service<http::Request<Req>, Response = http::Response<B>>,
+    S::Future: Send + 'static,
+    B: HttpBody<Data = Bytes> + Send + 'static,
+{
+    type Response = http::Response<OpenBody<B>>;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<Req>) -> Self::Future {
+        let peer = req
+            .extensions()
+            .get::<TcpConnectInfo>()
+            .and_then(TcpConnectInfo::remote_addr)
+            .or_else(|| {
+                req.extensions()
+                    .get::<TlsConnectInfo<TcpConnectInfo>>()
+                    .and_then(|i| i.get_ref().remote_addr())
+            });
+        let calls = peer.and_then(|p| self.gate.conns().get(&p).cloned());
+        let open = Open::begin(calls);
+        let fut = self.inner.call(req);
+        Box::pin(async move {
+            let resp = fut.await?;
+            Ok(resp.map(|body| OpenBody {
+                body: Box::pin(body),
+                _open: open,
+            }))
+        })
+    }
+}
+
+/// A response body that keeps its call counted as open until it ends.
+pub(crate) struct OpenBody<B> {
+    body: Pin<Box<B>>,
+    _open: Open,
+}
+
+impl<B: HttpBody<Data = Bytes>> HttpBody for OpenBody<B> {
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, B::Error>>> {
+        self.body.as_mut().poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
     }
 }
 

@@ -106,6 +106,8 @@ pub struct Limits {
     /// How long a new connection may take to send its first bytes (its
     /// HTTP/2 preface, TLS ClientHello or HTTP/1 request line).
     pub handshake_timeout: Duration,
+    /// After this long with no call open, a gRPC connection is closed.
+    pub idle_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -116,6 +118,7 @@ impl Default for Limits {
             request_timeout: Duration::from_secs(60),
             max_connections: None,
             handshake_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(300),
         }
     }
 }
@@ -330,7 +333,11 @@ impl Server {
             open_files = open_files.unwrap_or(0),
             "connections capped"
         );
-        let gate = conns::Gate::new(max_connections, config.limits.handshake_timeout);
+        let gate = conns::Gate::new(
+            max_connections,
+            config.limits.handshake_timeout,
+            config.limits.idle_timeout,
+        );
         let (stop_metrics, metrics_stopped) = tokio::sync::oneshot::channel::<()>();
         let metrics_task = metrics.map(|(l, _)| {
             let registry = metrics::registry(
@@ -431,6 +438,7 @@ impl Server {
                     principal = tracing::field::Empty
                 )
             })
+            .layer(conns::CallsLayer::new(Arc::clone(&gate)))
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
             .max_concurrent_streams(config.limits.max_concurrent_streams)
             .concurrency_limit_per_connection(config.limits.concurrency_per_connection)

@@ -376,7 +376,7 @@ async fn with_the_disk_full_publishes_fail_and_acks_work() {
     s.stop().await;
     // Restart believing the disk is full: the minimum just above the free
     // space (its quarter, the hard floor for acks, below it).
-    let st = rustix::fs::statvfs(&s.data_dir()).unwrap();
+    let st = rustix::fs::statvfs(s.data_dir()).unwrap();
     let free = st.f_bavail * st.f_frsize;
     let log = s.data_dir().with_file_name("full.log");
     let min = format!("--min-free-disk={}", free + (64 << 20));

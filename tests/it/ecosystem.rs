@@ -6,6 +6,9 @@
 //! without transparent huge pages.
 
 use std::process::Command;
+use std::time::Duration;
+
+use letterbox::pb;
 
 fn run(script: &str) -> std::process::Output {
     Command::new("bash")
@@ -135,6 +138,84 @@ async fn prometheus_metrics_move_with_the_queues() {
     let (missing, _) = http_get(metrics, "/nothing").await;
     assert!(missing.contains("404"), "{missing}");
 
+    drop(c);
+    stop.send(()).unwrap();
+    task.await.unwrap().unwrap();
+}
+
+/// A gRPC connection with no call open for `idle_timeout` is closed (the
+/// client's channel reconnects on its next call); a long poll keeps its
+/// connection open past it. Seen through `letterbox_connections_open`.
+#[tokio::test]
+async fn idle_grpc_connections_are_closed_and_busy_ones_kept() {
+    use letterbox::clock::SystemClock;
+    use letterbox::server::{Server, ServerConfig};
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = ServerConfig::new(dir.path().join("data"), "127.0.0.1:0".parse().unwrap());
+    config.store.min_free_bytes = 0;
+    config.store.segment_size = 1 << 20;
+    config.metrics_listen = Some("127.0.0.1:0".parse().unwrap());
+    config.limits.idle_timeout = Duration::from_millis(400);
+    let server = Server::start(config, std::sync::Arc::new(SystemClock))
+        .await
+        .unwrap();
+    let addr = server.local_addr();
+    let metrics = server.metrics_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(server.serve(async {
+        let _ = stopped.await;
+    }));
+    // The scrape's own connection counts one.
+    let open = || async {
+        let (_, text) = http_get(metrics, "/metrics").await;
+        sample(&text, "letterbox_connections_open").unwrap()
+    };
+    let mut c = crate::harness::connect(addr).await;
+    c.create("q", crate::harness::config()).await;
+    assert_eq!(open().await, 2.0);
+    // A long poll of 1.5 s keeps its connection past the idle timeout.
+    let mut poller = c.clone();
+    let poll = tokio::spawn(async move {
+        poller
+            .msg
+            .receive(pb::ReceiveRequest {
+                queue: "q".into(),
+                max_messages: 1,
+                wait_ms: 1500,
+                ..Default::default()
+            })
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(open().await, 2.0, "busy with the long poll");
+    assert!(poll.await.unwrap().is_ok());
+    // Idle past the timeout: closed.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(open().await, 1.0, "closed once idle");
+    // The client's next call reconnects.
+    c.publish("q", &["again"]).await;
+    assert_eq!(c.stats("q").await.total, 1);
+    // An HTTP/1 keep-alive connection that sends nothing more is closed
+    // after the idle timeout too.
+    {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(metrics).await.unwrap();
+        s.write_all(format!("GET /metrics HTTP/1.1\r\nHost: {metrics}\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        let mut buf = vec![0u8; 1 << 16];
+        let ended = tokio::time::timeout(Duration::from_secs(3), async {
+            loop {
+                match s.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+            }
+        })
+        .await;
+        assert!(ended.is_ok(), "the idle keep-alive connection was closed");
+    }
     drop(c);
     stop.send(()).unwrap();
     task.await.unwrap().unwrap();
