@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Negative controls of the crash tests: builds `letterbox` five times, each
+# Negative controls of the crash tests: builds `letterbox` six times, each
 # with one rule broken on purpose (cargo features of the main crate), and
 # shows that the power-loss chaos run catches each one:
 #
@@ -15,6 +15,10 @@
 #   fault-no-fifo-release    a failed FIFO message does not    -> I9 (a later
 #                            release the later ones of its        message acked
 #                            group leased with it                 first)
+#   fault-no-log-continuity  starts without checking that the  -> I1 (acknowledged
+#                            log goes on where the checkpoint     publishes lost;
+#                            says (damage mode: segments          also I4, I5, I13...)
+#                            deleted, zeroed, truncated)
 #
 # A control that is not caught fails the script: the harness would lack
 # teeth. The default build is restored at the end.
@@ -28,7 +32,7 @@ SEED=${SEED:-1}
 out=target/faults
 mkdir -p "$out"
 for f in fault-ack-before-fsync fault-no-delivery-count fault-dlq-two-steps fault-exchange-two-steps \
-  fault-no-fifo-release; do
+  fault-no-fifo-release fault-no-log-continuity; do
   cargo build --quiet --bin letterbox --features "$f"
   cp target/debug/letterbox "$out/letterbox-$f"
 done
@@ -42,7 +46,7 @@ run() { # fault, invariant, extra args...
   echo "== negative control $f: expecting violations of $inv"
   "$chaos" --seed "$SEED" --cycles "$CYCLES" --power-loss --no-verify \
     --server-bin "$out/letterbox-$f" --expect-violation "$inv" "$@" |
-    grep -E "^(chaos:|kill points|power cuts|I[0-9]+ )"
+    grep -E "^(chaos:|kill points|damage|power cuts|I[0-9]+ )"
 }
 
 # The answered batch stays unsynced until the next group commit: a power
@@ -59,4 +63,8 @@ CYCLES=$((CYCLES * 2)) run fault-exchange-two-steps I17 --classes random,sys:fda
 # of a group whose first is nacked (flaky, poison) and the rest then acked
 # (hundreds of violations in 15 cycles, seeds 1-4).
 run fault-no-fifo-release I9
+# Damage mode (RELIABILITY.md, "Damage mode"): between cycles a log segment
+# is deleted, zeroed or truncated; this build starts on it instead of
+# refusing, and what the damaged segment held after the checkpoint is gone.
+run fault-no-log-continuity I1,I4 --damage
 echo "== all negative controls caught"

@@ -1,4 +1,4 @@
-//! The checker: the invariants I1-I16 of the reliability method, judged
+//! The checker: the invariants I1-I17 of the reliability method, judged
 //! from the client-side history alone.
 //!
 //! Times: each call has an invocation and a completion instant on the

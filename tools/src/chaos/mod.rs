@@ -13,7 +13,7 @@
 //! Every call is recorded on the client side (invoke, then ok / fail /
 //! info); at the end the workload drains every queue, the server is
 //! restarted once more, `letterbox verify` checks the data directory, and
-//! the checker judges the history against the invariants I1-I16 (see
+//! the checker judges the history against the invariants I1-I17 (see
 //! [`checker`]). The run prints a table and the seed, and fails on any
 //! violation.
 //!
@@ -32,6 +32,7 @@
 pub mod checker;
 #[cfg(test)]
 mod checker_tests;
+pub mod damage;
 pub mod history;
 pub mod server;
 pub mod shim;
@@ -125,6 +126,14 @@ pub struct Args {
     /// Soak: seconds between samples.
     #[arg(long, default_value_t = 10)]
     pub sample_secs: u64,
+    /// Damage mode: before about two cycles in three (the server down), delete,
+    /// zero or truncate a log segment (RELIABILITY.md, "Damage mode"); the
+    /// next start must refuse naming the file (the segment is then put
+    /// back) or start with nothing acknowledged missing. With
+    /// `--min-hits`, every damage kind must also have been applied that
+    /// many times.
+    #[arg(long)]
+    pub damage: bool,
     /// Extra flag for `letterbox serve` (repeatable).
     #[arg(long = "server-arg", allow_hyphen_values = true)]
     pub server_args: Vec<String>,
@@ -203,6 +212,17 @@ struct Nemesis {
     plan: Vec<String>,
     classes: Vec<String>,
     soak: bool,
+    /// Damage mode: the next kinds to apply (a shuffled round).
+    damage_plan: Vec<&'static str>,
+    /// Damage kind → (applied, start refused naming the file, started).
+    damage_outcomes: BTreeMap<&'static str, (u64, u64, u64)>,
+    /// Starts after a damage the rule must refuse (the invariants judge
+    /// whether anything was lost).
+    damage_unrefused: Vec<String>,
+    /// Byte ranges of the server log written by starts that refused a
+    /// damaged directory, as they must: their "corrupt data" lines are
+    /// expected.
+    excused_log: Vec<(u64, u64)>,
 }
 
 impl Nemesis {
@@ -453,6 +473,100 @@ impl Nemesis {
                 }
             ),
         );
+        Ok(())
+    }
+
+    /// Damage mode, with the server down: two calls in three, damages
+    /// the log (a kind from a shuffled round of [`damage::KINDS`], a kind
+    /// that cannot be applied soundly now tried again first next time) and
+    /// starts the server. A refusal must name a damaged file; the copies
+    /// are then put back. A start is an epoch like the others (killed at a
+    /// random moment), and the checker's invariants judge what it lost.
+    async fn damage_round(&mut self) -> Result<()> {
+        if self.rng.u8(0..3) == 0 {
+            return Ok(());
+        }
+        let mut skipped = Vec::new();
+        let mut chosen = None;
+        for _ in 0..damage::KINDS.len() {
+            if self.damage_plan.is_empty() {
+                let mut all = damage::KINDS.to_vec();
+                self.rng.shuffle(&mut all);
+                self.damage_plan = all;
+            }
+            let kind = self.damage_plan.pop().unwrap_or("delete-log");
+            if let Some(d) = damage::plan(kind, &self.spec.data, &mut self.rng) {
+                chosen = Some(d);
+                break;
+            }
+            skipped.push(kind);
+        }
+        for k in skipped.into_iter().rev() {
+            if !self.damage_plan.contains(&k) {
+                self.damage_plan.push(k);
+            }
+        }
+        let Some(d) = chosen else {
+            return Ok(());
+        };
+        let backup = self.run_dir.join("damage-backup");
+        damage::apply(&d, &backup)?;
+        self.damage_outcomes.entry(d.kind).or_default().0 += 1;
+        self.hist.nemesis(self.epoch, "damage", d.describe());
+        let from = server::log_len(&self.spec.log);
+        let mut s = self.spawn(None)?;
+        if s.wait_ready(Duration::from_secs(60)).await? {
+            if let Some(at) = s.ready_at {
+                self.ready_times.push(at - s.spawned);
+            }
+            self.hist.nemesis(self.epoch, "ready", "");
+            self.damage_outcomes.entry(d.kind).or_default().2 += 1;
+            if d.must_refuse {
+                self.damage_unrefused
+                    .push(format!("epoch {}: {}", self.epoch, d.describe()));
+            }
+            let _ = std::fs::remove_dir_all(&backup);
+            let run = self.rng.u64(50..self.max_run.as_millis().max(100) as u64);
+            tokio::time::sleep(Duration::from_millis(run)).await;
+            let status = s.kill();
+            return self.end("random", status, false);
+        }
+        let status = match s.wait_exit(Duration::from_secs(5)).await {
+            Some(st) => Some(st),
+            None => s.kill(),
+        };
+        let to = server::log_len(&self.spec.log);
+        let text = server::log_since(&self.spec.log, from);
+        let detail = status.map_or("-".to_string(), |s| s.to_string());
+        match (
+            status.and_then(|s| s.code()),
+            damage::refusal_line(&text, &d),
+        ) {
+            (Some(1), Some(line)) => {
+                self.damage_outcomes.entry(d.kind).or_default().1 += 1;
+                self.excused_log.push((from, to));
+                self.hist.nemesis(
+                    self.epoch,
+                    "exit",
+                    format!("damage refused {detail}: {}", line.trim()),
+                );
+            }
+            _ => {
+                self.hist
+                    .nemesis(self.epoch, "exit", format!("damage {detail}"));
+                let tail: Vec<&str> = text.lines().rev().take(6).collect();
+                let tail: Vec<&str> = tail.into_iter().rev().collect();
+                self.health.push(format!(
+                    "epoch {}: after damage ({}), the server neither started nor refused with exit 1 and a \"cannot start\" line naming the damaged file ({detail}); log: {}",
+                    self.epoch,
+                    d.describe(),
+                    tail.join(" | ")
+                ));
+            }
+        }
+        damage::restore(&d, &backup)?;
+        self.hist
+            .nemesis(self.epoch, "restore", "damaged segments put back");
         Ok(())
     }
 
@@ -712,6 +826,10 @@ pub async fn run(args: Args) -> Result<i32> {
         plan: Vec::new(),
         classes: args.classes.clone(),
         soak: args.soak_secs.is_some(),
+        damage_plan: Vec::new(),
+        damage_outcomes: BTreeMap::new(),
+        damage_unrefused: Vec::new(),
+        excused_log: Vec::new(),
     };
     let started = Instant::now();
     let sh = Arc::new(Shared {
@@ -818,6 +936,9 @@ pub async fn run(args: Args) -> Result<i32> {
         args.cycles
     };
     for cycle in 1..cycles {
+        if args.damage {
+            nem.damage_round().await?;
+        }
         let class = nem.next_class();
         let before = nem.hits.get(&class).copied().unwrap_or(0);
         nem.epoch(&class).await?;
@@ -937,7 +1058,7 @@ pub async fn run(args: Args) -> Result<i32> {
     {
         nem.health.push(problem);
     }
-    for line in server::bad_log_lines(&nem.spec.log) {
+    for line in server::bad_log_lines(&nem.spec.log, &nem.excused_log) {
         nem.health.push(format!("server log: {line}"));
     }
 
@@ -953,6 +1074,19 @@ pub async fn run(args: Args) -> Result<i32> {
         .filter(|c| nem.hits.get(*c).copied().unwrap_or(0) < args.min_hits)
         .cloned()
         .collect();
+    let missing_damage: Vec<&str> = if args.damage {
+        // `zero-tail` needs bytes after the log's end that are not zeros
+        // already (a reused segment's leftovers), which a run may never
+        // have: it is reported, not required.
+        damage::KINDS
+            .iter()
+            .copied()
+            .filter(|k| *k != "zero-tail")
+            .filter(|k| nem.damage_outcomes.get(k).map_or(0, |o| o.0) < args.min_hits)
+            .collect()
+    } else {
+        Vec::new()
+    };
 
     let recs = hist.take();
     let report = checker::check(&recs, &hist, seed, &nem.health);
@@ -963,6 +1097,14 @@ pub async fn run(args: Args) -> Result<i32> {
             "chaos: insufficient coverage: kill point classes hit fewer than {} times: {}",
             args.min_hits,
             missing.join(", ")
+        );
+        ok = false;
+    }
+    if !missing_damage.is_empty() {
+        println!(
+            "chaos: insufficient coverage: damage kinds applied fewer than {} times: {}",
+            args.min_hits,
+            missing_damage.join(", ")
         );
         ok = false;
     }
@@ -1153,6 +1295,35 @@ fn print_summary(
     );
     let hits: Vec<String> = nem.hits.iter().map(|(c, n)| format!("{c} {n}")).collect();
     println!("kill points hit: {}", hits.join(", "));
+    if args.damage {
+        let per_kind: Vec<String> = damage::KINDS
+            .iter()
+            .map(|k| {
+                let (a, r, st) = nem.damage_outcomes.get(k).copied().unwrap_or_default();
+                format!("{k} {a} ({r} refused, {st} started)")
+            })
+            .collect();
+        let (a, r, st) = nem
+            .damage_outcomes
+            .values()
+            .fold((0, 0, 0), |x, o| (x.0 + o.0, x.1 + o.1, x.2 + o.2));
+        println!(
+            "damage applied: {a}; start refused naming the damaged file: {r}; started (nothing acknowledged may be missing): {st}; by kind: {}",
+            per_kind.join(", ")
+        );
+        if !nem.damage_unrefused.is_empty() {
+            println!(
+                "damage the start rule must refuse, started anyway: {} ({})",
+                nem.damage_unrefused.len(),
+                nem.damage_unrefused
+                    .iter()
+                    .take(3)
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            );
+        }
+    }
     if nem.power {
         println!(
             "power cuts (directory rebuilt from the durable mirror): {}{}",

@@ -278,17 +278,41 @@ impl Drop for Counters {
     }
 }
 
-/// Lines of the server log that show a panic or damaged data.
-pub fn bad_log_lines(log: &Path) -> Vec<String> {
+/// Lines of the server log that show a panic or damaged data, but for
+/// those in the byte ranges `excused` (`[from, to)`: starts that refused a
+/// directory damaged on purpose, as they must).
+pub fn bad_log_lines(log: &Path, excused: &[(u64, u64)]) -> Vec<String> {
     let Ok(text) = std::fs::read_to_string(log) else {
         return Vec::new();
     };
-    text.lines()
-        .filter(|l| {
-            l.contains("panicked") || l.contains("corrupt data") || l.contains("RUST_BACKTRACE")
-        })
-        .map(str::to_string)
-        .collect()
+    let mut at = 0u64;
+    let mut out = Vec::new();
+    for l in text.split_inclusive('\n') {
+        let start = at;
+        at += l.len() as u64;
+        if excused
+            .iter()
+            .any(|&(from, to)| start >= from && start < to)
+        {
+            continue;
+        }
+        if l.contains("panicked") || l.contains("corrupt data") || l.contains("RUST_BACKTRACE") {
+            out.push(l.trim_end().to_string());
+        }
+    }
+    out
+}
+
+/// The server log's length in bytes (0 if it does not exist yet).
+pub fn log_len(log: &Path) -> u64 {
+    std::fs::metadata(log).map_or(0, |m| m.len())
+}
+
+/// The server log from byte `from` on.
+pub fn log_since(log: &Path, from: u64) -> String {
+    let bytes = std::fs::read(log).unwrap_or_default();
+    let from = usize::try_from(from).unwrap_or(usize::MAX).min(bytes.len());
+    String::from_utf8_lossy(&bytes[from..]).into_owned()
 }
 
 /// The last lines of the server log.
