@@ -325,6 +325,18 @@ fn free_bytes(dir: &Path) -> u64 {
     st.f_bavail * st.f_frsize
 }
 
+/// One receive of a message from `q`: the call's status.
+async fn receive_one(c: &mut Clients) -> Result<Vec<pb::Delivery>, tonic::Status> {
+    c.msg
+        .receive(pb::ReceiveRequest {
+            queue: "q".into(),
+            max_messages: 1,
+            ..Default::default()
+        })
+        .await
+        .map(|r| r.into_inner().deliveries)
+}
+
 /// `--min-free-disk` is honest: the log segment the server will prepare
 /// next counts against it, so publishes are refused while the minimum is
 /// still free; below the hard floor (a quarter of it) acks and receives
@@ -369,19 +381,11 @@ async fn the_minimum_counts_the_next_segment_and_a_hard_floor_keeps_the_server_u
     std::fs::write(&filler, vec![0u8; fill]).unwrap();
     let until = Instant::now() + Duration::from_secs(10);
     let status = loop {
-        let r = c
-            .msg
-            .receive(pb::ReceiveRequest {
-                queue: "q".into(),
-                max_messages: 1,
-                ..Default::default()
-            })
-            .await;
-        match r {
+        match receive_one(&mut c).await {
             Err(s) => break s,
             Ok(got) => {
                 // Not yet noticed: give the lease back.
-                for d in got.into_inner().deliveries {
+                for d in got {
                     let _ = c.nack(&d.ack_token, "").await;
                 }
             }
@@ -403,16 +407,8 @@ async fn the_minimum_counts_the_next_segment_and_a_hard_floor_keeps_the_server_u
     std::fs::remove_file(&filler).unwrap();
     let until = Instant::now() + Duration::from_secs(10);
     let got = loop {
-        let r = c
-            .msg
-            .receive(pb::ReceiveRequest {
-                queue: "q".into(),
-                max_messages: 1,
-                ..Default::default()
-            })
-            .await;
-        if let Ok(r) = r {
-            break r.into_inner().deliveries;
+        if let Ok(got) = receive_one(&mut c).await {
+            break got;
         }
         assert!(Instant::now() < until, "receives did not resume");
         tokio::time::sleep(Duration::from_millis(100)).await;

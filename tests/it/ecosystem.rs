@@ -75,8 +75,17 @@ fn sample(text: &str, series: &str) -> Option<f64> {
     })
 }
 
-#[tokio::test]
-async fn prometheus_metrics_move_with_the_queues() {
+/// A server in this process with its metrics endpoint on: its gRPC and
+/// metrics addresses, the sender that stops it, its task and directory.
+struct WithMetrics {
+    addr: std::net::SocketAddr,
+    metrics: std::net::SocketAddr,
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Result<(), letterbox::server::ServerError>>,
+    _dir: tempfile::TempDir,
+}
+
+async fn with_metrics(change: impl FnOnce(&mut letterbox::server::ServerConfig)) -> WithMetrics {
     use letterbox::clock::SystemClock;
     use letterbox::server::{Server, ServerConfig};
 
@@ -85,6 +94,7 @@ async fn prometheus_metrics_move_with_the_queues() {
     config.store.min_free_bytes = 0;
     config.store.segment_size = 1 << 20;
     config.metrics_listen = Some("127.0.0.1:0".parse().unwrap());
+    change(&mut config);
     let server = Server::start(config, std::sync::Arc::new(SystemClock))
         .await
         .unwrap();
@@ -94,6 +104,24 @@ async fn prometheus_metrics_move_with_the_queues() {
     let task = tokio::spawn(server.serve(async {
         let _ = stopped.await;
     }));
+    WithMetrics {
+        addr,
+        metrics,
+        stop,
+        task,
+        _dir: dir,
+    }
+}
+
+#[tokio::test]
+async fn prometheus_metrics_move_with_the_queues() {
+    let WithMetrics {
+        addr,
+        metrics,
+        stop,
+        task,
+        _dir,
+    } = with_metrics(|_| {}).await;
 
     let mut c = crate::harness::connect(addr).await;
     c.create("jobs-dlq", crate::harness::config()).await;
@@ -148,24 +176,13 @@ async fn prometheus_metrics_move_with_the_queues() {
 /// connection open past it. Seen through `letterbox_connections_open`.
 #[tokio::test]
 async fn idle_grpc_connections_are_closed_and_busy_ones_kept() {
-    use letterbox::clock::SystemClock;
-    use letterbox::server::{Server, ServerConfig};
-
-    let dir = tempfile::tempdir().unwrap();
-    let mut config = ServerConfig::new(dir.path().join("data"), "127.0.0.1:0".parse().unwrap());
-    config.store.min_free_bytes = 0;
-    config.store.segment_size = 1 << 20;
-    config.metrics_listen = Some("127.0.0.1:0".parse().unwrap());
-    config.limits.idle_timeout = Duration::from_millis(400);
-    let server = Server::start(config, std::sync::Arc::new(SystemClock))
-        .await
-        .unwrap();
-    let addr = server.local_addr();
-    let metrics = server.metrics_addr().unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(server.serve(async {
-        let _ = stopped.await;
-    }));
+    let WithMetrics {
+        addr,
+        metrics,
+        stop,
+        task,
+        _dir,
+    } = with_metrics(|c| c.limits.idle_timeout = Duration::from_millis(400)).await;
     // The scrape's own connection counts one.
     let open = || async {
         let (_, text) = http_get(metrics, "/metrics").await;

@@ -227,6 +227,26 @@ fn wal_segments(dir: &Path) -> Vec<std::path::PathBuf> {
     segs
 }
 
+/// The segment `CHECKPOINT`'s `log` line names (where the log goes on),
+/// and its path.
+fn checkpoint_log_segment(dir: &Path) -> (u64, std::path::PathBuf) {
+    let text = std::fs::read_to_string(dir.join("CHECKPOINT")).unwrap();
+    let number: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("log "))
+        .and_then(|l| l.split_whitespace().next())
+        .unwrap()
+        .parse()
+        .unwrap();
+    (number, dir.join("wal").join(format!("{number:020}.wal")))
+}
+
+/// Overwrites a file with zeros, keeping its size.
+fn zero_file(path: &Path) {
+    let len = std::fs::metadata(path).unwrap().len();
+    std::fs::write(path, vec![0u8; usize::try_from(len).unwrap()]).unwrap();
+}
+
 /// A server killed with 400 acknowledged publishes of 1 KiB spread over
 /// several 64 KiB log segments, with a checkpoint taken part way.
 async fn killed_with_segments() -> (TestServer, Vec<String>) {
@@ -286,17 +306,8 @@ async fn a_zeroed_segment_is_refused() {
     let (s, _) = killed_with_segments().await;
     // The segment the last checkpoint says the log goes on in (it held
     // records then): zero it whole.
-    let text = std::fs::read_to_string(s.data_dir().join("CHECKPOINT")).unwrap();
-    let number: u64 = text
-        .lines()
-        .find_map(|l| l.strip_prefix("log "))
-        .and_then(|l| l.split_whitespace().next())
-        .unwrap()
-        .parse()
-        .unwrap();
-    let first = s.data_dir().join("wal").join(format!("{number:020}.wal"));
-    let len = std::fs::metadata(&first).unwrap().len();
-    std::fs::write(&first, vec![0u8; usize::try_from(len).unwrap()]).unwrap();
+    let (_, first) = checkpoint_log_segment(&s.data_dir());
+    zero_file(&first);
     let name = first.file_name().unwrap().to_string_lossy().into_owned();
     assert_refused(&s, &name);
 }
@@ -311,14 +322,7 @@ async fn a_zeroed_segment_of_bodies_is_reported() {
     // begins the log in a new one after them.
     s.restart().await;
     assert!(s.stop().await.success());
-    let text = std::fs::read_to_string(s.data_dir().join("CHECKPOINT")).unwrap();
-    let number: u64 = text
-        .lines()
-        .find_map(|l| l.strip_prefix("log "))
-        .and_then(|l| l.split_whitespace().next())
-        .unwrap()
-        .parse()
-        .unwrap();
+    let (number, _) = checkpoint_log_segment(&s.data_dir());
     let segs = wal_segments(&s.data_dir());
     let pinned = segs
         .iter()
@@ -328,8 +332,7 @@ async fn a_zeroed_segment_of_bodies_is_reported() {
         })
         .expect("a segment before the log's, kept for its bodies")
         .clone();
-    let len = std::fs::metadata(&pinned).unwrap().len();
-    std::fs::write(&pinned, vec![0u8; usize::try_from(len).unwrap()]).unwrap();
+    zero_file(&pinned);
     let (code, out) = run_verify(&s.data_dir());
     assert_eq!(code, 1, "verify: {out}");
     s.restart().await;
