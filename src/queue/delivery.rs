@@ -25,7 +25,6 @@ const DELIVERY_OVERHEAD: u64 = 512;
 /// A leased (or auto-acked) message waiting for its payload to be read.
 struct Picked {
     qid: u32,
-    pos: u64,
     /// Its queue is a FIFO queue.
     fifo: bool,
     pid: u64,
@@ -227,7 +226,6 @@ impl Broker {
             change.touch(qid);
             return Ok(Some(Picked {
                 qid,
-                pos,
                 fifo,
                 pid: meta.pid,
                 token: None,
@@ -250,7 +248,6 @@ impl Broker {
         q.lease(pos, deadline, epoch, timers);
         Ok(Some(Picked {
             qid,
-            pos,
             fifo,
             pid: meta.pid,
             token: Some(AckToken { qid, pos, epoch }),
@@ -278,14 +275,15 @@ impl Broker {
         let mut out = Vec::with_capacity(picked.len());
         // Leases of damaged bodies, and of the later messages of their
         // FIFO groups, taken back instead of delivered.
-        let mut damaged: Vec<(AckToken, String)> = Vec::new();
+        // (token, what is wrong, its FIFO group)
+        let mut damaged: Vec<(AckToken, String, Option<String>)> = Vec::new();
         let mut held_back: Vec<AckToken> = Vec::new();
         for p in picked {
             if p.fifo
                 && let Some(t) = p.token
                 && damaged
                     .iter()
-                    .any(|(d, _)| d.qid == p.qid && self.same_group(d, &p.meta))
+                    .any(|(d, _, group)| d.qid == p.qid && *group == p.meta.group)
             {
                 held_back.push(t);
                 continue;
@@ -296,7 +294,7 @@ impl Broker {
                     Ok(payload) => payload,
                     Err(e) if e.is_corrupt() => {
                         if let Some(t) = p.token {
-                            damaged.push((t, e.to_string()));
+                            damaged.push((t, e.to_string(), p.meta.group.clone()));
                         }
                         continue;
                     }
@@ -323,7 +321,6 @@ impl Broker {
                 dead_letters: persist::dead_letters(&p.meta),
                 attempts: persist::attempts(&p.meta),
             });
-            let _ = p.pos;
         }
         let taken_back = if damaged.is_empty() {
             None
@@ -335,27 +332,19 @@ impl Broker {
         Ok(out)
     }
 
-    /// True when the message of `meta` is in the same FIFO group as the
-    /// message `t` names (read from the lease's record).
-    fn same_group(&self, t: &AckToken, meta: &crate::storage::records::MetaRecord) -> bool {
-        self.meta(t.qid, t.pos)
-            .map(|m| m.group == meta.group)
-            .unwrap_or(true)
-    }
-
     /// Takes back leases this receive granted but does not hand out: the
     /// damaged messages are set aside, the held-back ones (later in a
     /// damaged message's FIFO group) are ready again, neither counted as
     /// a delivery. Leases no longer current (a purge meanwhile) are left.
     fn take_back(
         &self,
-        damaged: &[(AckToken, String)],
+        damaged: &[(AckToken, String, Option<String>)],
         held_back: &[AckToken],
     ) -> Result<Option<crate::storage::Commit>> {
         let now = self.now();
         let mut st = self.lock();
         let mut change = Change::default();
-        for (t, why) in damaged {
+        for (t, why, _) in damaged {
             if current_lease(&st, t, now).is_ok() {
                 self.set_aside(&mut st, t.qid, t.pos, why, now, &mut change)?;
             }
