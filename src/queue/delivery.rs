@@ -495,10 +495,11 @@ impl Broker {
         now: u64,
         change: &mut Change,
     ) -> Result<Vec<Settled>> {
+        self.catch_up(st, now, change)?;
         let mut results = Vec::with_capacity(parsed.len());
         for (t, text) in parsed.iter().zip(tokens) {
             if let Err(why) = current_lease(st, t, now) {
-                results.push(self.not_current(st, t, text, why)?);
+                results.push(self.not_current(st, t, text, why, change)?);
                 continue;
             }
             let State { queues, timers, .. } = &mut *st;
@@ -563,10 +564,11 @@ impl Broker {
                 }
             }
             let mut change = Change::default();
+            self.catch_up(&mut st, now, &mut change)?;
             let mut results = Vec::with_capacity(items.len());
             for (t, n) in parsed.iter().zip(items) {
                 if let Err(why) = current_lease(&st, t, now) {
-                    results.push(self.not_current(&st, t, &n.token, why)?);
+                    results.push(self.not_current(&st, t, &n.token, why, &change)?);
                     continue;
                 }
                 let outcome = if n.dead_letter {
@@ -610,10 +612,11 @@ impl Broker {
         let (results, commit) = {
             let mut st = self.lock();
             let mut change = Change::default();
+            self.catch_up(&mut st, now, &mut change)?;
             let mut results = Vec::with_capacity(items.len());
             for (t, (text, timeout)) in parsed.iter().zip(items) {
                 if let Err(why) = current_lease(&st, t, now) {
-                    results.push(self.not_current(&st, t, text, why)?);
+                    results.push(self.not_current(&st, t, text, why, &change)?);
                     continue;
                 }
                 let mut meta = self.meta(t.qid, t.pos)?;
@@ -737,10 +740,38 @@ impl Broker {
 }
 
 impl Broker {
+    /// Ends the leases that ran out before `now` and the sweeper has not
+    /// ended yet (it runs every 50 ms), in the settling call's transaction:
+    /// a FIFO message whose lease ran out releases the later ones of its
+    /// group first, so that none of them can be acked in that gap ahead
+    /// of its redelivery (SPEC §3). Free when nothing is due.
+    fn catch_up(&self, st: &mut State, now: u64, change: &mut Change) -> Result<()> {
+        if st.timers.first().is_some_and(|&(due, _, _)| due <= now) {
+            self.due_timers(st, now, change)?;
+        }
+        Ok(())
+    }
+
     /// The outcome for a token whose lease is not current (`why`): a
     /// FIFO delivery released by the failure of an earlier message of its
     /// group says so and names it; any other, that the lease expired.
-    fn not_current(&self, st: &State, t: &AckToken, text: &str, why: &str) -> Result<Settled> {
+    /// `change` is the call's transaction so far: a release it made (an
+    /// earlier token of the same call failed) is not in the store yet.
+    fn not_current(
+        &self,
+        st: &State,
+        t: &AckToken,
+        text: &str,
+        why: &str,
+        change: &Change,
+    ) -> Result<Settled> {
+        let canonical = t.to_string();
+        if let Some(r) = change.released.iter().find(|r| r.ack_token == canonical) {
+            return Ok(Settled::Released(format!(
+                "token {text} was released: the earlier message {} of its group failed first; the group restarts at that message, so this delivery settles nothing",
+                r.because_of
+            )));
+        }
         if let Some(reason) = self.released_by(st, t)? {
             return Ok(Settled::Released(format!(
                 "token {text} was {reason}; the group restarts at that message, so this delivery settles nothing"

@@ -1259,3 +1259,46 @@ async fn fifo_a_damaged_body_holds_its_group_back_and_nothing_is_counted() {
     let counts: Vec<u32> = page.iter().map(|m| m.delivery_count).collect();
     assert_eq!(counts, [0, 0], "neither m2 nor m3 counted a delivery");
 }
+
+#[tokio::test]
+async fn fifo_a_lease_run_out_releases_before_the_sweeper_comes() {
+    let env = Env::new();
+    env.create("f", fifo(QueueConfigInput::default())).await;
+    publish_group(&env, "f", "g", &["m1", "m2"]).await;
+    let got = env.receive("f", 10).await;
+    // m2's lease is extended; m1's runs out, and the sweeper has not run.
+    let t2 = got[1].ack_token.clone().expect("token");
+    env.b().extend(&[(t2, 60 * SECOND)]).await.expect("extend");
+    env.clock.advance(11 * SECOND);
+    // The ack of m2 ends m1's lease first, which releases m2.
+    let r = env.ack(&got[1]).await;
+    assert!(matches!(r, Settled::Released(_)), "{r:?}");
+    let (again, b) = bodies(&env, "f", 10).await;
+    assert_eq!(b, ["m1", "m2"]);
+    assert_eq!((again[0].delivery_count, again[1].delivery_count), (2, 1));
+}
+
+#[tokio::test]
+async fn fifo_nacking_a_whole_batch_in_one_call_releases_the_rest() {
+    let env = Env::new();
+    env.create("f", fifo(QueueConfigInput::default())).await;
+    publish_group(&env, "f", "g", &["m1", "m2", "m3"]).await;
+    let got = env.receive("f", 10).await;
+    let items: Vec<Nack> = got
+        .iter()
+        .map(|d| Nack {
+            token: d.ack_token.clone().expect("token"),
+            delay: None,
+            reason: "whole batch".into(),
+            dead_letter: false,
+        })
+        .collect();
+    let (r, released) = env.b().nack_releasing(&items).await.expect("nack");
+    assert_eq!(r[0], Settled::Ok { deadline: 0 });
+    assert!(matches!(r[1], Settled::Released(_)), "{:?}", r[1]);
+    assert!(matches!(r[2], Settled::Released(_)), "{:?}", r[2]);
+    assert_eq!(released.len(), 2);
+    let (again, _) = bodies(&env, "f", 10).await;
+    let counts: Vec<u32> = again.iter().map(|d| d.delivery_count).collect();
+    assert_eq!(counts, [2, 1, 1]);
+}

@@ -40,7 +40,12 @@ impl Broker {
         }
     }
 
-    fn due_timers(&self, st: &mut State, now: u64, change: &mut Change) -> Result<usize> {
+    pub(super) fn due_timers(
+        &self,
+        st: &mut State,
+        now: u64,
+        change: &mut Change,
+    ) -> Result<usize> {
         let mut n = 0;
         while n < BATCH {
             let Some(&(due, qid, pos)) = st.timers.first() else {
