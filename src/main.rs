@@ -45,8 +45,6 @@ fn no_transparent_huge_pages() {
 #[derive(Debug, Parser)]
 #[command(name = "letterbox", version, about)]
 struct Cli {
-    #[command(flatten)]
-    common: cli::Common,
     #[command(subcommand)]
     command: Command,
 }
@@ -63,8 +61,67 @@ enum Command {
     /// payloads, and the consistency of queues, messages and counters.
     /// Nothing is modified.
     Verify(VerifyArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish,
+    /// powershell) to standard output.
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page (roff) to standard output, or write one page
+    /// per subcommand into a directory.
+    Man {
+        /// Write `letterbox.1`, `letterbox-serve.1`, ... here instead.
+        #[arg(long)]
+        out_dir: Option<std::path::PathBuf>,
+    },
     #[command(flatten)]
-    Client(cli::Command),
+    Client(Box<cli::Command>),
+}
+
+/// Writes generated text to standard output; a reader that went away
+/// (`| head`) is not an error.
+fn emit(bytes: &[u8]) -> ExitCode {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(bytes).and_then(|()| out.flush()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("letterbox: writing the output: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn completions(shell: clap_complete::Shell) -> ExitCode {
+    let mut cmd = Cli::command();
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut cmd, "letterbox", &mut script);
+    emit(&script)
+}
+
+fn man(out_dir: Option<&std::path::Path>) -> ExitCode {
+    let cmd = Cli::command();
+    let written = match out_dir {
+        Some(dir) => std::fs::create_dir_all(dir)
+            .and_then(|()| clap_mangen::generate_to(cmd, dir))
+            .map_err(|e| format!("{}: {e}", dir.display())),
+        None => {
+            let mut page = Vec::new();
+            match clap_mangen::Man::new(cmd).render(&mut page) {
+                Ok(()) => return emit(&page),
+                Err(e) => Err(e.to_string()),
+            }
+        }
+    };
+    match written {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("letterbox man: {e}");
+            ExitCode::from(1)
+        }
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -332,6 +389,8 @@ fn main() -> ExitCode {
             runtime.block_on(serve(*args))
         }
         Command::Verify(args) => verify(&args),
+        Command::Completions { shell } => completions(shell),
+        Command::Man { out_dir } => man(out_dir.as_deref()),
         Command::Client(cmd) => {
             let runtime = match tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -343,7 +402,7 @@ fn main() -> ExitCode {
                     return ExitCode::from(1);
                 }
             };
-            runtime.block_on(cli::run(cli.common, cmd))
+            runtime.block_on(cli::run(*cmd))
         }
     }
 }

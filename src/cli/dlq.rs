@@ -46,13 +46,14 @@ pub struct RedriveArgs {
     /// Only messages dead-lettered for this reason (repeatable).
     #[arg(long = "reason", value_enum)]
     reasons: Vec<Reason>,
-    /// Only messages dead-lettered at or after this instant (ms since the
-    /// epoch).
-    #[arg(long)]
+    /// Only messages dead-lettered at or after this instant: RFC 3339
+    /// (`2026-12-04T10:00:00Z`), relative (`-1h`, `"30m ago"`) or ms since
+    /// the epoch.
+    #[arg(long, value_parser = instant, allow_hyphen_values = true)]
     since: Option<u64>,
-    /// Only messages dead-lettered before this instant (ms since the
-    /// epoch).
-    #[arg(long)]
+    /// Only messages dead-lettered before this instant (same forms as
+    /// `--since`).
+    #[arg(long, value_parser = instant, allow_hyphen_values = true)]
     until: Option<u64>,
     /// Move at most this many.
     #[arg(long)]
@@ -65,9 +66,52 @@ pub struct RedriveArgs {
     dry_run: bool,
 }
 
+/// Parses `--since`/`--until` against the clock now.
+fn instant(s: &str) -> std::result::Result<u64, String> {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    crate::units::parse_instant(s, now)
+}
+
+/// Why matching messages stayed, in words (empty when none did).
+fn skip_reasons(p: &pb::RedriveResponse) -> Vec<String> {
+    let mut why = Vec::new();
+    if p.skipped_leased > 0 {
+        why.push(format!(
+            "{} leased by a consumer (settle or let the lease end, then redrive again)",
+            p.skipped_leased
+        ));
+    }
+    if p.skipped_no_source > 0 {
+        why.push(format!(
+            "{} never dead-lettered: published straight into this queue, no source to go back to (give --target)",
+            p.skipped_no_source
+        ));
+    }
+    if p.skipped_no_target > 0 {
+        why.push(format!(
+            "{} whose queue to go back to no longer exists or is this queue (give --target)",
+            p.skipped_no_target
+        ));
+    }
+    if p.skipped_other_kind > 0 {
+        why.push(format!(
+            "{} whose queue to go back to is of the other kind (standard/FIFO)",
+            p.skipped_other_kind
+        ));
+    }
+    why
+}
+
 pub(super) async fn run(client: &Client, out: &Out, cmd: DlqCmd) -> Result<()> {
     let DlqCmd::Redrive(a) = cmd;
     let total = client.stats(&a.queue).await?.total;
+    let is_dlq = !client
+        .get_queue(&a.queue)
+        .await?
+        .dead_letter_sources
+        .is_empty();
     let req = pb::RedriveRequest {
         queue: a.queue.clone(),
         target: a.target.clone().unwrap_or_default(),
@@ -115,10 +159,14 @@ pub(super) async fn run(client: &Client, out: &Out, cmd: DlqCmd) -> Result<()> {
     if let Some(b) = bar {
         b.finish_and_clear();
     }
+    let why = skip_reasons(&last);
     if out.json {
         out.doc(&json!({
             "queue": a.queue, "dry_run": a.dry_run, "scanned": last.scanned, "matched": last.matched,
             "moved": last.moved, "skipped": last.skipped, "done": last.done,
+            "skipped_leased": last.skipped_leased, "skipped_no_source": last.skipped_no_source,
+            "skipped_no_target": last.skipped_no_target, "skipped_other_kind": last.skipped_other_kind,
+            "is_dead_letter_queue": is_dlq,
         }));
     } else if a.dry_run {
         say!(
@@ -135,6 +183,17 @@ pub(super) async fn run(client: &Client, out: &Out, cmd: DlqCmd) -> Result<()> {
             last.matched,
             last.skipped
         );
+    }
+    if !out.json {
+        for w in &why {
+            say!("  skipped: {w}");
+        }
+        if !is_dlq && a.target.is_none() && last.skipped_no_source > 0 {
+            say!(
+                "note: {} is not the dead letter queue of any queue; its messages came in directly and have nowhere to go back to: give --target QUEUE",
+                a.queue
+            );
+        }
     }
     Ok(())
 }

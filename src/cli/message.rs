@@ -177,9 +177,14 @@ pub(super) async fn publish(client: &Client, out: &Out, a: PublishArgs) -> Resul
 pub struct ConsumeArgs {
     /// Queue to consume from.
     queue: String,
-    /// Stop after this many messages.
+    /// Stop after this many messages (deliveries).
     #[arg(long)]
     count: Option<u64>,
+    /// With --nack on a queue without a dead letter queue (where a nacked
+    /// message comes back forever): stop once a message has been
+    /// delivered this many times, unless --count is given.
+    #[arg(long, default_value_t = 10)]
+    max_deliveries: u32,
     /// Keep waiting for messages instead of stopping when the queue is
     /// empty.
     #[arg(long)]
@@ -206,6 +211,26 @@ pub struct ConsumeArgs {
 
 pub(super) async fn consume(client: &Client, out: &Out, a: ConsumeArgs) -> Result<()> {
     let mut done = 0u64;
+    // A nack or reject needs to know where the message goes.
+    let dlq = if a.nack || a.reject {
+        let q = client.get_queue(&a.queue).await?;
+        q.config
+            .and_then(|c| c.dead_letter)
+            .map(|d| d.queue)
+            .filter(|d| !d.is_empty())
+    } else {
+        None
+    };
+    if a.reject && dlq.is_none() {
+        return Err(crate::client::ClientError::new(
+            crate::client::ErrorKind::Rpc(tonic::Code::FailedPrecondition),
+            format!(
+                "queue {:?} has no dead letter queue, so --reject has nowhere to put a message; give it one (`letterbox queue update {} --dlq NAME`) or use --nack",
+                a.queue, a.queue
+            ),
+        ));
+    }
+    let stop_at = (a.nack && dlq.is_none() && a.count.is_none()).then_some(a.max_deliveries.max(1));
     loop {
         let left = a.count.map_or(u64::MAX, |c| c.saturating_sub(done));
         if left == 0 {
@@ -261,6 +286,15 @@ pub(super) async fn consume(client: &Client, out: &Out, a: ConsumeArgs) -> Resul
             eprintln!("letterbox: {}", r.error);
         }
         done += got.len() as u64;
+        if let Some(limit) = stop_at
+            && let Some(d) = got.iter().find(|d| d.delivery_count >= limit)
+        {
+            eprintln!(
+                "letterbox: stopping: message {} was delivered {} times and nacked each time; queue {:?} has no dead letter queue, so a nacked message comes back forever (give --count N to go on, or give the queue a DLQ)",
+                d.message_id, d.delivery_count, a.queue
+            );
+            break;
+        }
     }
     if !out.json {
         let verb = if a.reject {

@@ -16,6 +16,7 @@ macro_rules! say {
     };
 }
 
+pub mod context;
 mod definitions;
 mod dlq;
 mod exchange;
@@ -30,17 +31,22 @@ use clap::{Args, Subcommand};
 
 use crate::client::{Client, ClientConfig, ClientError, Credentials, ErrorKind, TlsSettings};
 
-/// Flags shared by every client command.
+/// The address used when neither a flag, a variable nor a context gives
+/// one.
+pub const DEFAULT_SERVER: &str = "http://127.0.0.1:50051";
+
+/// Flags shared by every client command. Each wins over the same setting
+/// of the context in use (see [`context`]).
 #[derive(Debug, Clone, Args)]
 pub struct Common {
-    /// Server address.
-    #[arg(
-        long,
-        global = true,
-        env = "LETTERBOX_SERVER",
-        default_value = "http://127.0.0.1:50051"
-    )]
-    pub server: String,
+    /// Server address, `http://HOST:PORT` or `https://HOST:PORT` [default:
+    /// the context's, else http://127.0.0.1:50051].
+    #[arg(long, global = true, env = "LETTERBOX_SERVER")]
+    pub server: Option<String>,
+    /// Connection profile to use instead of the selected one (`letterbox
+    /// context`).
+    #[arg(long, global = true, env = "LETTERBOX_CONTEXT")]
+    pub context: Option<String>,
     /// Print JSON instead of tables.
     #[arg(long, global = true)]
     pub json: bool,
@@ -70,12 +76,33 @@ pub struct Common {
     pub client_key: Option<std::path::PathBuf>,
 }
 
+/// Checks a server address given on the command line or in a context.
+pub(crate) fn check_server_url(url: &str) -> Result<(), ClientError> {
+    crate::client::check_endpoint(url).map_err(|e| usage(e.to_string()))
+}
+
 impl Common {
-    /// The client settings these flags describe.
+    /// The client settings these flags describe, over the context in use.
     pub fn client_config(&self) -> Result<ClientConfig, ClientError> {
-        let mut config = ClientConfig::new(self.server.clone());
+        let profile = context::active(self.context.as_deref())?.unwrap_or_default();
+        let server = self
+            .server
+            .clone()
+            .or_else(|| Some(profile.server.clone()).filter(|s| !s.is_empty()))
+            .unwrap_or_else(|| DEFAULT_SERVER.to_string());
+        check_server_url(&server)?;
+        let mut config = ClientConfig::new(server.clone());
         config.retry.max_attempts = 2;
-        config.credentials = match (&self.token, &self.client_id, &self.client_secret) {
+        // Credentials given on the command line replace the context's as a
+        // whole (a token flag never mixes with a context's client id).
+        let given =
+            self.token.is_some() || self.client_id.is_some() || self.client_secret.is_some();
+        let (token, id, secret) = if given {
+            (&self.token, &self.client_id, &self.client_secret)
+        } else {
+            (&profile.token, &profile.client_id, &profile.client_secret)
+        };
+        config.credentials = match (token, id, secret) {
             (Some(t), None, None) => Some(Credentials::Token(t.clone())),
             (None, Some(id), Some(secret)) => Some(Credentials::ClientSecret {
                 id: id.clone(),
@@ -93,18 +120,20 @@ impl Common {
         let read = |flag: &str, p: &std::path::Path| {
             std::fs::read(p).map_err(|e| usage(format!("{flag}: {}: {e}", p.display())))
         };
-        if self.ca_cert.is_some()
-            || self.client_cert.is_some()
-            || self.server.starts_with("https://")
-        {
-            let identity_pem = match (&self.client_cert, &self.client_key) {
+        let ca_cert = self.ca_cert.clone().or(profile.ca_cert);
+        let (client_cert, client_key) = if self.client_cert.is_some() || self.client_key.is_some() {
+            (self.client_cert.clone(), self.client_key.clone())
+        } else {
+            (profile.client_cert, profile.client_key)
+        };
+        if ca_cert.is_some() || client_cert.is_some() || server.starts_with("https://") {
+            let identity_pem = match (&client_cert, &client_key) {
                 (Some(c), Some(k)) => Some((read("--client-cert", c)?, read("--client-key", k)?)),
                 (None, None) => None,
                 _ => return Err(usage("--client-cert and --client-key go together")),
             };
             config.tls = Some(TlsSettings {
-                ca_pem: self
-                    .ca_cert
+                ca_pem: ca_cert
                     .as_deref()
                     .map(|p| read("--ca-cert", p))
                     .transpose()?,
@@ -116,34 +145,115 @@ impl Common {
     }
 }
 
-/// The client commands.
+/// The client commands, each with the connection flags ([`Common`]).
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Create, inspect, change, delete and purge queues.
-    #[command(subcommand)]
-    Queue(queue::QueueCmd),
+    Queue {
+        #[command(flatten)]
+        #[allow(missing_docs)]
+        common: Common,
+        #[command(subcommand)]
+        #[allow(missing_docs)]
+        cmd: queue::QueueCmd,
+    },
     /// Publish messages (from arguments, a file or standard input).
-    Publish(message::PublishArgs),
+    Publish {
+        #[command(flatten)]
+        #[allow(missing_docs)]
+        common: Common,
+        #[command(flatten)]
+        #[allow(missing_docs)]
+        args: message::PublishArgs,
+    },
     /// Receive messages, print them, and ack (or nack) them.
-    Consume(message::ConsumeArgs),
+    Consume {
+        #[command(flatten)]
+        #[allow(missing_docs)]
+        common: Common,
+        #[command(flatten)]
+        #[allow(missing_docs)]
+        args: message::ConsumeArgs,
+    },
     /// Read messages without consuming them.
-    Browse(message::BrowseArgs),
+    Browse {
+        #[command(flatten)]
+        #[allow(missing_docs)]
+        common: Common,
+        #[command(flatten)]
+        #[allow(missing_docs)]
+        args: message::BrowseArgs,
+    },
     /// FIFO groups: list, skip a head, release a parked group.
-    #[command(subcommand)]
-    Group(group::GroupCmd),
+    Group {
+        #[command(flatten)]
+        #[allow(missing_docs)]
+        common: Common,
+        #[command(subcommand)]
+        #[allow(missing_docs)]
+        cmd: group::GroupCmd,
+    },
     /// Fanout exchanges and their bindings.
-    #[command(subcommand)]
-    Exchange(exchange::ExchangeCmd),
+    Exchange {
+        #[command(flatten)]
+        #[allow(missing_docs)]
+        common: Common,
+        #[command(subcommand)]
+        #[allow(missing_docs)]
+        cmd: exchange::ExchangeCmd,
+    },
     /// Dead letter queues: redrive.
-    #[command(subcommand)]
-    Dlq(dlq::DlqCmd),
+    Dlq {
+        #[command(flatten)]
+        #[allow(missing_docs)]
+        common: Common,
+        #[command(subcommand)]
+        #[allow(missing_docs)]
+        cmd: dlq::DlqCmd,
+    },
     /// Export or import queues, exchanges and bindings as JSON.
-    #[command(subcommand)]
-    Definitions(definitions::DefinitionsCmd),
+    Definitions {
+        #[command(flatten)]
+        #[allow(missing_docs)]
+        common: Common,
+        #[command(subcommand)]
+        #[allow(missing_docs)]
+        cmd: definitions::DefinitionsCmd,
+    },
+    /// Connection profiles: server address, TLS files and credentials
+    /// saved under a name (`add`, `use`, `ls`, `show`, `rm`).
+    Context {
+        /// Print JSON instead of tables.
+        #[arg(long, global = true)]
+        json: bool,
+        #[command(subcommand)]
+        #[allow(missing_docs)]
+        cmd: context::ContextCmd,
+    },
 }
 
 /// Runs a client command.
-pub async fn run(common: Common, command: Command) -> ExitCode {
+pub async fn run(command: Command) -> ExitCode {
+    let common = match &command {
+        Command::Context { json, .. } => {
+            let out = output::Out::new(*json);
+            let Command::Context { cmd, .. } = command else {
+                return ExitCode::from(2);
+            };
+            return match context::run(&out, cmd) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => fail(&e),
+            };
+        }
+        Command::Queue { common, .. }
+        | Command::Publish { common, .. }
+        | Command::Consume { common, .. }
+        | Command::Browse { common, .. }
+        | Command::Group { common, .. }
+        | Command::Exchange { common, .. }
+        | Command::Dlq { common, .. }
+        | Command::Definitions { common, .. } => common.clone(),
+    };
     let config = match common.client_config() {
         Ok(c) => c,
         Err(e) => return fail(&e),
@@ -154,14 +264,15 @@ pub async fn run(common: Common, command: Command) -> ExitCode {
     };
     let out = output::Out::new(common.json);
     let result = match command {
-        Command::Queue(cmd) => queue::run(&client, &out, cmd).await,
-        Command::Publish(a) => message::publish(&client, &out, a).await,
-        Command::Consume(a) => message::consume(&client, &out, a).await,
-        Command::Browse(a) => message::browse(&client, &out, a).await,
-        Command::Group(cmd) => group::run(&client, &out, cmd).await,
-        Command::Exchange(cmd) => exchange::run(&client, &out, cmd).await,
-        Command::Dlq(cmd) => dlq::run(&client, &out, cmd).await,
-        Command::Definitions(cmd) => definitions::run(&client, &out, cmd).await,
+        Command::Queue { cmd, .. } => queue::run(&client, &out, cmd).await,
+        Command::Publish { args, .. } => message::publish(&client, &out, args).await,
+        Command::Consume { args, .. } => message::consume(&client, &out, args).await,
+        Command::Browse { args, .. } => message::browse(&client, &out, args).await,
+        Command::Group { cmd, .. } => group::run(&client, &out, cmd).await,
+        Command::Exchange { cmd, .. } => exchange::run(&client, &out, cmd).await,
+        Command::Dlq { cmd, .. } => dlq::run(&client, &out, cmd).await,
+        Command::Definitions { cmd, .. } => definitions::run(&client, &out, cmd).await,
+        Command::Context { .. } => Ok(()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -75,15 +75,10 @@ pub(super) fn time(ms: u64) -> String {
         )
 }
 
-/// A duration in ms, shortly: `500ms`, `30s`, `2m`, `7d`.
+/// A duration in ms, shortly: `500ms`, `30s`, `2m`, `7d` (what the
+/// duration flags accept).
 pub(super) fn dur(ms: u64) -> String {
-    const S: u64 = 1000;
-    for (unit, size) in [("d", 86_400 * S), ("h", 3600 * S), ("m", 60 * S), ("s", S)] {
-        if ms >= size && ms.is_multiple_of(size) {
-            return format!("{}{unit}", ms / size);
-        }
-    }
-    format!("{ms}ms")
+    crate::units::Millis(std::time::Duration::from_millis(ms)).to_string()
 }
 
 pub(super) fn kind_name(k: i32) -> &'static str {

@@ -192,12 +192,8 @@ fn show_queue(out: &Out, q: &pb::Queue) {
         (
             "retry backoff",
             c.retry_backoff.as_ref().map_or("-".into(), |b| {
-                format!(
-                    "{} doubling x{} up to {}",
-                    dur(b.initial_ms),
-                    b.multiplier,
-                    dur(b.max_ms)
-                )
+                // The form --backoff takes: INITIAL,MAX,MULTIPLIER.
+                format!("{},{},{}", dur(b.initial_ms), dur(b.max_ms), b.multiplier)
             }),
         ),
         (

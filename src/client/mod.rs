@@ -209,6 +209,7 @@ impl Client {
 
     /// Connects with the given settings.
     pub async fn with_config(config: ClientConfig) -> Result<Client> {
+        check_endpoint(&config.endpoint)?;
         let mut endpoint = Endpoint::from_shared(config.endpoint.clone())
             .map_err(|e| {
                 ClientError::new(
@@ -229,7 +230,9 @@ impl Client {
             if let Some(d) = &tls.domain {
                 t = t.domain_name(d.clone());
             }
-            endpoint = endpoint.tls_config(t)?;
+            endpoint = endpoint
+                .tls_config(t)
+                .map_err(|e| ClientError::transport(&config.endpoint, &e))?;
         }
         let auth = AuthHeader(
             config
@@ -247,7 +250,7 @@ impl Client {
                     tokio::time::sleep(backoff(&config.retry, attempt)).await;
                     attempt += 1;
                 }
-                Err(e) => return Err(e.into()),
+                Err(e) => return Err(ClientError::transport(&config.endpoint, &e)),
             }
         };
         let limit = 256 << 20;
@@ -305,7 +308,7 @@ impl Client {
                     tokio::time::sleep(backoff(&self.config.retry, attempt)).await;
                     attempt += 1;
                 }
-                Err(s) => return Err(s.into()),
+                Err(s) => return Err(ClientError::from_call(&self.config.endpoint, s)),
             }
         }
     }
@@ -743,6 +746,26 @@ impl Client {
         ack_timeout: Option<Duration>,
     ) -> Result<Subscription> {
         Subscription::open(self.msg.clone(), queue, credit, ack_timeout).await
+    }
+}
+
+/// Checks that an endpoint is a URL with the `http` or `https` scheme (a
+/// bare `HOST:PORT` is the commonest slip), naming what to write instead.
+pub fn check_endpoint(endpoint: &str) -> Result<()> {
+    match endpoint.split_once("://") {
+        Some(("http" | "https", rest)) if !rest.is_empty() => Ok(()),
+        Some((scheme, _)) => Err(ClientError::new(
+            ErrorKind::InvalidArgument,
+            format!(
+                "server address {endpoint:?}: scheme {scheme:?} is not http or https (plain text: http://HOST:PORT; TLS: https://HOST:PORT)"
+            ),
+        )),
+        None => Err(ClientError::new(
+            ErrorKind::InvalidArgument,
+            format!(
+                "server address {endpoint:?} has no scheme: write http://{endpoint} (or https://{endpoint} for a TLS server)"
+            ),
+        )),
     }
 }
 

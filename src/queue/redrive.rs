@@ -50,10 +50,32 @@ pub struct RedriveStep {
     pub matched: u64,
     /// Messages moved.
     pub moved: u64,
-    /// Matching messages left in place (leased, or no source queue).
+    /// Matching messages left in place: the sum of the four reasons below.
     pub skipped: u64,
+    /// Of `skipped`: leased by a consumer.
+    pub skipped_leased: u64,
+    /// Of `skipped`: never dead-lettered and no target given.
+    pub skipped_no_source: u64,
+    /// Of `skipped`: the queue to go back to is gone, or is this queue.
+    pub skipped_no_target: u64,
+    /// Of `skipped`: the queue to go back to is of the other kind.
+    pub skipped_other_kind: u64,
     /// Where the next step starts; `None` when the walk is over.
     pub next: Option<u64>,
+}
+
+impl RedriveStep {
+    /// Adds another step's counts to these.
+    pub fn add(&mut self, o: &RedriveStep) {
+        self.scanned += o.scanned;
+        self.matched += o.matched;
+        self.moved += o.moved;
+        self.skipped += o.skipped;
+        self.skipped_leased += o.skipped_leased;
+        self.skipped_no_source += o.skipped_no_source;
+        self.skipped_no_target += o.skipped_no_target;
+        self.skipped_other_kind += o.skipped_other_kind;
+    }
 }
 
 impl Broker {
@@ -136,18 +158,23 @@ impl Broker {
                     None => meta.dead_letters.last().map(|d| d.source_queue.clone()),
                 };
                 let tqid = target.as_deref().and_then(|t| st.names.get(t).copied());
-                let same_kind = tqid
-                    .and_then(|t| st.queues.get(&t))
-                    .is_some_and(|t| t.config.kind == kind);
-                let (Some(tqid), true, false) = (tqid, same_kind, state == EntryState::Leased)
-                else {
-                    step.skipped += 1;
-                    continue;
+                let tkind = tqid.and_then(|t| st.queues.get(&t)).map(|t| t.config.kind);
+                let skip = match (target.is_some(), tqid, tkind) {
+                    (false, _, _) => Some(&mut step.skipped_no_source),
+                    (true, None, _) | (true, Some(_), None) => Some(&mut step.skipped_no_target),
+                    (true, Some(t), _) if t == qid => Some(&mut step.skipped_no_target),
+                    (true, Some(_), Some(k)) if k != kind => Some(&mut step.skipped_other_kind),
+                    _ if state == EntryState::Leased => Some(&mut step.skipped_leased),
+                    _ => None,
                 };
-                if tqid == qid {
+                if let Some(reason) = skip {
+                    *reason += 1;
                     step.skipped += 1;
                     continue;
                 }
+                let Some(tqid) = tqid else {
+                    continue;
+                };
                 if !spec.dry_run {
                     move_back(&mut st, qid, pos, tqid, meta, now, &mut change)?;
                 }

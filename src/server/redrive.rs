@@ -25,6 +25,10 @@ fn progress(t: &RedriveStep, done: bool) -> pb::RedriveResponse {
         moved: t.moved,
         skipped: t.skipped,
         done,
+        skipped_leased: t.skipped_leased,
+        skipped_no_source: t.skipped_no_source,
+        skipped_no_target: t.skipped_no_target,
+        skipped_other_kind: t.skipped_other_kind,
     }
 }
 
@@ -75,10 +79,7 @@ pub(crate) async fn run(
                 return;
             }
         };
-        total.scanned += step.scanned;
-        total.matched += step.matched;
-        total.moved += step.moved;
-        total.skipped += step.skipped;
+        total.add(&step);
         if rate > 0 && step.moved > 0 {
             // Hold the pace: `moved` messages take moved/rate seconds.
             let due = Duration::from_secs_f64(total.moved as f64 / f64::from(rate));

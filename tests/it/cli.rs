@@ -7,11 +7,25 @@ use serde_json::Value;
 use crate::harness::*;
 
 fn run(s: &TestServer, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_letterbox"))
-        .args(["--server", &format!("http://{}", s.addr)])
+    letterbox()
+        .env("LETTERBOX_SERVER", format!("http://{}", s.addr))
         .args(args)
         .output()
         .expect("run letterbox")
+}
+
+/// The binary, with no profile of the user's own in the way.
+fn letterbox() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_letterbox"));
+    c.env("LETTERBOX_CONFIG_HOME", "/nonexistent/letterbox-config")
+        .env_remove("LETTERBOX_SERVER")
+        .env_remove("LETTERBOX_CONTEXT")
+        .env_remove("LETTERBOX_TOKEN");
+    c
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 #[track_caller]
@@ -141,9 +155,324 @@ async fn cli_exit_codes_say_what_went_wrong() {
     assert!(String::from_utf8_lossy(&bad.stderr).contains("INVALID_ARGUMENT"));
     let usage = run(&s, &["publish", "q"]);
     assert_eq!(usage.status.code(), Some(2));
-    let unreachable = Command::new(env!("CARGO_BIN_EXE_letterbox"))
-        .args(["--server", "http://127.0.0.1:1", "queue", "list"])
+    let unreachable = letterbox()
+        .args(["queue", "list", "--server", "http://127.0.0.1:1"])
         .output()
         .unwrap();
     assert_eq!(unreachable.status.code(), Some(3));
+}
+
+#[tokio::test]
+async fn connection_errors_name_the_address_and_the_cause() {
+    let err = |args: &[&str]| {
+        let out = letterbox().args(args).output().unwrap();
+        let text = stderr(&out);
+        // Words, never Rust debug text.
+        assert!(!text.contains("Os {") && !text.contains("kind:"), "{text}");
+        (out.status.code(), text)
+    };
+    let (code, text) = err(&["queue", "list", "--server", "http://127.0.0.1:1"]);
+    assert_eq!(code, Some(3));
+    assert!(text.contains("connection refused at 127.0.0.1:1"), "{text}");
+    let (code, text) = err(&["queue", "list", "--server", "127.0.0.1:50051"]);
+    assert_eq!(code, Some(2));
+    assert!(
+        text.contains("has no scheme: write http://127.0.0.1:50051"),
+        "{text}"
+    );
+    let (code, text) = err(&["queue", "list", "--server", "http://no-such-host.invalid:5"]);
+    assert_eq!(code, Some(3));
+    assert!(
+        text.contains("cannot resolve the host name \"no-such-host.invalid\""),
+        "{text}"
+    );
+
+    // A TLS server that wants client certificates.
+    let dir = tempfile::tempdir().unwrap();
+    let pki = crate::security::pki();
+    let write = |name: &str, text: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p.display().to_string()
+    };
+    let ca = write("ca.pem", &pki.ca_pem);
+    let cert = write("server.pem", &pki.server_cert);
+    let key = write("server.key", &pki.server_key);
+    let client_cert = write("client.pem", &pki.client_cert);
+    let client_key = write("client.key", &pki.client_key);
+    let s = TestServer::start_with(&[
+        "--tls-cert",
+        &cert,
+        "--tls-key",
+        &key,
+        "--tls-client-ca",
+        &ca,
+        "--tls-require-client-cert",
+    ])
+    .await;
+    let https = format!("https://localhost:{}", s.addr.port());
+    let http = format!("http://{}", s.addr);
+    let (code, text) = err(&["queue", "list", "--server", &http]);
+    assert_eq!(code, Some(3));
+    assert!(
+        text.contains("closed the connection before answering: if it serves TLS, use https://"),
+        "{text}"
+    );
+    let (code, text) = err(&["queue", "list", "--server", &https]);
+    assert_eq!(code, Some(3));
+    assert!(text.contains("is not trusted"), "{text}");
+    assert!(text.contains("--ca-cert"), "{text}");
+    let (code, text) = err(&["queue", "list", "--server", &https, "--ca-cert", &ca]);
+    assert_eq!(code, Some(3));
+    assert!(text.contains("client certificate"), "{text}");
+    assert!(text.contains("--client-cert"), "{text}");
+    let ok = letterbox()
+        .args(["queue", "list", "--server", &https, "--ca-cert", &ca])
+        .args(["--client-cert", &client_cert, "--client-key", &client_key])
+        .output()
+        .unwrap();
+    assert!(ok.status.success(), "{}", stderr(&ok));
+
+    // A plain-text server asked for TLS.
+    let plain = TestServer::start().await;
+    let (code, text) = err(&[
+        "queue",
+        "list",
+        "--server",
+        &format!("https://localhost:{}", plain.addr.port()),
+        "--ca-cert",
+        &ca,
+    ]);
+    assert_eq!(code, Some(3));
+    assert!(text.contains("does not speak TLS: use http://"), "{text}");
+}
+
+#[tokio::test]
+async fn contexts_keep_the_server_and_credentials() {
+    let s = TestServer::start().await;
+    let home = tempfile::tempdir().unwrap();
+    let ctx = |args: &[&str]| {
+        letterbox()
+            .env("LETTERBOX_CONFIG_HOME", home.path())
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let addr = format!("http://{}", s.addr);
+    // No context: the default address, where nothing listens here.
+    let out = ctx(&["context", "ls"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("no contexts"));
+    let out = ctx(&[
+        "context", "add", "local", "--server", &addr, "--token", "s3cret",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("selected"));
+    let file = home.path().join("contexts/local.json");
+    use std::os::unix::fs::PermissionsExt as _;
+    assert_eq!(
+        std::fs::metadata(&file).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    // The selected context's server is used (authentication is off: the
+    // token is sent and ignored).
+    let out = ctx(&["queue", "create", "via-context"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    // A second context, not selected; --context picks it; a flag wins.
+    let out = ctx(&["context", "add", "dead", "--server", "http://127.0.0.1:1"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        ctx(&["queue", "list", "--context", "dead"]).status.code(),
+        Some(3)
+    );
+    let out = ctx(&[
+        "queue",
+        "list",
+        "--context",
+        "dead",
+        "--server",
+        &addr,
+        "--json",
+    ]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("via-context"));
+    // ls marks the selected one; show masks secrets.
+    let out = ctx(&["context", "ls"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("* local"), "{text}");
+    assert!(text.contains("  dead"), "{text}");
+    let out = ctx(&["context", "show", "local", "--json"]);
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["token"], "********");
+    assert_eq!(doc["server"], addr.as_str());
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("s3cret"));
+    // use switches; rm of the selected one leaves none selected.
+    assert!(ctx(&["context", "use", "dead"]).status.success());
+    assert_eq!(ctx(&["queue", "list"]).status.code(), Some(3));
+    assert!(ctx(&["context", "rm", "dead"]).status.success());
+    let out = ctx(&["context", "use", "dead"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("no context named \"dead\""),
+        "{}",
+        stderr(&out)
+    );
+    // Bad names and addresses are refused before anything is written.
+    let out = ctx(&["context", "add", "../x", "--server", &addr]);
+    assert_eq!(out.status.code(), Some(2));
+    let out = ctx(&["context", "add", "x", "--server", "localhost:1"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("has no scheme"), "{}", stderr(&out));
+    assert!(!home.path().join("contexts/x.json").exists());
+}
+
+#[test]
+fn serve_help_shows_server_flags_only_and_docs_are_generated() {
+    let help = letterbox().args(["serve", "--help"]).output().unwrap();
+    let text = String::from_utf8_lossy(&help.stdout);
+    assert!(text.contains("--data-dir"), "{text}");
+    for client_flag in [
+        "--server ",
+        "--token",
+        "--ca-cert",
+        "--client-id",
+        "--context",
+    ] {
+        assert!(
+            !text.contains(client_flag),
+            "serve --help lists {client_flag}:\n{text}"
+        );
+    }
+    let help = letterbox().args(["consume", "--help"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&help.stdout).contains("--ca-cert"));
+    for shell in ["bash", "zsh", "fish"] {
+        let out = letterbox().args(["completions", shell]).output().unwrap();
+        assert!(out.status.success());
+        let script = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            script.contains("letterbox") && script.contains("redrive"),
+            "{shell}"
+        );
+    }
+    let page = letterbox().arg("man").output().unwrap();
+    let text = String::from_utf8_lossy(&page.stdout);
+    assert!(text.contains(".TH letterbox 1"), "{text}");
+    let dir = tempfile::tempdir().unwrap();
+    let out = letterbox()
+        .args(["man", "--out-dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(dir.path().join("letterbox-dlq-redrive.1").exists());
+}
+
+#[tokio::test]
+async fn nack_and_reject_without_a_dlq_stop_with_the_reason() {
+    let s = TestServer::start().await;
+    assert!(run(&s, &["queue", "create", "plain"]).status.success());
+    assert!(run(&s, &["publish", "plain", "one"]).status.success());
+    // --reject: refused before anything is leased.
+    let out = run(&s, &["consume", "plain", "--reject"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("has no dead letter queue"),
+        "{}",
+        stderr(&out)
+    );
+    let stats = json(&run(&s, &["queue", "stats", "plain", "--json"]));
+    assert_eq!(stats["ready"], 1, "{stats}");
+    assert_eq!(stats["in_flight"], 0, "{stats}");
+    // --nack: stops once the message was delivered --max-deliveries times.
+    let out = run(
+        &s,
+        &[
+            "consume",
+            "plain",
+            "--nack",
+            "--max-deliveries",
+            "3",
+            "--wait",
+            "200ms",
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stderr(&out);
+    assert!(
+        text.contains("was delivered 3 times and nacked each time"),
+        "{text}"
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 3);
+    // --count still bounds it exactly.
+    let out = run(
+        &s,
+        &[
+            "consume", "plain", "--nack", "--count", "5", "--wait", "200ms",
+        ],
+    );
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 5);
+}
+
+#[tokio::test]
+async fn durations_and_times_round_trip() {
+    let s = TestServer::start().await;
+    let created = run(
+        &s,
+        &[
+            "queue",
+            "create",
+            "rt",
+            "--ttl",
+            "7d",
+            "--ack-timeout",
+            "1h30m",
+            "--backoff",
+            "1s,1m,2",
+        ],
+    );
+    assert!(created.status.success(), "{}", stderr(&created));
+    let shown = String::from_utf8_lossy(&run(&s, &["queue", "get", "rt"]).stdout).into_owned();
+    assert!(shown.contains("7d"), "{shown}");
+    assert!(shown.contains("90m"), "{shown}");
+    assert!(shown.contains("1s,1m,2"), "{shown}");
+    // What it printed, it takes back.
+    let again = run(
+        &s,
+        &[
+            "queue",
+            "update",
+            "rt",
+            "--ttl",
+            "7d",
+            "--ack-timeout",
+            "90m",
+            "--backoff",
+            "1s,1m,2",
+        ],
+    );
+    assert!(again.status.success(), "{}", stderr(&again));
+    // Redrive windows: relative, RFC 3339, epoch ms; a bad one named.
+    assert!(run(&s, &["queue", "create", "plain"]).status.success());
+    assert!(run(&s, &["publish", "plain", "a", "b"]).status.success());
+    for since in ["-1h", "2020-01-01T00:00:00Z", "1577836800000"] {
+        let out = run(
+            &s,
+            &["dlq", "redrive", "plain", "--since", since, "--dry-run"],
+        );
+        assert!(out.status.success(), "{since}: {}", stderr(&out));
+    }
+    let out = run(&s, &["dlq", "redrive", "plain", "--since", "yesterday"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("RFC 3339"), "{}", stderr(&out));
+    // A queue that is no DLQ: the skip is explained.
+    let out = run(&s, &["dlq", "redrive", "plain"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("2 never dead-lettered"), "{text}");
+    assert!(
+        text.contains("is not the dead letter queue of any queue"),
+        "{text}"
+    );
+    let doc = json(&run(&s, &["dlq", "redrive", "plain", "--json"]));
+    assert_eq!(doc["skipped_no_source"], 2, "{doc}");
+    assert_eq!(doc["is_dead_letter_queue"], false, "{doc}");
 }

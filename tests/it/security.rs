@@ -363,16 +363,16 @@ async fn health_and_reflection_answer_without_credentials() {
     );
 }
 
-struct Pki {
-    ca_pem: String,
-    server_cert: String,
-    server_key: String,
-    client_cert: String,
-    client_key: String,
-    client_der: Vec<u8>,
+pub(crate) struct Pki {
+    pub(crate) ca_pem: String,
+    pub(crate) server_cert: String,
+    pub(crate) server_key: String,
+    pub(crate) client_cert: String,
+    pub(crate) client_key: String,
+    pub(crate) client_der: Vec<u8>,
 }
 
-fn pki() -> Pki {
+pub(crate) fn pki() -> Pki {
     use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
     let ca_key = KeyPair::generate().unwrap();
     let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
