@@ -419,9 +419,19 @@ impl Server {
         );
         let limit = config.max_request_bytes;
         let incoming = Box::pin(conns::incoming(listener, Arc::clone(&gate)));
-        let reflection = tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(crate::pb::FILE_DESCRIPTOR_SET)
+        // Reflection in both versions: `v1`, and `v1alpha`, which most
+        // grpcurl and grpcui builds in use still ask for. The health
+        // service is described too.
+        let reflection_builder = || {
+            tonic_reflection::server::Builder::configure()
+                .register_encoded_file_descriptor_set(crate::pb::FILE_DESCRIPTOR_SET)
+                .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        };
+        let reflection = reflection_builder()
             .build_v1()
+            .map_err(|e| ServerError::StorageFailed(format!("reflection: {e}")))?;
+        let reflection_v1alpha = reflection_builder()
+            .build_v1alpha()
             .map_err(|e| ServerError::StorageFailed(format!("reflection: {e}")))?;
         let mut builder = tonic::transport::Server::builder();
         if let Some(tls) = &config.tls {
@@ -445,6 +455,7 @@ impl Server {
             .timeout(config.limits.request_timeout)
             .add_service(health_service)
             .add_service(reflection)
+            .add_service(reflection_v1alpha)
             .add_service(
                 AdminServiceServer::new(service.clone())
                     .max_decoding_message_size(limit)

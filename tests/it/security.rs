@@ -338,7 +338,7 @@ async fn health_and_reflection_answer_without_credentials() {
         .unwrap_err();
     assert_eq!(unknown.code(), Code::NotFound);
 
-    let mut reflection = ServerReflectionClient::new(channel);
+    let mut reflection = ServerReflectionClient::new(channel.clone());
     let req = ServerReflectionRequest {
         host: String::new(),
         message_request: Some(MessageRequest::ListServices(String::new())),
@@ -361,6 +361,50 @@ async fn health_and_reflection_answer_without_credentials() {
         names.contains(&"letterbox.v1.MessagingService".to_string()),
         "{names:?}"
     );
+    assert!(names.contains(&"grpc.health.v1.Health".to_string()), "{names:?}");
+
+    // The older v1alpha protocol, which most grpcurl builds ask for.
+    {
+        use tonic_reflection::pb::v1alpha::ServerReflectionRequest;
+        use tonic_reflection::pb::v1alpha::server_reflection_client::ServerReflectionClient;
+        use tonic_reflection::pb::v1alpha::server_reflection_request::MessageRequest;
+        use tonic_reflection::pb::v1alpha::server_reflection_response::MessageResponse;
+        let mut alpha = ServerReflectionClient::new(channel.clone());
+        let reqs = vec![
+            ServerReflectionRequest {
+                host: String::new(),
+                message_request: Some(MessageRequest::ListServices(String::new())),
+            },
+            ServerReflectionRequest {
+                host: String::new(),
+                message_request: Some(MessageRequest::FileContainingSymbol(
+                    "letterbox.v1.MessagingService".into(),
+                )),
+            },
+        ];
+        let mut answers = alpha
+            .server_reflection_info(tokio_stream::iter(reqs))
+            .await
+            .unwrap()
+            .into_inner();
+        let answer = answers.message().await.unwrap().unwrap();
+        let Some(MessageResponse::ListServicesResponse(list)) = answer.message_response else {
+            panic!("unexpected answer {answer:?}");
+        };
+        let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+        for want in [
+            "letterbox.v1.MessagingService",
+            "grpc.health.v1.Health",
+            "grpc.reflection.v1alpha.ServerReflection",
+        ] {
+            assert!(names.contains(&want.to_string()), "{want}: {names:?}");
+        }
+        let answer = answers.message().await.unwrap().unwrap();
+        let Some(MessageResponse::FileDescriptorResponse(files)) = answer.message_response else {
+            panic!("unexpected answer {answer:?}");
+        };
+        assert!(!files.file_descriptor_proto.is_empty());
+    }
 }
 
 pub(crate) struct Pki {
