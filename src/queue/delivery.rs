@@ -82,6 +82,7 @@ impl Broker {
             ));
         }
         let give_up = Instant::now() + Duration::from_millis(opts.wait);
+        let mut acked = None;
         loop {
             let (picked, commit, mut wake) = {
                 let mut st = self.lock();
@@ -97,14 +98,21 @@ impl Broker {
                 let wake = q.wake.subscribe();
                 let mut change = Change::default();
                 if !parsed.is_empty() {
-                    // The first turn only: the acks go in with its leases.
+                    // The first turn only: the acks, submitted before the
+                    // pick. Acking first ends the leases that ran out
+                    // (`catch_up`), which can move a message into this
+                    // very queue; the pick reads what it leases from the
+                    // store, which sees a change once it is submitted.
+                    // The pick's change commits after this one.
                     let now = self.now();
                     settled = self.ack_in(&mut st, &parsed, acks, now, &mut change)?;
                     parsed.clear();
+                    acked = self.submit(&st, std::mem::take(&mut change));
                 }
                 let picked = self.pick(&mut st, qid, max, &opts, timeout, &mut change)?;
                 (picked, self.submit(&st, change), wake)
             };
+            durable(acked.take()).await?;
             if !picked.is_empty() {
                 let out = self.deliver(queue, picked, commit).await?;
                 if !out.is_empty() {

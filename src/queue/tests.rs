@@ -1302,3 +1302,46 @@ async fn fifo_nacking_a_whole_batch_in_one_call_releases_the_rest() {
     let counts: Vec<u32> = again.iter().map(|d| d.delivery_count).collect();
     assert_eq!(counts, [2, 1, 1]);
 }
+
+/// An ack riding on a Receive first ends the leases that ran out (a FIFO
+/// release must not wait for the sweeper); when that moves a message into
+/// the very queue being received from, the pick that follows must find
+/// it stored, not fail with "indexed but not stored" and leave the move
+/// in memory only.
+#[tokio::test]
+async fn an_ack_riding_on_receive_moves_due_messages_before_the_pick() {
+    let mut env = Env::new();
+    env.create("dlq", QueueConfigInput::default()).await;
+    env.create("work", with_dlq("dlq", 1)).await;
+    env.publish("work", &["first", "second"]).await;
+    let leased = env.receive("work", 2).await;
+    assert_eq!(leased.len(), 2);
+    // Ack the second one while receiving from the DLQ, after the first
+    // one's lease ran out and before the sweeper ran.
+    env.clock.advance(11 * SECOND);
+    let ack = leased[1].ack_token.clone().expect("token");
+    let (settled, got) = env
+        .b()
+        .receive_acking(
+            "dlq",
+            ReceiveOptions {
+                max_messages: 10,
+                ..ReceiveOptions::default()
+            },
+            &[ack],
+        )
+        .await
+        .expect("receive with an ack");
+    // The second one's lease also ran out, so the ack comes too late.
+    assert!(
+        matches!(settled[0], Settled::LeaseExpired(_)),
+        "{settled:?}"
+    );
+    let bodies: Vec<&str> = got.iter().map(body).collect();
+    assert_eq!(bodies, ["first", "second"]);
+    // In the store too: after a crash the DLQ still holds them, leased.
+    env.crash();
+    let s = env.stats("dlq");
+    assert_eq!(s.total, 2, "{s:?}");
+    assert_eq!(env.stats("work").total, 0);
+}
