@@ -3,12 +3,15 @@
 //! base64(client_id:secret)`) or the TLS client certificate; `crate::auth`
 //! decides. Denials never reach the engine, so they change nothing.
 
+use std::net::SocketAddr;
+use std::ops::Deref;
 use std::sync::Arc;
 
 use base64::Engine as _;
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Status};
 
+use super::audit;
 use crate::auth::{Action, AuthError, Authenticator, Credentials, Principal};
 use crate::queue::Broker;
 
@@ -59,41 +62,106 @@ fn presented(meta: &MetadataMap) -> Result<Presented, Status> {
     )))
 }
 
-/// Who is calling: the principal for the request's credentials.
-pub(crate) fn caller<T>(auth: &Authenticator, req: &Request<T>) -> Result<Arc<Principal>, Status> {
+/// The principal of a call and the address it came from.
+#[derive(Debug, Clone)]
+pub(crate) struct Caller {
+    principal: Arc<Principal>,
+    peer: Option<SocketAddr>,
+}
+
+impl Deref for Caller {
+    type Target = Principal;
+    fn deref(&self) -> &Principal {
+        &self.principal
+    }
+}
+
+impl Caller {
+    /// Who this is, for the audit log.
+    pub(crate) fn who(&self) -> audit::Who<'_> {
+        audit::Who {
+            principal: self.principal.name(),
+            peer: self.peer,
+        }
+    }
+
+    /// Records a destructive or security-relevant act in the audit log.
+    pub(crate) fn audit(&self, action: &str, name: &str, detail: &str) {
+        audit::done(self.who(), action, name, detail);
+    }
+}
+
+/// Who is calling: the principal for the request's credentials. Refused
+/// credentials are recorded in the audit log.
+pub(crate) fn caller<T>(auth: &Authenticator, req: &Request<T>) -> Result<Caller, Status> {
+    let peer = req.remote_addr();
+    let refused = |e: AuthError, presented: &str| {
+        audit::refused(
+            audit::Who {
+                principal: presented,
+                peer,
+            },
+            "authenticate",
+            "-",
+            &e.to_string(),
+        );
+        auth_status(e)
+    };
     if !auth.is_enabled() {
-        return auth
+        let principal = auth
             .authenticate(Credentials::None, None)
-            .map_err(auth_status);
+            .map_err(|e| refused(e, "-"))?;
+        return Ok(Caller { principal, peer });
     }
     let certs = req.peer_certs();
     let leaf = certs.as_ref().and_then(|c| c.first()).map(|c| c.as_ref());
-    let p = presented(req.metadata())?;
-    let creds = match &p {
-        Presented::None => Credentials::None,
-        Presented::Bearer(t) => Credentials::Bearer(t),
-        Presented::Basic(id, secret) => Credentials::ClientSecret { id, secret },
+    let p = match presented(req.metadata()) {
+        Ok(p) => p,
+        Err(s) => {
+            audit::refused(
+                audit::Who {
+                    principal: "-",
+                    peer,
+                },
+                "authenticate",
+                "-",
+                s.message(),
+            );
+            return Err(s);
+        }
     };
-    let p = auth.authenticate(creds, leaf).map_err(auth_status)?;
-    tracing::Span::current().record("principal", p.name());
-    Ok(p)
+    let (creds, shown) = match &p {
+        Presented::None => (Credentials::None, "(none)".to_string()),
+        Presented::Bearer(t) => (Credentials::Bearer(t), "(bearer token)".to_string()),
+        Presented::Basic(id, secret) => (
+            Credentials::ClientSecret { id, secret },
+            format!("client id {id}"),
+        ),
+    };
+    let principal = auth
+        .authenticate(creds, leaf)
+        .map_err(|e| refused(e, &shown))?;
+    tracing::Span::current().record("principal", principal.name());
+    Ok(Caller { principal, peer })
 }
 
-/// `action` on `name`, or PERMISSION_DENIED.
-pub(crate) fn allow(p: &Principal, action: Action, name: &str) -> Result<(), Status> {
-    p.check(action, name).map_err(auth_status)
+/// `action` on `name`, or PERMISSION_DENIED (recorded in the audit log).
+pub(crate) fn allow(c: &Caller, action: Action, name: &str) -> Result<(), Status> {
+    c.check(action, name).map_err(|e| {
+        audit::refused(c.who(), action.name(), name, &e.to_string());
+        auth_status(e)
+    })
 }
 
 /// Some action on `name` (reading its description or stats), or
-/// PERMISSION_DENIED.
-pub(crate) fn allow_any(p: &Principal, name: &str) -> Result<(), Status> {
-    if p.sees(name) {
+/// PERMISSION_DENIED (recorded in the audit log).
+pub(crate) fn allow_any(c: &Caller, name: &str) -> Result<(), Status> {
+    if c.sees(name) {
         Ok(())
     } else {
-        Err(Status::permission_denied(format!(
-            "principal {:?} has no grant on {name:?}",
-            p.name()
-        )))
+        let reason = format!("principal {:?} has no grant on {name:?}", c.name());
+        audit::refused(c.who(), "read", name, &reason);
+        Err(Status::permission_denied(reason))
     }
 }
 
@@ -101,7 +169,7 @@ pub(crate) fn allow_any(p: &Principal, name: &str) -> Result<(), Status> {
 /// Tokens that do not parse or whose queue is gone are left to the engine,
 /// which reports them per token.
 pub(crate) fn allow_tokens<'a>(
-    p: &Principal,
+    p: &Caller,
     broker: &Broker,
     tokens: impl IntoIterator<Item = &'a str>,
 ) -> Result<(), Status> {

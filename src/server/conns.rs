@@ -91,12 +91,17 @@ pub(crate) struct Gate {
     refused: AtomicU64,
     /// The gRPC connections open, by peer address, with their calls.
     conns: Mutex<HashMap<SocketAddr, Arc<Calls>>>,
+    /// The gRPC listener serves TLS: a connection closed before its first
+    /// call is logged (at debug) as a failed handshake, with its peer.
+    tls: std::sync::atomic::AtomicBool,
 }
 
 /// What a connection is doing, as its calls begin and end.
 #[derive(Debug)]
 pub(crate) struct Calls {
     open: AtomicUsize,
+    /// Calls ever begun on the connection.
+    seen: AtomicU64,
     /// When the last call began or ended.
     last: Mutex<Instant>,
 }
@@ -121,7 +126,13 @@ impl Gate {
             max,
             refused: AtomicU64::new(0),
             conns: Mutex::new(HashMap::new()),
+            tls: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// Tells the gate that the gRPC listener serves TLS.
+    pub(crate) fn set_tls(&self) {
+        self.tls.store(true, Ordering::Relaxed);
     }
 
     fn conns(&self) -> std::sync::MutexGuard<'_, HashMap<SocketAddr, Arc<Calls>>> {
@@ -182,6 +193,7 @@ impl Gate {
             } else {
                 let calls = Arc::new(Calls {
                     open: AtomicUsize::new(0),
+                    seen: AtomicU64::new(0),
                     last: Mutex::new(Instant::now()),
                 });
                 self.conns().insert(peer, Arc::clone(&calls));
@@ -279,6 +291,10 @@ impl Conn {
 impl Drop for Conn {
     fn drop(&mut self) {
         if let Some(i) = &self.idle {
+            if i.gate.tls.load(Ordering::Relaxed) && i.calls.seen.load(Ordering::Relaxed) == 0 {
+                tracing::debug!(peer = %self.peer, received = self.received,
+                    "TLS connection closed before its first call: the TLS handshake failed (see the tls accept error above) or the client left");
+            }
             let mut conns = i.gate.conns();
             if conns
                 .get(&self.peer)
@@ -410,6 +426,7 @@ impl Open {
     fn begin(calls: Option<Arc<Calls>>) -> Open {
         if let Some(c) = &calls {
             c.open.fetch_add(1, Ordering::SeqCst);
+            c.seen.fetch_add(1, Ordering::Relaxed);
             c.touch();
         }
         Open(calls)

@@ -7,6 +7,7 @@
 //! closes the store (apply and checkpoint).
 
 mod access;
+mod audit;
 mod conns;
 mod convert;
 mod metrics;
@@ -338,6 +339,9 @@ impl Server {
             config.limits.handshake_timeout,
             config.limits.idle_timeout,
         );
+        if config.tls.is_some() {
+            gate.set_tls();
+        }
         let (stop_metrics, metrics_stopped) = tokio::sync::oneshot::channel::<()>();
         let metrics_task = metrics.map(|(l, _)| {
             let registry = metrics::registry(

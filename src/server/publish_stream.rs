@@ -11,11 +11,11 @@ use futures_util::{FutureExt, StreamExt};
 use tokio::sync::mpsc;
 use tonic::{Status, Streaming};
 
-use super::access::allow;
+use super::access::{Caller, allow};
 use super::convert;
 use super::service::publish_target;
 use super::status::to_status;
-use crate::auth::{Action, Principal};
+use crate::auth::Action;
 use crate::pb;
 use crate::queue::model::Published;
 use crate::queue::{Broker, Publishing, QueueError};
@@ -103,7 +103,7 @@ type RoomWait = Pin<Box<dyn Future<Output = ()> + Send>>;
 /// it go out meanwhile.
 pub(crate) async fn session(
     broker: Arc<Broker>,
-    principal: Arc<Principal>,
+    principal: Caller,
     mut inbound: Streaming<pb::PublishStreamRequest>,
     tx: Tx,
 ) {

@@ -40,14 +40,19 @@ pub(crate) async fn run(
     limit: u64,
     rate: u32,
     tx: Tx,
+    caller: super::access::Caller,
 ) {
     let started = Instant::now();
     let mut total = RedriveStep::default();
     let mut cursor = 0u64;
     let mut reported = Instant::now();
-    tracing::info!(queue = %spec.dlq, dry_run = spec.dry_run, "redrive started");
     loop {
         if broker.is_closing() {
+            caller.audit(
+                "redrive.end",
+                &spec.dlq,
+                &format!("stopped by the shutdown: moved={}", total.moved),
+            );
             let _ = tx
                 .send(Err(Status::unavailable(
                     "the server is shutting down; run the redrive again to move the rest",
@@ -75,6 +80,11 @@ pub(crate) async fn run(
         {
             Ok(s) => s,
             Err(e) => {
+                caller.audit(
+                    "redrive.end",
+                    &spec.dlq,
+                    &format!("failed: {e}: moved={}", total.moved),
+                );
                 let _ = tx.send(Err(to_status(e))).await;
                 return;
             }
@@ -91,7 +101,11 @@ pub(crate) async fn run(
         if reported.elapsed() >= Duration::from_millis(200) {
             reported = Instant::now();
             if tx.send(Ok(progress(&total, false))).await.is_err() {
-                tracing::info!(queue = %spec.dlq, moved = total.moved, "redrive cancelled by the client");
+                caller.audit(
+                    "redrive.end",
+                    &spec.dlq,
+                    &format!("cancelled by the client: moved={}", total.moved),
+                );
                 return;
             }
         }
@@ -100,6 +114,21 @@ pub(crate) async fn run(
             None => break,
         }
     }
-    tracing::info!(queue = %spec.dlq, moved = total.moved, matched = total.matched, skipped = total.skipped, "redrive done");
+    caller.audit(
+        "redrive.end",
+        &spec.dlq,
+        &format!(
+            "dry_run={} scanned={} matched={} moved={} skipped={} (leased={} no_source={} no_target={} other_kind={})",
+            spec.dry_run,
+            total.scanned,
+            total.matched,
+            total.moved,
+            total.skipped,
+            total.skipped_leased,
+            total.skipped_no_source,
+            total.skipped_no_target,
+            total.skipped_other_kind
+        ),
+    );
     let _ = tx.send(Ok(progress(&total, true))).await;
 }

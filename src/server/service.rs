@@ -9,10 +9,10 @@ use tokio_util::task::TaskTracker;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument as _;
 
-use super::access::{allow, allow_any, allow_tokens, caller};
+use super::access::{Caller, allow, allow_any, allow_tokens, caller};
 use super::status::to_status;
 use super::{convert, publish_stream, redrive, subscribe};
-use crate::auth::{Action, Authenticator, Principal};
+use crate::auth::{Action, Authenticator};
 use crate::pb;
 use crate::pb::admin_service_server::AdminService;
 use crate::pb::messaging_service_server::MessagingService;
@@ -40,7 +40,7 @@ impl Service {
         }
     }
 
-    fn caller<T>(&self, req: &Request<T>) -> Result<Arc<Principal>, Status> {
+    fn caller<T>(&self, req: &Request<T>) -> Result<Caller, Status> {
         caller(&self.auth, req)
     }
 }
@@ -70,13 +70,15 @@ impl AdminService for Service {
         let p = self.caller(&req)?;
         let r = req.into_inner();
         allow(&p, Action::Admin, &r.name)?;
-        tracing::debug!(queue = %r.name, "create queue");
         let input = convert::config_input(r.config).map_err(to_status)?;
         let (q, created) = self
             .broker
             .create_queue(&r.name, &input)
             .await
             .map_err(to_status)?;
+        if created {
+            p.audit("queue.create", &r.name, "");
+        }
         Ok(Response::new(pb::CreateQueueResponse {
             queue: Some(convert::queue_pb(q)),
             created,
@@ -120,7 +122,6 @@ impl AdminService for Service {
         let p = self.caller(&req)?;
         let r = req.into_inner();
         allow(&p, Action::Admin, &r.name)?;
-        tracing::debug!(queue = %r.name, "update queue");
         let input = convert::config_input(r.config).map_err(to_status)?;
         let removals = QueueRemovals {
             dead_letter: r.remove_dead_letter,
@@ -132,6 +133,7 @@ impl AdminService for Service {
             .update_queue(&r.name, &input, removals)
             .await
             .map_err(to_status)?;
+        p.audit("queue.update", &r.name, "");
         Ok(Response::new(pb::UpdateQueueResponse {
             queue: Some(convert::queue_pb(q)),
         }))
@@ -144,12 +146,16 @@ impl AdminService for Service {
         let p = self.caller(&req)?;
         let r = req.into_inner();
         allow(&p, Action::Admin, &r.name)?;
-        tracing::debug!(queue = %r.name, force = r.force, "delete queue");
         let n = self
             .broker
             .delete_queue(&r.name, r.force)
             .await
             .map_err(to_status)?;
+        p.audit(
+            "queue.delete",
+            &r.name,
+            &format!("messages_deleted={n} force={}", r.force),
+        );
         Ok(Response::new(pb::DeleteQueueResponse {
             messages_deleted: n,
         }))
@@ -162,8 +168,8 @@ impl AdminService for Service {
         let p = self.caller(&req)?;
         let r = req.into_inner();
         allow(&p, Action::Admin, &r.name)?;
-        tracing::debug!(queue = %r.name, "purge queue");
         let n = self.broker.purge_queue(&r.name).await.map_err(to_status)?;
+        p.audit("queue.purge", &r.name, &format!("messages_deleted={n}"));
         Ok(Response::new(pb::PurgeQueueResponse {
             messages_deleted: n,
         }))
@@ -219,12 +225,16 @@ impl AdminService for Service {
         let p = self.caller(&req)?;
         let r = req.into_inner();
         allow(&p, Action::Admin, &r.queue)?;
-        tracing::info!(queue = %r.queue, group = %r.group_id, "skip group head");
         let id = self
             .broker
             .skip_head(&r.queue, &r.group_id, &r.note)
             .await
             .map_err(to_status)?;
+        p.audit(
+            "group.skip_head",
+            &r.queue,
+            &format!("group={} message_id={id}", r.group_id),
+        );
         Ok(Response::new(pb::SkipHeadResponse { message_id: id }))
     }
 
@@ -240,6 +250,9 @@ impl AdminService for Service {
             .create_exchange(&name)
             .await
             .map_err(to_status)?;
+        if created {
+            p.audit("exchange.create", &name, "");
+        }
         Ok(Response::new(pb::CreateExchangeResponse {
             exchange: Some(convert::exchange_pb(x)),
             created,
@@ -290,6 +303,7 @@ impl AdminService for Service {
             .delete_exchange(&name)
             .await
             .map_err(to_status)?;
+        p.audit("exchange.delete", &name, "");
         Ok(Response::new(pb::DeleteExchangeResponse {}))
     }
 
@@ -304,6 +318,7 @@ impl AdminService for Service {
             .bind(&r.exchange, &b.queue, b.filter.into_iter().collect())
             .await
             .map_err(to_status)?;
+        p.audit("exchange.bind", &r.exchange, &format!("queue={}", b.queue));
         Ok(Response::new(pb::BindResponse {
             exchange: Some(convert::exchange_pb(x)),
         }))
@@ -319,6 +334,11 @@ impl AdminService for Service {
             .unbind(&r.exchange, &r.queue)
             .await
             .map_err(to_status)?;
+        p.audit(
+            "exchange.unbind",
+            &r.exchange,
+            &format!("queue={}", r.queue),
+        );
         Ok(Response::new(pb::UnbindResponse {
             exchange: Some(convert::exchange_pb(x)),
         }))
@@ -339,8 +359,7 @@ impl AdminService for Service {
         } else {
             allow(&p, Action::Publish, &r.target)?;
         }
-        tracing::info!(queue = %r.queue, target = %r.target, dry_run = r.dry_run, "redrive");
-        Ok(Response::new(self.start_redrive(r)?))
+        Ok(Response::new(self.start_redrive(r, p)?))
     }
 
     async fn export_definitions(
@@ -376,6 +395,14 @@ impl AdminService for Service {
             .import_definitions_json(&req.into_inner().json)
             .await
             .map_err(to_status)?;
+        p.audit(
+            "definitions.import",
+            "*",
+            &format!(
+                "queues_created={} exchanges_created={} bindings_changed={}",
+                r.queues_created, r.exchanges_created, r.bindings_changed
+            ),
+        );
         Ok(Response::new(pb::ImportDefinitionsResponse {
             queues_created: r.queues_created,
             exchanges_created: r.exchanges_created,
@@ -390,12 +417,16 @@ impl AdminService for Service {
         let p = self.caller(&req)?;
         let r = req.into_inner();
         allow(&p, Action::Admin, &r.queue)?;
-        tracing::info!(queue = %r.queue, group = %r.group_id, "release group");
         let id = self
             .broker
             .release_group(&r.queue, &r.group_id)
             .await
             .map_err(to_status)?;
+        p.audit(
+            "group.release",
+            &r.queue,
+            &format!("group={} head_message_id={id}", r.group_id),
+        );
         Ok(Response::new(pb::ReleaseGroupResponse {
             head_message_id: id,
         }))
@@ -407,9 +438,25 @@ impl Service {
     fn start_redrive(
         &self,
         r: pb::RedriveRequest,
+        p: Caller,
     ) -> Result<ReceiverStream<Result<pb::RedriveResponse, Status>>, Status> {
         let spec = convert::redrive_spec(&r).map_err(to_status)?;
         let end = self.broker.start_redrive(&spec).map_err(to_status)?;
+        p.audit(
+            "redrive.start",
+            &r.queue,
+            &format!(
+                "target={} dry_run={} limit={} rate={}",
+                if r.target.is_empty() {
+                    "(sources)"
+                } else {
+                    &r.target
+                },
+                r.dry_run,
+                r.limit,
+                r.rate_per_second
+            ),
+        );
         let (tx, rx) = mpsc::channel(4);
         self.sessions.spawn(
             redrive::run(
@@ -419,6 +466,7 @@ impl Service {
                 r.limit,
                 r.rate_per_second,
                 tx,
+                p,
             )
             .instrument(tracing::Span::current()),
         );

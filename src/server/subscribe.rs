@@ -17,10 +17,9 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tonic::{Status, Streaming};
 
-use super::access::allow_tokens;
+use super::access::{Caller, allow_tokens};
 use super::convert;
 use super::status::to_status;
-use crate::auth::Principal;
 use crate::pb;
 use crate::pb::subscribe_request::Kind as In;
 use crate::pb::subscribe_response::Kind as Out;
@@ -54,7 +53,7 @@ pub(crate) fn check_open(broker: &Broker, open: &pb::SubscribeOpen) -> Result<()
 /// Runs one subscription until the client goes away or the server stops.
 pub(crate) async fn session(
     broker: Arc<Broker>,
-    principal: Arc<Principal>,
+    principal: Caller,
     open: pb::SubscribeOpen,
     mut inbound: Streaming<pb::SubscribeRequest>,
     tx: Tx,
@@ -205,7 +204,7 @@ struct Limits<'a> {
 /// comes back to be answered once durable (see [`answer_acks`]).
 async fn handle(
     broker: &Broker,
-    principal: &Principal,
+    principal: &Caller,
     req: pb::SubscribeRequest,
     limits: Limits<'_>,
     unsettled: &mut HashMap<String, u64>,

@@ -361,7 +361,10 @@ async fn health_and_reflection_answer_without_credentials() {
         names.contains(&"letterbox.v1.MessagingService".to_string()),
         "{names:?}"
     );
-    assert!(names.contains(&"grpc.health.v1.Health".to_string()), "{names:?}");
+    assert!(
+        names.contains(&"grpc.health.v1.Health".to_string()),
+        "{names:?}"
+    );
 
     // The older v1alpha protocol, which most grpcurl builds ask for.
     {
@@ -562,4 +565,86 @@ async fn required_client_certificates_refuse_connections_without_one() {
     // No principals: authentication is off, the certificate only opens
     // the connection.
     client.list_queues("").await.unwrap();
+}
+
+/// The audit events of the server's log (JSON lines, target
+/// `letterbox::audit`), as (action, name, principal, outcome, detail).
+fn audit_events(log: &str) -> Vec<(String, String, String, String, String)> {
+    log.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["target"] == "letterbox::audit")
+        .map(|v| {
+            let f = &v["fields"];
+            let s = |k: &str| f[k].as_str().unwrap_or_default().to_string();
+            assert!(
+                f["peer"]
+                    .as_str()
+                    .is_some_and(|p| p.starts_with("127.0.0.1:")),
+                "no peer address: {v}"
+            );
+            (
+                s("action"),
+                s("name"),
+                s("principal"),
+                s("outcome"),
+                s("detail"),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn destructive_acts_and_refusals_are_audited() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config_file(dir.path(), "");
+    let server = TestServer::start_with(&["--config", &cfg, "--log-format", "json"]).await;
+    let ops = client(&server, token(ADMIN_TOKEN)).await;
+    ops.create_queue("orders", pb::QueueConfig::default())
+        .await
+        .unwrap();
+    // Creating it again changes nothing: no event.
+    ops.create_queue("orders", pb::QueueConfig::default())
+        .await
+        .unwrap();
+    ops.publish("orders", vec![Client::message("a"), Client::message("b")])
+        .await
+        .unwrap();
+    assert_eq!(ops.purge_queue("orders").await.unwrap(), 2);
+    // A grant missing, and credentials refused.
+    let producer = client(&server, token(PRODUCER_TOKEN)).await;
+    assert_eq!(
+        code(producer.purge_queue("orders").await),
+        Code::PermissionDenied
+    );
+    let stranger = client(&server, token("not-a-token-at-all")).await;
+    assert_eq!(code(stranger.list_queues("").await), Code::Unauthenticated);
+    ops.delete_queue("orders", false).await.unwrap();
+
+    let events = audit_events(&server.log());
+    let find = |action: &str, outcome: &str| {
+        events
+            .iter()
+            .filter(|e| e.0 == action && e.3 == outcome)
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    let created = find("queue.create", "done");
+    assert_eq!(created.len(), 1, "{events:?}");
+    assert_eq!(
+        (created[0].1.as_str(), created[0].2.as_str()),
+        ("orders", "ops")
+    );
+    let purged = find("queue.purge", "done");
+    assert_eq!(purged.len(), 1, "{events:?}");
+    assert_eq!(purged[0].4, "messages_deleted=2");
+    let denied = find("admin", "refused");
+    assert_eq!(denied.len(), 1, "{events:?}");
+    assert_eq!(
+        (denied[0].1.as_str(), denied[0].2.as_str()),
+        ("orders", "producer")
+    );
+    let unknown = find("authenticate", "refused");
+    assert_eq!(unknown.len(), 1, "{events:?}");
+    assert_eq!(unknown[0].2, "(bearer token)");
+    assert_eq!(find("queue.delete", "done").len(), 1, "{events:?}");
 }
