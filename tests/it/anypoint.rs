@@ -1381,6 +1381,97 @@ async fn the_binary_serves_the_facade_on_the_second_line_address() {
     assert!(plain.anypoint.is_none());
 }
 
+/// The curl walk-through of README.md's "Use Letterbox as a local Anypoint
+/// MQ", exactly as printed there, run by bash (stopping at the first
+/// failing command) against the binary: ack, a nack that moves a message
+/// to the dead letter queue, and that message read in the DLQ.
+#[tokio::test]
+async fn the_readme_curl_walkthrough_runs_as_printed() {
+    let block = readme_anypoint_curl_block();
+    let mut s = TestServer::start_with(&["--anypoint-listen", "127.0.0.1:0"]).await;
+    let mq = format!("http://{}", s.anypoint.expect("anypoint on"));
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new("bash")
+            .args(["-euo", "pipefail", "-c", &block])
+            .env("MQ", mq)
+            .output()
+            .expect("run bash")
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "the README block failed ({}):\n{stdout}\n{stderr}",
+        out.status
+    );
+    let lines: Vec<&str> = stdout.lines().collect();
+    // One answer per line up to the DLQ read, which json.tool spreads out.
+    let answers: Vec<Value> = lines
+        .iter()
+        .take_while(|l| **l != "[")
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}\n{stdout}")))
+        .collect();
+    assert_eq!(answers.len(), 5, "{stdout}");
+    assert_eq!(answers[0]["queueId"], "order-created-invoice-dlq");
+    assert_eq!(answers[1]["maxDeliveries"], 1);
+    assert_eq!(answers[2][1]["status"], "successful");
+    assert_eq!(
+        answers[3],
+        json!({"messageId": "order-1", "status": "successful", "statusMessage": "message acknowledged"})
+    );
+    let nack = &answers[4];
+    assert_eq!(
+        (
+            &nack["messageId"],
+            &nack["deadLettered"],
+            &nack["deadLetterQueueId"]
+        ),
+        (
+            &json!("order-2"),
+            &json!(true),
+            &json!("order-created-invoice-dlq")
+        ),
+        "{nack}"
+    );
+    let start = lines.iter().position(|l| *l == "[").expect("the DLQ read");
+    let dead: Value = serde_json::from_str(&lines[start..].join("\n")).expect("JSON");
+    let m = &dead[0];
+    assert_eq!(m["headers"]["messageId"], "order-2", "{dead}");
+    assert_eq!(m["body"], "{\"order\":2}");
+    let p = &m["properties"];
+    assert_eq!(p["amount"], 42);
+    assert_eq!(p["x-letterbox-dead-letter-source"], "order-created-invoice");
+    assert_eq!(p["x-letterbox-dead-letter-reason"], "MAX_DELIVERIES");
+    assert_eq!(p["x-letterbox-dead-letter-delivery-count"], "1");
+    assert!(
+        p["x-letterbox-dead-letter-time"]
+            .as_str()
+            .is_some_and(|t| t.ends_with(" GMT")),
+        "{p}"
+    );
+    let status = s.stop().await;
+    assert!(status.success(), "{status}");
+}
+
+/// The `sh` block of README.md's Anypoint section that starts with `MQ=`.
+fn readme_anypoint_curl_block() -> String {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
+        .expect("README.md");
+    let section = readme
+        .split("\n## ")
+        .find(|s| s.starts_with("Use Letterbox as a local Anypoint MQ"))
+        .expect("the Anypoint section of README.md");
+    section
+        .split("```sh\n")
+        .skip(1)
+        .filter_map(|b| b.split_once("\n```").map(|(code, _)| code))
+        .find(|code| code.starts_with("MQ="))
+        .expect("a sh block starting with MQ= in the Anypoint section")
+        .to_string()
+}
+
 #[tokio::test]
 async fn a_nack_says_when_the_message_moved_and_the_dlq_copy_carries_its_record() {
     let s = facade().await;
