@@ -8,6 +8,13 @@
 //! equality, the one kind of filter Letterbox bindings have). Stats:
 //! `/mq/stats/api/v1/.../regions/{region}/queues?destinationIds=a,b`.
 //!
+//! Every other operation of the Admin and Stats specifications is
+//! answered **501 Not Implemented**, as those specifications document for
+//! an operation a broker lacks, with a body naming the operation
+//! ([`NOT_IMPLEMENTED`]): deleting an organization's or environment's
+//! data, MQ client apps, regions, fallback queues, and the historical and
+//! usage statistics. (A 404 would read as "no such queue".)
+//!
 //! Queues and exchanges share one namespace in Anypoint MQ
 //! (destinations); the facade refuses to create one under the name of the
 //! other. Errors are `{"message": ...}`, as in the Admin specification.
@@ -18,9 +25,9 @@ use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, PathRejection};
 use axum::extract::{Path, RawQuery, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, patch, put};
+use axum::routing::{MethodFilter, MethodRouter, get, on, patch, put};
 use serde_json::{Map, Value, json};
 
 use super::error::ApiError;
@@ -55,10 +62,6 @@ pub(super) fn routes() -> Router<Arc<Api>> {
             axum::routing::delete(purge_queue),
         )
         .route(
-            &format!("{ADMIN}/destinations/queues/{{queue}}/fallback"),
-            put(fallback),
-        )
-        .route(
             &format!("{ADMIN}/destinations/exchanges/{{exchange}}"),
             put(put_exchange)
                 .get(get_exchange)
@@ -82,6 +85,144 @@ pub(super) fn routes() -> Router<Arc<Api>> {
             put(put_rules).delete(delete_rules),
         )
         .route(&format!("{STATS}/queues"), get(queue_stats))
+        .merge(not_implemented_routes())
+}
+
+/// An operation of the Admin or Stats specification that Letterbox does
+/// not implement.
+struct Missing {
+    method: Method,
+    /// The route (under the listener's root).
+    route: &'static str,
+    /// The operation as its specification names it: method and path.
+    operation: &'static str,
+    /// Why Letterbox has no such operation.
+    why: &'static str,
+}
+
+const NO_CLIENTS: &str = "Letterbox has no MQ client apps to manage: with authentication off any client id and secret are accepted, with it on client apps are the principals of its configuration file";
+const ONE_REGION: &str =
+    "Letterbox is one local server: there are no regions to list (any region id is accepted)";
+const NO_HISTORY: &str = "Letterbox keeps no statistics history: the real-time figures are at GET .../regions/{regionId}/queues?destinationIds=...";
+const NO_USAGE: &str =
+    "Letterbox does not meter usage (API requests, billable units) per organization or environment";
+const NO_ACCOUNTS: &str = "Letterbox has no organizations or environments to delete: any ids are accepted, and they name nothing";
+
+/// The operations of the Admin and Stats specifications (every path and
+/// method of `anypoint-mq-admin.yaml` and `anypoint-mq-stats.yaml`) that
+/// Letterbox does not implement, each answered 501. The implemented ones
+/// are the routes of [`routes`] and the Admin `POST /v1/authorize`.
+const NOT_IMPLEMENTED: &[Missing] = &[
+    Missing {
+        method: Method::DELETE,
+        route: "/mq/admin/api/v1/organizations/{org}",
+        operation: "DELETE /v1/organizations/{organizationId}",
+        why: NO_ACCOUNTS,
+    },
+    Missing {
+        method: Method::DELETE,
+        route: "/mq/admin/api/v1/organizations/{org}/environments/{env}",
+        operation: "DELETE /v1/organizations/{organizationId}/environments/{environmentId}",
+        why: NO_ACCOUNTS,
+    },
+    Missing {
+        method: Method::GET,
+        route: "/mq/admin/api/v1/organizations/{org}/environments/{env}/clients",
+        operation: "GET /v1/organizations/{organizationId}/environments/{environmentId}/clients",
+        why: NO_CLIENTS,
+    },
+    Missing {
+        method: Method::PUT,
+        route: "/mq/admin/api/v1/organizations/{org}/environments/{env}/clients",
+        operation: "PUT /v1/organizations/{organizationId}/environments/{environmentId}/clients",
+        why: NO_CLIENTS,
+    },
+    Missing {
+        method: Method::POST,
+        route: "/mq/admin/api/v1/organizations/{org}/environments/{env}/clients/{client}",
+        operation: "POST /v1/organizations/{organizationId}/environments/{environmentId}/clients/{clientId}",
+        why: NO_CLIENTS,
+    },
+    Missing {
+        method: Method::DELETE,
+        route: "/mq/admin/api/v1/organizations/{org}/environments/{env}/clients/{client}",
+        operation: "DELETE /v1/organizations/{organizationId}/environments/{environmentId}/clients/{clientId}",
+        why: NO_CLIENTS,
+    },
+    Missing {
+        method: Method::GET,
+        route: "/mq/admin/api/v1/organizations/{org}/environments/{env}/regions",
+        operation: "GET /v1/organizations/{organizationId}/environments/{environmentId}/regions",
+        why: ONE_REGION,
+    },
+    Missing {
+        method: Method::GET,
+        route: "/mq/admin/api/v1/organizations/{org}/environments/{env}/regions/{region}",
+        operation: "GET /v1/organizations/{organizationId}/environments/{environmentId}/regions/{regionId}",
+        why: ONE_REGION,
+    },
+    Missing {
+        method: Method::PUT,
+        route: "/mq/admin/api/v1/organizations/{org}/environments/{env}/regions/{region}/destinations/queues/{queue}/fallback",
+        operation: "PUT /v1/organizations/{organizationId}/environments/{environmentId}/regions/{regionId}/destinations/queues/{queueId}/fallback",
+        why: "cross-region failover (fallback queues) has no meaning on one local server",
+    },
+    Missing {
+        method: Method::GET,
+        route: "/mq/stats/api/v1/organizations/{org}",
+        operation: "GET /organizations/{organizationId}",
+        why: NO_USAGE,
+    },
+    Missing {
+        method: Method::GET,
+        route: "/mq/stats/api/v1/organizations/{org}/environments/{env}",
+        operation: "GET /organizations/{organizationId}/environments/{environmentId}",
+        why: NO_USAGE,
+    },
+    Missing {
+        method: Method::GET,
+        route: "/mq/stats/api/v1/organizations/{org}/environments/{env}/regions/{region}/queues/{queue}",
+        operation: "GET /organizations/{organizationId}/environments/{environmentId}/regions/{regionId}/queues/{queueId}",
+        why: NO_HISTORY,
+    },
+    Missing {
+        method: Method::GET,
+        route: "/mq/stats/api/v1/organizations/{org}/environments/{env}/regions/{region}/exchanges/{exchange}",
+        operation: "GET /organizations/{organizationId}/environments/{environmentId}/regions/{regionId}/exchanges/{exchangeId}",
+        why: NO_HISTORY,
+    },
+];
+
+/// The routes of [`NOT_IMPLEMENTED`]: after authentication (as every
+/// call), 501 with `{"message", "operation"}`.
+fn not_implemented_routes() -> Router<Arc<Api>> {
+    let mut by_route: Vec<(&str, MethodRouter<Arc<Api>>)> = Vec::new();
+    for m in NOT_IMPLEMENTED {
+        let handler = move |State(api): State<Arc<Api>>, headers: HeaderMap| async move {
+            not_implemented(&api, &headers, m)
+        };
+        let filter = MethodFilter::try_from(m.method.clone()).unwrap_or(MethodFilter::GET);
+        match by_route.iter_mut().find(|(r, _)| *r == m.route) {
+            Some((_, mr)) => *mr = std::mem::take(mr).on(filter, handler),
+            None => by_route.push((m.route, on(filter, handler))),
+        }
+    }
+    by_route
+        .into_iter()
+        .fold(Router::new(), |r, (route, mr)| r.route(route, mr))
+}
+
+fn not_implemented(api: &Api, headers: &HeaderMap, m: &Missing) -> Response {
+    if let Err(e) = api.caller(headers) {
+        return e.admin().into_response();
+    }
+    json_response(
+        StatusCode::NOT_IMPLEMENTED,
+        &json!({
+            "message": format!("{} is not implemented by Letterbox: {}", m.operation, m.why),
+            "operation": m.operation,
+        }),
+    )
 }
 
 type Region = (String, String, String);
@@ -440,29 +581,36 @@ async fn patch_queue_v2(
     patch_queue(&api, p, &headers, body, true).await
 }
 
-/// `PUT .../queues/{queue}/fallback`: cross-region failover has no
-/// meaning on one local server: 501, as the Admin API answers what a
-/// broker does not implement.
-async fn fallback(headers: HeaderMap, State(api): State<Arc<Api>>) -> Answer {
-    api.caller(&headers)?;
-    Err(ApiError::new(
-        StatusCode::NOT_IMPLEMENTED,
-        "cross-region failover (fallback queues) is not supported by Letterbox",
-    )
-    .into())
-}
-
+/// `DELETE` of a queue. The dead letter queue of other queues is not
+/// deleted (409): they are changed first.
 async fn delete_queue(
     State(api): State<Arc<Api>>,
     p: Result<Path<Named>, PathRejection>,
     headers: HeaderMap,
 ) -> Answer {
     let name = api.administered(p, &headers)?;
-    api.broker
-        .delete_queue(&name, false)
-        .await
-        .map_err(admin_err)?;
-    Ok(no_content())
+    match api.broker.delete_queue(&name, false).await {
+        Ok(_) => Ok(no_content()),
+        // The one precondition of a delete without force.
+        Err(QueueError::FailedPrecondition(_)) => {
+            let sources = api
+                .broker
+                .get_queue(&name)
+                .map(|q| q.dead_letter_sources)
+                .unwrap_or_default();
+            Err(ApiError::new(
+                StatusCode::CONFLICT,
+                format!(
+                    "queue {name} is the dead letter queue of {}: give {} another deadLetterQueueId, \
+                     or none (PUT or PATCH of the queue), before deleting it",
+                    sources.join(", "),
+                    if sources.len() == 1 { "it" } else { "them" }
+                ),
+            )
+            .into())
+        }
+        Err(e) => Err(admin_err(e).into()),
+    }
 }
 
 async fn purge_queue(

@@ -13,20 +13,23 @@
 use std::sync::Arc;
 
 use axum::Router;
-use axum::body::Bytes;
+use axum::body::{Body, Bytes};
 use axum::extract::rejection::{BytesRejection, PathRejection};
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{patch, post, put};
-use serde_json::{Value, json};
+use futures_util::StreamExt;
+use serde_json::{Map, Value, json};
 
 use super::error::ApiError;
-use super::message::{self, Visibility};
+use super::message::{self, META_PROPERTY, Visibility};
 use super::{Api, ENV_ID, LockTtlUnit, ORG_ID, body_bytes, json_body, json_response, param, query};
 use crate::auth::{Action, Credentials};
 use crate::queue::QueueError;
-use crate::queue::model::{Nack, NewMessage, Published, ReceiveOptions, Settled};
+use crate::queue::model::{
+    DeadLetterReason, LeaseEnd, Nack, NewMessage, Published, ReceiveOptions, Settled,
+};
 use crate::queue::validate::{self, limits};
 
 const BASE: &str = "/api/v1/organizations/{org}/environments/{env}/destinations/{dest}";
@@ -196,6 +199,11 @@ impl Api {
                     QueueError::ResourceExhausted(why) => {
                         ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, why)
                     }
+                    QueueError::InvalidArgument { ref field, .. }
+                        if *field == format!("messages[{i}].properties") =>
+                    {
+                        meta_overflow(i, m).unwrap_or_else(|| ApiError::from_queue(e))
+                    }
                     other => ApiError::from_queue(other),
                 });
             }
@@ -220,6 +228,39 @@ impl Api {
                 other => ApiError::from_queue(other),
             })
     }
+}
+
+/// The error for a message whose properties are within the limits as the
+/// client sent them and over them with [`META_PROPERTY`], which Letterbox
+/// added: it names that property, which the client never saw.
+fn meta_overflow(i: usize, m: &NewMessage) -> Option<ApiError> {
+    let (_, meta) = m.properties.iter().find(|(k, _)| k == META_PROPERTY)?;
+    let why = format!(
+        "Letterbox adds the property {META_PROPERTY} to a message to keep what a text property cannot \
+         (the types of non-string property values, headers.deliveryDelay, and headers.messageGroupId \
+         sent to a standard destination)"
+    );
+    let count = m.properties.len();
+    let max = limits::MAX_PROPERTIES;
+    if count > max && count - 1 <= max {
+        return Some(ApiError::bad(format!(
+            "messages[{i}].properties: {} properties plus {META_PROPERTY} make {count}, and at most \
+             {max} are allowed: {why}, so send at most {} properties with it",
+            count - 1,
+            max - 1
+        )));
+    }
+    let total: usize = m.properties.iter().map(|(k, v)| k.len() + v.len()).sum();
+    let own = META_PROPERTY.len() + meta.len();
+    let max = limits::MAX_PROPERTIES_BYTES;
+    if total > max && total - own <= max {
+        return Some(ApiError::bad(format!(
+            "messages[{i}].properties: {} bytes of properties plus {own} of {META_PROPERTY} make \
+             {total}, and at most {max} bytes are allowed: {why}",
+            total - own
+        )));
+    }
+    None
 }
 
 fn published(p: &Published) -> Value {
@@ -247,26 +288,67 @@ fn too_large(ids: &[String], why: &str, status: StatusCode, batch: bool) -> Resp
     }
 }
 
+/// A publish request's body: whole, or (`Err`) its first `limit` bytes
+/// when it is longer. The rest of a longer body is read and dropped, up
+/// to `limit` bytes more, so that a client still sending gets the answer
+/// instead of a reset connection.
+async fn publish_body(body: Body, limit: usize) -> Result<Result<Bytes, Bytes>, ApiError> {
+    let mut stream = body.into_data_stream();
+    let mut buf = Vec::new();
+    let mut over = false;
+    let mut dropped = 0usize;
+    while let Some(chunk) = stream.next().await {
+        let chunk =
+            chunk.map_err(|e| ApiError::bad(format!("the request body could not be read: {e}")))?;
+        if over {
+            dropped += chunk.len();
+            if dropped > limit {
+                break;
+            }
+            continue;
+        }
+        let room = limit - buf.len();
+        if chunk.len() > room {
+            buf.extend_from_slice(&chunk[..room]);
+            over = true;
+            dropped = chunk.len() - room;
+        } else {
+            buf.extend_from_slice(&chunk);
+        }
+    }
+    Ok(if over {
+        Err(Bytes::from(buf))
+    } else {
+        Ok(Bytes::from(buf))
+    })
+}
+
+/// Why a publish request over the body limit was refused.
+fn over_limit(limit: usize) -> String {
+    format!(
+        "the request body is more than {limit} bytes, the most a publish takes (ten messages of the \
+         largest size a message may have, with room for the JSON around them): nothing was published"
+    )
+}
+
 /// `PUT .../messages/{id}`: publish one message (201).
 async fn publish_one(
     State(api): State<Arc<Api>>,
     p: Result<Path<One>, PathRejection>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> Result<Response, ApiError> {
     let (_, _, dest, id) = path(p)?;
-    publish_single(&api, dest, id, &headers, body).await
-}
-
-async fn publish_single(
-    api: &Api,
-    dest: String,
-    id: String,
-    headers: &HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    api.allowed(headers, Action::Publish, &dest)?;
-    let v = json_body(&body_bytes(body)?)?;
+    api.allowed(&headers, Action::Publish, &dest)?;
+    let limit = api.opts.max_body_bytes;
+    let body = match publish_body(body, limit).await? {
+        Ok(b) => b,
+        Err(_) => {
+            let status = StatusCode::PAYLOAD_TOO_LARGE;
+            return Ok(too_large(&[id], &over_limit(limit), status, false));
+        }
+    };
+    let v = json_body(&body)?;
     let m = message::new_message(&v, "", Some(&id))?;
     match api.publish(&dest, vec![m]).await {
         Ok(r) => Ok(json_response(StatusCode::CREATED, &published(&r[0]))),
@@ -283,11 +365,33 @@ async fn publish_batch(
     State(api): State<Arc<Api>>,
     p: Result<Path<Dest>, PathRejection>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> Result<Response, ApiError> {
     let (_, _, dest) = path(p)?;
     api.allowed(&headers, Action::Publish, &dest)?;
-    let v = json_body(&body_bytes(body)?)?;
+    let limit = api.opts.max_body_bytes;
+    let body = match publish_body(body, limit).await? {
+        Ok(b) => b,
+        Err(prefix) => {
+            // Not read whole: the messages whose ids were read are named,
+            // each with the reason (as for a message over the size limit).
+            let mut ids = message::batch_ids(&prefix);
+            let why = if ids.is_empty() {
+                ids.push(String::new());
+                format!(
+                    "{}; no headers.messageId was found in its first {limit} bytes",
+                    over_limit(limit)
+                )
+            } else {
+                format!(
+                    "{} (a batch is published all or nothing)",
+                    over_limit(limit)
+                )
+            };
+            return Ok(too_large(&ids, &why, StatusCode::PAYLOAD_TOO_LARGE, true));
+        }
+    };
+    let v = json_body(&body)?;
     let Value::Array(items) = v else {
         return Err(ApiError::bad(format!(
             "a batch publish takes a JSON array of 1 to {MAX_BATCH} messages, not {}",
@@ -442,11 +546,13 @@ struct Item {
     ttl_ms: u64,
 }
 
-/// The outcome of one item: a success text, or an error.
+/// The outcome of one item: a success text, or an error; for a nack
+/// that settled, what became of the message.
 struct Outcome {
     message_id: String,
     lock_id: String,
     result: Result<String, ApiError>,
+    end: Option<LeaseEnd>,
 }
 
 fn expired(lock: &str) -> ApiError {
@@ -509,14 +615,16 @@ impl Api {
                 message_id: item.message_id,
                 lock_id: item.lock_id,
                 result,
+                end: None,
             });
         }
         if todo.is_empty() {
             return Ok(outcomes);
         }
         let tokens: Vec<String> = todo.iter().map(|(_, t, _)| t.clone()).collect();
+        let plain = |r: Vec<Settled>| r.into_iter().map(|s| (s, None)).collect::<Vec<_>>();
         let settled = match op {
-            Op::Ack => self.broker.ack(&tokens).await,
+            Op::Ack => self.broker.ack(&tokens).await.map(plain),
             Op::Nack => {
                 let nacks: Vec<Nack> = tokens
                     .iter()
@@ -527,23 +635,23 @@ impl Api {
                         dead_letter: false,
                     })
                     .collect();
-                self.broker.nack(&nacks).await
+                self.broker.nack_ends(&nacks).await.map(|(ends, _)| ends)
             }
             Op::Extend => {
                 let items: Vec<(String, u64)> =
                     todo.iter().map(|(_, t, ms)| (t.clone(), *ms)).collect();
-                self.broker.extend(&items).await
+                self.broker.extend(&items).await.map(plain)
             }
         }
         .map_err(ApiError::from_queue)?;
-        for ((i, token, ms), s) in todo.iter().zip(settled) {
+        for ((i, token, ms), (s, end)) in todo.iter().zip(settled) {
             let Some(o) = outcomes.get_mut(*i) else {
                 continue;
             };
             o.result = match s {
                 Settled::Ok { deadline } => Ok(match op {
                     Op::Ack => "message acknowledged".to_string(),
-                    Op::Nack => "message released: available again (or moved to the dead letter queue if it ran out of deliveries)".to_string(),
+                    Op::Nack => nacked(end.as_ref()),
                     Op::Extend if deadline < started + ms => format!(
                         "lock extended until {} (capped by the queue's max lease total)",
                         message::rfc1123(deadline)
@@ -553,6 +661,7 @@ impl Api {
                 Settled::LeaseExpired(_) => Err(expired(token)),
                 Settled::Released(_) => Err(self.released(token)),
             };
+            o.end = end;
         }
         Ok(outcomes)
     }
@@ -560,11 +669,12 @@ impl Api {
     /// A lock must be a current lease on the named message of `dest`.
     fn check_lock(&self, dest: &str, item: &Item) -> Result<(), ApiError> {
         let lock = &item.lock_id;
-        let held = self.broker.lease_holder("lockId", lock).map_err(|_| {
-            ApiError::bad(format!(
-                "LockId: {lock} is not a lock id of this broker (lock ids are 40 hex digits)"
-            ))
-        })?;
+        // Not one of the lock ids this broker issues: unknown to it, as
+        // far as a client can tell (lock ids are opaque).
+        let held = self
+            .broker
+            .lease_holder("lockId", lock)
+            .map_err(|_| ApiError::bad(format!("LockId: {lock} is unknown or expired")))?;
         let Some(h) = held else {
             return Err(self.released(lock));
         };
@@ -583,31 +693,89 @@ impl Api {
     }
 }
 
+/// The `statusMessage` of a nack that settled: what became of the
+/// message.
+fn nacked(end: Option<&LeaseEnd>) -> String {
+    match end {
+        None | Some(LeaseEnd::Requeued) => {
+            "message released: available again for this or other consumers".to_string()
+        }
+        Some(LeaseEnd::DeadLettered {
+            queue,
+            reason,
+            delivery_count,
+        }) => {
+            let why = match reason {
+                DeadLetterReason::MaxDeliveries => {
+                    format!("it reached the queue's maxDeliveries ({delivery_count} deliveries)")
+                }
+                DeadLetterReason::Expired => "its time to live had run out".to_string(),
+                other => format!("reason {}", message::reason_name(*other)),
+            };
+            format!("message moved to the dead letter queue {queue}: {why}")
+        }
+        Some(LeaseEnd::Expired) => {
+            "message released, but its time to live had run out: it was deleted".to_string()
+        }
+        Some(LeaseEnd::Parked) => "message released: it reached the queue's maxDeliveries and \
+             holds its FIFO group until an operator skips or releases it (on_poison PARK_GROUP)"
+            .to_string(),
+    }
+}
+
+/// The answer fields of one settled item: `messageId`, `status`,
+/// `statusMessage` and, for a nack that settled, `deadLettered` (whether
+/// the message moved to a dead letter queue) and then
+/// `deadLetterQueueId`.
+fn outcome_fields(o: Outcome, with_lock: bool) -> Result<Map<String, Value>, ApiError> {
+    let mut m = Map::new();
+    m.insert("messageId".into(), o.message_id.into());
+    if with_lock {
+        m.insert("lockId".into(), o.lock_id.into());
+    }
+    let text = match o.result {
+        Ok(t) => {
+            m.insert("status".into(), "successful".into());
+            t
+        }
+        Err(e) if !with_lock => return Err(e),
+        Err(e) => {
+            m.insert("status".into(), "failure".into());
+            e.message
+        }
+    };
+    m.insert("statusMessage".into(), text.into());
+    if let Some(end) = o.end {
+        let dlq = match end {
+            LeaseEnd::DeadLettered { queue, .. } => Some(queue),
+            _ => None,
+        };
+        m.insert("deadLettered".into(), dlq.is_some().into());
+        if let Some(q) = dlq {
+            m.insert("deadLetterQueueId".into(), q.into());
+        }
+    }
+    Ok(m)
+}
+
 /// The answer of a single settle call.
 fn single(mut outcomes: Vec<Outcome>) -> Result<Response, ApiError> {
     let o = outcomes
         .pop()
         .ok_or_else(|| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "no outcome"))?;
-    let text = o.result?;
     Ok(json_response(
         StatusCode::OK,
-        &json!({"messageId": o.message_id, "status": "successful", "statusMessage": text}),
+        &Value::Object(outcome_fields(o, false)?),
     ))
 }
 
 /// The answer of a batch settle call: an array with a status per item.
-fn batch(outcomes: Vec<Outcome>) -> Response {
-    let items: Vec<Value> = outcomes
+fn batch(outcomes: Vec<Outcome>) -> Result<Response, ApiError> {
+    let items = outcomes
         .into_iter()
-        .map(|o| {
-            let (status, text) = match o.result {
-                Ok(t) => ("successful", t),
-                Err(e) => ("failure", e.message),
-            };
-            json!({"messageId": o.message_id, "lockId": o.lock_id, "status": status, "statusMessage": text})
-        })
-        .collect();
-    json_response(StatusCode::OK, &Value::Array(items))
+        .map(|o| outcome_fields(o, true).map(Value::Object))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(json_response(StatusCode::OK, &Value::Array(items)))
 }
 
 fn string_field(v: &Value, at: &str, name: &str) -> Result<String, ApiError> {
@@ -735,7 +903,7 @@ async fn settle_batch(
     let (_, _, dest) = path(p)?;
     api.allowed(headers, Action::Consume, &dest)?;
     let items = api.batch_items(json_body(&body_bytes(body)?)?, op == Op::Extend)?;
-    Ok(batch(api.settle(&dest, op, items).await?))
+    batch(api.settle(&dest, op, items).await?)
 }
 
 /// `DELETE .../messages` with `[{messageId, lockId}, ...]`: acknowledge a

@@ -15,17 +15,66 @@
 //! known, `messageGroupId` and `deliveryDelay`. The body is the UTF-8
 //! text; a body that is not UTF-8 (published over gRPC) is sent in
 //! base64 with the header `payloadEncoding: base64`.
+//!
+//! A message that entered its queue by a move to it as a dead letter
+//! queue also carries its dead-letter record (the last move, as gRPC's
+//! `Browse` shows it) in the properties named by [`DeadLetterProps`]:
+//! where it came from, why, after how many deliveries, the last error a
+//! consumer gave and when.
 
 use base64::Engine as _;
 use bytes::Bytes;
 use serde_json::{Map, Value};
 
 use super::error::ApiError;
-use crate::queue::model::{Delivery, NewMessage};
+use crate::queue::model::{DeadLetter, DeadLetterReason, Delivery, NewMessage};
 
 /// The reserved property that records which properties were not strings
 /// (`json`: their names) and the publish's `deliveryDelay`.
 pub(crate) const META_PROPERTY: &str = "anypoint.meta";
+
+/// The properties of a delivered message that carry its dead-letter
+/// record. They all start with [`DEAD_LETTER_PREFIX`].
+pub(crate) struct DeadLetterProps;
+
+impl DeadLetterProps {
+    /// The queue the message left.
+    pub(crate) const SOURCE: &str = "x-letterbox-dead-letter-source";
+    /// Why it was moved: `MAX_DELIVERIES`, `REJECTED`, `EXPIRED`,
+    /// `SKIPPED` or `CORRUPTED` (the names gRPC and the CLI use).
+    pub(crate) const REASON: &str = "x-letterbox-dead-letter-reason";
+    /// Its delivery count in that queue when it was moved.
+    pub(crate) const DELIVERY_COUNT: &str = "x-letterbox-dead-letter-delivery-count";
+    /// The last reason a consumer gave when it nacked it (absent when none
+    /// did: the Anypoint nack carries no reason).
+    pub(crate) const LAST_ERROR: &str = "x-letterbox-dead-letter-last-error";
+    /// An operator's note (a skipped FIFO head, a damaged body), if any.
+    pub(crate) const NOTE: &str = "x-letterbox-dead-letter-note";
+    /// When it was moved (RFC 1123).
+    pub(crate) const TIME: &str = "x-letterbox-dead-letter-time";
+}
+
+/// The prefix of the dead-letter properties.
+pub(crate) const DEAD_LETTER_PREFIX: &str = "x-letterbox-dead-letter-";
+
+/// A dead-letter reason's name.
+pub(crate) fn reason_name(r: DeadLetterReason) -> &'static str {
+    match r {
+        DeadLetterReason::MaxDeliveries => "MAX_DELIVERIES",
+        DeadLetterReason::Rejected => "REJECTED",
+        DeadLetterReason::Expired => "EXPIRED",
+        DeadLetterReason::Skipped => "SKIPPED",
+        DeadLetterReason::Corrupted => "CORRUPTED",
+    }
+}
+
+/// The dead-letter record of a delivery, when the message entered the
+/// queue it was delivered from by that move (a move sets the time it
+/// entered its new queue to the time of the move; a redrive back out of
+/// the dead letter queue sets it later).
+fn arrived_as_dead_letter(d: &Delivery) -> Option<&DeadLetter> {
+    d.dead_letters.last().filter(|dl| dl.at >= d.enqueued_at)
+}
 
 /// Bodies above this size are hidden by `payloadVisibility=conditional`.
 const CONDITIONAL_LIMIT: usize = 1 << 20;
@@ -193,6 +242,91 @@ pub(crate) fn new_message(
     })
 }
 
+/// One open container of a JSON text being scanned.
+enum Frame {
+    /// An array, at its `n`th element.
+    Array(usize),
+    /// An object: the key of the member being read (`None` while a key is
+    /// expected, or when the key is not one looked for).
+    Object(Option<Key>),
+}
+
+/// The keys [`batch_ids`] follows.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Key {
+    Headers,
+    MessageId,
+    Other,
+}
+
+/// The `headers.messageId` of the messages of a batch publish body (a
+/// JSON array of messages), in order, read from the first bytes of a body
+/// that was too large to be read whole: every id that is complete within
+/// `prefix`, and none for a message whose id comes after it. A scan, not
+/// a parse: it stops at the first byte that cannot continue a JSON text.
+pub(crate) fn batch_ids(prefix: &[u8]) -> Vec<String> {
+    let mut ids = Vec::new();
+    let mut stack: Vec<Frame> = Vec::new();
+    let mut expect_key = false;
+    let mut i = 0;
+    while i < prefix.len() {
+        match prefix[i] {
+            b' ' | b'\t' | b'\r' | b'\n' => {}
+            b'[' => stack.push(Frame::Array(0)),
+            b'{' => {
+                stack.push(Frame::Object(None));
+                expect_key = true;
+            }
+            b']' | b'}' => {
+                stack.pop();
+                expect_key = false;
+            }
+            b',' => match stack.last_mut() {
+                Some(Frame::Array(n)) => *n += 1,
+                Some(Frame::Object(key)) => {
+                    *key = None;
+                    expect_key = true;
+                }
+                None => return ids,
+            },
+            b':' => expect_key = false,
+            b'"' => {
+                let start = i;
+                i += 1;
+                while i < prefix.len() && prefix[i] != b'"' {
+                    i += if prefix[i] == b'\\' { 2 } else { 1 };
+                }
+                let Some(text) = prefix.get(start..=i) else {
+                    return ids;
+                };
+                let value = || serde_json::from_slice::<String>(text).ok();
+                if expect_key {
+                    if let Some(Frame::Object(key)) = stack.last_mut() {
+                        *key = Some(match value().as_deref() {
+                            Some("headers") => Key::Headers,
+                            Some("messageId") => Key::MessageId,
+                            _ => Key::Other,
+                        });
+                    }
+                } else if let [
+                    Frame::Array(_),
+                    Frame::Object(Some(Key::Headers)),
+                    Frame::Object(Some(Key::MessageId)),
+                ] = stack.as_slice()
+                    && let Some(id) = value()
+                {
+                    ids.push(id);
+                }
+            }
+            // A number, true, false or null: nothing looked for.
+            b'-' | b'0'..=b'9' | b'a'..=b'z' | b'.' | b'+' | b'E' => {}
+            _ => return ids,
+        }
+        i += 1;
+    }
+    ids
+}
+
 /// Turns a message's group into a header kept in [`META_PROPERTY`] (and
 /// returned to consumers): a standard queue (and so an exchange, which
 /// only standard queues are bound to) has no groups, and Anypoint MQ
@@ -256,10 +390,16 @@ fn meta(props: &[(String, String)]) -> Option<Meta> {
 }
 
 /// A delivered message.
-pub(crate) fn delivery(d: Delivery, visibility: Visibility) -> Value {
+pub(crate) fn delivery(mut d: Delivery, visibility: Visibility) -> Value {
     let meta = meta(&d.properties);
+    let dead_letter = arrived_as_dead_letter(&d).cloned();
     let mut properties = Map::new();
-    for (k, v) in d.properties {
+    for (k, v) in std::mem::take(&mut d.properties) {
+        if dead_letter.is_some() && k.starts_with(DEAD_LETTER_PREFIX) {
+            // A copy published with the message (a client that moved it
+            // back by hand): the record of this move replaces it.
+            continue;
+        }
         match &meta {
             Some(_) if k == META_PROPERTY => {}
             Some(m) if m.json.contains(&k) => {
@@ -270,6 +410,24 @@ pub(crate) fn delivery(d: Delivery, visibility: Visibility) -> Value {
                 properties.insert(k, Value::String(v));
             }
         }
+    }
+    if let Some(dl) = dead_letter {
+        let mut put = |k: &str, v: String| {
+            properties.insert(k.to_string(), Value::String(v));
+        };
+        put(DeadLetterProps::SOURCE, dl.source_queue);
+        put(DeadLetterProps::REASON, reason_name(dl.reason).to_string());
+        put(
+            DeadLetterProps::DELIVERY_COUNT,
+            dl.delivery_count.to_string(),
+        );
+        if !dl.last_nack_reason.is_empty() {
+            put(DeadLetterProps::LAST_ERROR, dl.last_nack_reason);
+        }
+        if !dl.note.is_empty() {
+            put(DeadLetterProps::NOTE, dl.note);
+        }
+        put(DeadLetterProps::TIME, rfc1123(dl.at));
     }
     let mut headers = Map::new();
     headers.insert("messageId".into(), d.message_id.into());
@@ -456,6 +614,78 @@ mod tests {
             (&json!("g"), &json!("5"))
         );
         assert_eq!(v["properties"], json!({}));
+    }
+
+    #[test]
+    fn ids_are_read_from_the_start_of_a_batch() {
+        let text = json!([
+            {"headers": {"messageId": "a\"1", "ttl": 5}, "properties": {"messageId": "not it", "n": [1, {"x": null}]}, "body": "x"},
+            {"body": "{\"headers\": {\"messageId\": \"inside a body\"}}", "headers": {"messageGroupId": "g", "messageId": "b"}},
+            {"headers": {"messageId": "c"}, "body": "yyyyyyyyyyyyyyyyyyyy"},
+        ])
+        .to_string();
+        assert_eq!(batch_ids(text.as_bytes()), ["a\"1", "b", "c"]);
+        // Cut inside the third message's id, then just after it.
+        let cut = text.find("\"c\"").unwrap() + 2;
+        assert_eq!(batch_ids(&text.as_bytes()[..cut]), ["a\"1", "b"]);
+        assert_eq!(batch_ids(&text.as_bytes()[..cut + 1]), ["a\"1", "b", "c"]);
+        // The id after a body cut short is not reached.
+        let late = json!([{"body": "zzzzzzzz", "headers": {"messageId": "late"}}]).to_string();
+        assert!(batch_ids(&late.as_bytes()[..14]).is_empty());
+        assert!(batch_ids(b"not json").is_empty());
+        assert!(
+            batch_ids(b"{\"headers\": {\"messageId\": \"x\"}}").is_empty(),
+            "not a batch"
+        );
+    }
+
+    #[test]
+    fn a_message_that_came_as_a_dead_letter_carries_its_record() {
+        let record = DeadLetter {
+            source_queue: "orders".into(),
+            reason: DeadLetterReason::MaxDeliveries,
+            delivery_count: 3,
+            last_nack_reason: "payment service down".into(),
+            at: 5_000,
+            note: String::new(),
+        };
+        let d = Delivery {
+            queue: "orders-dlq".into(),
+            enqueued_at: 5_000,
+            dead_letters: vec![record.clone()],
+            ..delivered(
+                "m",
+                Bytes::new(),
+                vec![
+                    ("a".into(), "b".into()),
+                    (DeadLetterProps::NOTE.into(), "stale copy".into()),
+                ],
+            )
+        };
+        let v = delivery(d.clone(), Visibility::Full);
+        assert_eq!(
+            v["properties"],
+            json!({
+                "a": "b",
+                "x-letterbox-dead-letter-source": "orders",
+                "x-letterbox-dead-letter-reason": "MAX_DELIVERIES",
+                "x-letterbox-dead-letter-delivery-count": "3",
+                "x-letterbox-dead-letter-last-error": "payment service down",
+                "x-letterbox-dead-letter-time": "Thu, 01 Jan 1970 00:00:05 GMT",
+            })
+        );
+        // Redriven out of the DLQ later: the record is history, not shown,
+        // and published properties pass through.
+        let redriven = Delivery {
+            queue: "orders".into(),
+            enqueued_at: 9_000,
+            ..d
+        };
+        let v = delivery(redriven, Visibility::Full);
+        assert_eq!(
+            v["properties"],
+            json!({"a": "b", "x-letterbox-dead-letter-note": "stale copy"})
+        );
     }
 
     #[test]

@@ -12,7 +12,9 @@
 //! - the part of the Admin API a developer needs locally
 //!   (`/mq/admin/api/v1/.../regions/{region}/...`: destinations, queues,
 //!   purge, exchanges, bindings, string-equality routing rules) and the
-//!   real-time queue Stats call (`/mq/stats/api/v1/...`), in `admin.rs`.
+//!   real-time queue Stats call (`/mq/stats/api/v1/...`), in `admin.rs`;
+//!   every other operation of the Admin and Stats specifications answers
+//!   501 Not Implemented, naming the operation.
 //!
 //! Handlers are thin, like the gRPC ones: parse, authenticate and
 //! authorize, call [`Broker`], format. No rule of the engine is repeated

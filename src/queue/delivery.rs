@@ -12,8 +12,8 @@ use crate::storage::records::LeaseRecord;
 
 use super::error::{QueueError, Result};
 use super::model::{
-    AttemptOutcome, DeadLetterReason, Delivery, LeasedMessage, Nack, ReceiveOptions, Released,
-    Settled,
+    AttemptOutcome, DeadLetterReason, Delivery, LeaseEnd, LeasedMessage, Nack, ReceiveOptions,
+    Released, Settled,
 };
 use super::state::{EntryState, QueueState};
 use super::token::AckToken;
@@ -539,6 +539,18 @@ impl Broker {
     /// released (later messages of a failed message's group that were
     /// leased with it, SPEC §3): their tokens settle nothing any more.
     pub async fn nack_releasing(&self, items: &[Nack]) -> Result<(Vec<Settled>, Vec<Released>)> {
+        let (ends, released) = self.nack_ends(items).await?;
+        Ok((ends.into_iter().map(|(s, _)| s).collect(), released))
+    }
+
+    /// [`Broker::nack_releasing`] that also says, for each nack that
+    /// settled, what became of its message (ready again, moved to the
+    /// dead letter queue, expired, parked); `None` beside a token whose
+    /// lease was not current.
+    pub async fn nack_ends(
+        &self,
+        items: &[Nack],
+    ) -> Result<(Vec<(Settled, Option<LeaseEnd>)>, Vec<Released>)> {
         validate::batch("items", items.len())?;
         let parsed = parse_tokens("items.ack_token", items.iter().map(|n| n.token.as_str()))?;
         for (i, n) in items.iter().enumerate() {
@@ -576,7 +588,7 @@ impl Broker {
             let mut results = Vec::with_capacity(items.len());
             for (t, n) in parsed.iter().zip(items) {
                 if let Err(why) = current_lease(&st, t, now) {
-                    results.push(self.not_current(&st, t, &n.token, why, &change)?);
+                    results.push((self.not_current(&st, t, &n.token, why, &change)?, None));
                     continue;
                 }
                 let outcome = if n.dead_letter {
@@ -584,7 +596,7 @@ impl Broker {
                 } else {
                     AttemptOutcome::Nacked
                 };
-                self.end_lease(
+                let end = self.end_lease(
                     &mut st,
                     t.qid,
                     t.pos,
@@ -594,7 +606,7 @@ impl Broker {
                     n.delay,
                     &mut change,
                 )?;
-                results.push(Settled::Ok { deadline: 0 });
+                results.push((Settled::Ok { deadline: 0 }, Some(end)));
             }
             let released = std::mem::take(&mut change.released);
             (results, released, self.submit(&st, change))

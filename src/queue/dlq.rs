@@ -10,7 +10,7 @@ use crate::storage::records::{DeadLetterRec, GroupRecord, MetaRecord};
 
 use super::delivery::forget_client_id;
 use super::error::{QueueError, Result};
-use super::model::{AttemptOutcome, DeadLetterReason, PoisonPolicy, Released};
+use super::model::{AttemptOutcome, DeadLetterReason, LeaseEnd, PoisonPolicy, Released};
 use super::state::{Entry, EntryState};
 use super::token::AckToken;
 use super::{Broker, Change, State, persist};
@@ -18,7 +18,7 @@ use super::{Broker, Change, State, persist};
 impl Broker {
     /// Ends a lease that was not acked (nack, reject, lease expiry, stream
     /// close): records the attempt, then dead-letters, expires, parks or
-    /// makes the message ready again (after its delay).
+    /// makes the message ready again (after its delay); says which.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn end_lease(
         &self,
@@ -30,7 +30,7 @@ impl Broker {
         reason: &str,
         delay: Option<u64>,
         change: &mut Change,
-    ) -> Result<()> {
+    ) -> Result<LeaseEnd> {
         let mut meta = self.meta(qid, pos)?;
         #[cfg(not(feature = "fault-no-fifo-release"))]
         self.release_followers(st, qid, pos, &meta, now, change)?;
@@ -40,8 +40,18 @@ impl Broker {
         q.counters.nacked += 1;
         change.touch(qid);
         let config = q.config.clone();
+        let moved = |reason, delivery_count| LeaseEnd::DeadLettered {
+            queue: config
+                .dead_letter
+                .as_ref()
+                .map(|d| d.queue.clone())
+                .unwrap_or_default(),
+            reason,
+            delivery_count,
+        };
         if outcome == AttemptOutcome::Rejected {
-            return self.dead_letter(
+            let end = moved(DeadLetterReason::Rejected, meta.delivery_count);
+            self.dead_letter(
                 st,
                 qid,
                 pos,
@@ -50,18 +60,27 @@ impl Broker {
                 "",
                 now,
                 change,
-            );
+            )?;
+            return Ok(end);
         }
         if meta.expires_at <= now {
-            return self.expire_with(st, qid, pos, meta, now, change);
+            let end = if config.dead_letter_on_expiry && config.dead_letter.is_some() {
+                moved(DeadLetterReason::Expired, meta.delivery_count)
+            } else {
+                LeaseEnd::Expired
+            };
+            self.expire_with(st, qid, pos, meta, now, change)?;
+            return Ok(end);
         }
         if let Some(dl) = &config.dead_letter
             && meta.delivery_count >= dl.max_deliveries
         {
             if config.on_poison == PoisonPolicy::ParkGroup && config.kind.is_fifo() {
-                return self.park(st, qid, pos, meta, now, change);
+                self.park(st, qid, pos, meta, now, change)?;
+                return Ok(LeaseEnd::Parked);
             }
-            return self.dead_letter(
+            let end = moved(DeadLetterReason::MaxDeliveries, meta.delivery_count);
+            self.dead_letter(
                 st,
                 qid,
                 pos,
@@ -70,7 +89,8 @@ impl Broker {
                 "",
                 now,
                 change,
-            );
+            )?;
+            return Ok(end);
         }
         let backoff = config
             .retry_backoff
@@ -83,7 +103,7 @@ impl Broker {
             q.release(pos, meta.visible_at, now, timers);
         }
         change.wake(qid);
-        Ok(())
+        Ok(LeaseEnd::Requeued)
     }
 
     /// FIFO (SPEC §3): the lease of `failed` (at `pos`) ends without an

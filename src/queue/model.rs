@@ -361,6 +361,29 @@ pub enum Settled {
     Released(String),
 }
 
+/// What became of a message whose lease ended without an ack (a nack, or
+/// a lease that ran out).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaseEnd {
+    /// Back in its queue, to be delivered again (at once, or after a
+    /// delay or the queue's retry backoff).
+    Requeued,
+    /// Moved to a dead letter queue.
+    DeadLettered {
+        /// The dead letter queue.
+        queue: String,
+        /// Why.
+        reason: DeadLetterReason,
+        /// Its delivery count in the queue it left.
+        delivery_count: u32,
+    },
+    /// Its time to live had run out: deleted.
+    Expired,
+    /// FIFO with `on_poison = PARK_GROUP`: it ran out of deliveries and
+    /// holds its group until an operator acts.
+    Parked,
+}
+
 /// A FIFO delivery released because an earlier message of its group failed
 /// (SPEC §3): its token no longer settles anything and the message will be
 /// delivered again after the one that failed.

@@ -412,7 +412,7 @@ async fn scenario_dlq_locks_and_redelivery_as_an_anypoint_client() {
         .failure(400, "is not a lock on destination orders-dlq");
     rest.ack("orders", "order-3", "AQEBxyz+/=")
         .await
-        .failure(400, "is not a lock id");
+        .failure(400, "LockId: AQEBxyz+/= is unknown or expired");
     // order-3 reached its second delivery: a nack moves it to the DLQ.
     rest.nack("orders", "order-3", &lock(&again[1]))
         .await
@@ -517,7 +517,7 @@ async fn batch_nack_and_batch_lock_ttl_answer_per_item() {
         ext[1]["statusMessage"]
             .as_str()
             .unwrap()
-            .contains("not-a-lock is not a lock id")
+            .contains("LockId: not-a-lock is unknown or expired")
     );
     // A ttl beyond 12 hours makes the request invalid.
     rest.call(
@@ -1379,6 +1379,462 @@ async fn the_binary_serves_the_facade_on_the_second_line_address() {
     // Off by default.
     let plain = TestServer::start().await;
     assert!(plain.anypoint.is_none());
+}
+
+/// The curl walk-through of README.md's "Use Letterbox as a local Anypoint
+/// MQ", exactly as printed there, run by bash (stopping at the first
+/// failing command) against the binary: ack, a nack that moves a message
+/// to the dead letter queue, and that message read in the DLQ.
+#[tokio::test]
+async fn the_readme_curl_walkthrough_runs_as_printed() {
+    let block = readme_anypoint_curl_block();
+    let mut s = TestServer::start_with(&["--anypoint-listen", "127.0.0.1:0"]).await;
+    let mq = format!("http://{}", s.anypoint.expect("anypoint on"));
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new("bash")
+            .args(["-euo", "pipefail", "-c", &block])
+            .env("MQ", mq)
+            .output()
+            .expect("run bash")
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "the README block failed ({}):\n{stdout}\n{stderr}",
+        out.status
+    );
+    let lines: Vec<&str> = stdout.lines().collect();
+    // One answer per line up to the DLQ read, which json.tool spreads out.
+    let answers: Vec<Value> = lines
+        .iter()
+        .take_while(|l| **l != "[")
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}\n{stdout}")))
+        .collect();
+    assert_eq!(answers.len(), 5, "{stdout}");
+    assert_eq!(answers[0]["queueId"], "order-created-invoice-dlq");
+    assert_eq!(answers[1]["maxDeliveries"], 1);
+    assert_eq!(answers[2][1]["status"], "successful");
+    assert_eq!(
+        answers[3],
+        json!({"messageId": "order-1", "status": "successful", "statusMessage": "message acknowledged"})
+    );
+    let nack = &answers[4];
+    assert_eq!(
+        (
+            &nack["messageId"],
+            &nack["deadLettered"],
+            &nack["deadLetterQueueId"]
+        ),
+        (
+            &json!("order-2"),
+            &json!(true),
+            &json!("order-created-invoice-dlq")
+        ),
+        "{nack}"
+    );
+    let start = lines.iter().position(|l| *l == "[").expect("the DLQ read");
+    let dead: Value = serde_json::from_str(&lines[start..].join("\n")).expect("JSON");
+    let m = &dead[0];
+    assert_eq!(m["headers"]["messageId"], "order-2", "{dead}");
+    assert_eq!(m["body"], "{\"order\":2}");
+    let p = &m["properties"];
+    assert_eq!(p["amount"], 42);
+    assert_eq!(p["x-letterbox-dead-letter-source"], "order-created-invoice");
+    assert_eq!(p["x-letterbox-dead-letter-reason"], "MAX_DELIVERIES");
+    assert_eq!(p["x-letterbox-dead-letter-delivery-count"], "1");
+    assert!(
+        p["x-letterbox-dead-letter-time"]
+            .as_str()
+            .is_some_and(|t| t.ends_with(" GMT")),
+        "{p}"
+    );
+    let status = s.stop().await;
+    assert!(status.success(), "{status}");
+}
+
+/// The `sh` block of README.md's Anypoint section that starts with `MQ=`.
+fn readme_anypoint_curl_block() -> String {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
+        .expect("README.md");
+    let section = readme
+        .split("\n## ")
+        .find(|s| s.starts_with("Use Letterbox as a local Anypoint MQ"))
+        .expect("the Anypoint section of README.md");
+    section
+        .split("```sh\n")
+        .skip(1)
+        .filter_map(|b| b.split_once("\n```").map(|(code, _)| code))
+        .find(|code| code.starts_with("MQ="))
+        .expect("a sh block starting with MQ= in the Anypoint section")
+        .to_string()
+}
+
+#[tokio::test]
+async fn a_nack_says_when_the_message_moved_and_the_dlq_copy_carries_its_record() {
+    let s = facade().await;
+    let rest = client_of(&s).await;
+    let mut grpc = s.clients().await;
+    rest.put_queue("jobs-dlq", json!({})).await;
+    rest.put_queue(
+        "jobs",
+        json!({"deadLetterQueueId": "jobs-dlq", "maxDeliveries": 2}),
+    )
+    .await;
+    rest.publish_batch(
+        "jobs",
+        json!([
+            {"headers": {"messageId": "j1"}, "properties": {"x-letterbox-dead-letter-source": "made up", "k": "v"}, "body": "one"},
+            msg("j2", "two"),
+        ]),
+    )
+    .await
+    .expect(200);
+    // First deliveries: a nack makes j1 available again, and says so.
+    let got = rest
+        .consume("jobs", "batchSize=10&pollingTime=0")
+        .await
+        .expect(200);
+    assert_eq!(
+        got[0]["properties"],
+        json!({"x-letterbox-dead-letter-source": "made up", "k": "v"}),
+        "published properties of those names pass through"
+    );
+    let r = rest.nack("jobs", "j1", &lock(&got[0])).await.expect(200);
+    assert_eq!(
+        r,
+        json!({"messageId": "j1", "status": "successful",
+               "statusMessage": "message released: available again for this or other consumers",
+               "deadLettered": false})
+    );
+    // j2 is nacked over gRPC, with a reason.
+    assert!(ok(&grpc.nack(&lock(&got[1]), "payment service down").await));
+    // Second deliveries: their last. A single nack and a batch nack.
+    let got = rest
+        .consume("jobs", "batchSize=10&pollingTime=0")
+        .await
+        .expect(200);
+    assert_eq!(got.as_array().unwrap().len(), 2, "{got}");
+    let r = rest.nack("jobs", "j1", &lock(&got[0])).await.expect(200);
+    assert_eq!(
+        (&r["deadLettered"], &r["deadLetterQueueId"]),
+        (&json!(true), &json!("jobs-dlq"))
+    );
+    assert_eq!(
+        r["statusMessage"],
+        "message moved to the dead letter queue jobs-dlq: it reached the queue's maxDeliveries (2 deliveries)"
+    );
+    let d = grpc.receive("jobs", 1).await;
+    assert!(d.is_empty(), "j2 is still locked by its REST consume");
+    let r = rest
+        .call(
+            Method::DELETE,
+            &format!("{}/messages/locks", Rest::dest("jobs")),
+            Some(json!([
+                {"messageId": "j2", "lockId": lock(&got[1])},
+                {"messageId": "j2", "lockId": lock(&got[1])},
+            ])),
+        )
+        .await
+        .expect(200);
+    assert_eq!(
+        (
+            &r[0]["status"],
+            &r[0]["deadLettered"],
+            &r[0]["deadLetterQueueId"]
+        ),
+        (&json!("successful"), &json!(true), &json!("jobs-dlq"))
+    );
+    assert_eq!(r[1]["status"], "failure");
+    assert!(r[1].get("deadLettered").is_none(), "{}", r[1]);
+    // In the DLQ: each carries the record of its move.
+    let dead = rest
+        .consume("jobs-dlq", "batchSize=10&pollingTime=0")
+        .await
+        .expect(200);
+    assert_eq!(
+        dead[0]["properties"],
+        json!({
+            "k": "v",
+            "x-letterbox-dead-letter-source": "jobs",
+            "x-letterbox-dead-letter-reason": "MAX_DELIVERIES",
+            "x-letterbox-dead-letter-delivery-count": "2",
+            "x-letterbox-dead-letter-time": "Tue, 14 Nov 2023 22:13:20 GMT",
+        }),
+        "the record replaces the published look-alike"
+    );
+    assert_eq!(id(&dead[1]), "j2");
+    assert_eq!(
+        dead[1]["properties"]["x-letterbox-dead-letter-last-error"],
+        "payment service down"
+    );
+    assert_eq!(dead[1]["headers"]["deliveryCount"], "1");
+    // gRPC's Browse shows the same record.
+    let browsed = grpc.browse("jobs-dlq").await;
+    let record = &browsed[1].dead_letters[0];
+    assert_eq!(
+        (record.source_queue.as_str(), record.delivery_count),
+        ("jobs", 2)
+    );
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn admin_and_stats_operations_letterbox_lacks_answer_501_naming_them() {
+    let s = facade().await;
+    let mut rest = client_of(&s).await;
+    let admin = format!("/mq/admin/api/v1/organizations/{ORG}/environments/{ENV}");
+    let stats = format!("/mq/stats/api/v1/organizations/{ORG}");
+    let region = "regions/us-east-1";
+    let cases = [
+        (
+            Method::DELETE,
+            format!("/mq/admin/api/v1/organizations/{ORG}"),
+            "DELETE /v1/organizations/{organizationId}",
+        ),
+        (
+            Method::DELETE,
+            admin.clone(),
+            "DELETE /v1/organizations/{organizationId}/environments/{environmentId}",
+        ),
+        (
+            Method::GET,
+            format!("{admin}/clients"),
+            "GET /v1/organizations/{organizationId}/environments/{environmentId}/clients",
+        ),
+        (
+            Method::PUT,
+            format!("{admin}/clients"),
+            "PUT /v1/organizations/{organizationId}/environments/{environmentId}/clients",
+        ),
+        (
+            Method::POST,
+            format!("{admin}/clients/c1"),
+            "POST /v1/organizations/{organizationId}/environments/{environmentId}/clients/{clientId}",
+        ),
+        (
+            Method::DELETE,
+            format!("{admin}/clients/c1"),
+            "DELETE /v1/organizations/{organizationId}/environments/{environmentId}/clients/{clientId}",
+        ),
+        (
+            Method::GET,
+            format!("{admin}/regions"),
+            "GET /v1/organizations/{organizationId}/environments/{environmentId}/regions",
+        ),
+        (
+            Method::GET,
+            format!("{admin}/{region}"),
+            "GET /v1/organizations/{organizationId}/environments/{environmentId}/regions/{regionId}",
+        ),
+        (
+            Method::PUT,
+            format!("{admin}/{region}/destinations/queues/q/fallback"),
+            "PUT /v1/organizations/{organizationId}/environments/{environmentId}/regions/{regionId}/destinations/queues/{queueId}/fallback",
+        ),
+        (
+            Method::GET,
+            stats.clone(),
+            "GET /organizations/{organizationId}",
+        ),
+        (
+            Method::GET,
+            format!("{stats}/environments/{ENV}"),
+            "GET /organizations/{organizationId}/environments/{environmentId}",
+        ),
+        (
+            Method::GET,
+            format!("{stats}/environments/{ENV}/{region}/queues/q?startDate=x&endDate=y&period=60"),
+            "GET /organizations/{organizationId}/environments/{environmentId}/regions/{regionId}/queues/{queueId}",
+        ),
+        (
+            Method::GET,
+            format!("{stats}/environments/{ENV}/{region}/exchanges/x"),
+            "GET /organizations/{organizationId}/environments/{environmentId}/regions/{regionId}/exchanges/{exchangeId}",
+        ),
+    ];
+    for (method, path, operation) in &cases {
+        let r = rest.call(method.clone(), path, Some(json!({}))).await;
+        assert_eq!(r.status, 501, "{method} {path}: {}", r.body);
+        assert_eq!(r.body["operation"], *operation, "{method} {path}");
+        let m = r.body["message"].as_str().unwrap();
+        assert!(
+            m.starts_with(&format!("{operation} is not implemented by Letterbox: ")),
+            "{m}"
+        );
+    }
+    // The implemented neighbours still answer as before.
+    rest.call(Method::GET, &format!("{admin}/{region}/destinations"), None)
+        .await
+        .expect(204);
+    rest.call(
+        Method::GET,
+        &format!("{stats}/environments/{ENV}/{region}/queues?destinationIds=q"),
+        None,
+    )
+    .await
+    .expect(204);
+    // A method no specification has on these paths is still 405, an
+    // unknown path 404.
+    rest.call(Method::PATCH, &format!("{admin}/regions"), None)
+        .await
+        .admin_failure(405, "PATCH is not an operation");
+    rest.call(Method::GET, &format!("{admin}/somewhere"), None)
+        .await
+        .admin_failure(404, "no such operation");
+    // Authentication first, as for every call.
+    rest.token = None;
+    rest.call(Method::GET, &format!("{admin}/regions"), None)
+        .await
+        .admin_failure(401, "access token is required");
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn error_texts_speak_rest() {
+    let s = InProc::start_with(|c| {
+        c.anypoint_listen = Some("127.0.0.1:0".parse().unwrap());
+        c.broker.max_message_size = 1024;
+        c.anypoint.max_body_bytes = 4096;
+    })
+    .await;
+    let rest = client_of(&s).await;
+    let mut grpc = s.clients().await;
+    // The dead letter queue of another queue: 409, in Admin API terms.
+    rest.put_queue("dlq", json!({})).await;
+    rest.put_queue("a", json!({"deadLetterQueueId": "dlq", "maxDeliveries": 3}))
+        .await;
+    let r = rest
+        .call(
+            Method::DELETE,
+            &Rest::admin("destinations/queues/dlq"),
+            None,
+        )
+        .await;
+    let m = r.body["message"].as_str().unwrap_or_default().to_string();
+    r.admin_failure(
+        409,
+        "queue dlq is the dead letter queue of a: give it another deadLetterQueueId, or none",
+    );
+    assert!(!m.contains("force"), "{m}");
+    rest.call(
+        Method::PATCH,
+        &Rest::admin("destinations/queues/a"),
+        Some(json!({})),
+    )
+    .await
+    .expect(200);
+    rest.call(
+        Method::DELETE,
+        &Rest::admin("destinations/queues/dlq"),
+        None,
+    )
+    .await
+    .expect(204);
+    // 63 properties and a number: anypoint.meta makes 65, and is named.
+    let mut props = serde_json::Map::new();
+    for i in 0..63 {
+        props.insert(format!("p{i}"), json!("v"));
+    }
+    props.insert("n".into(), json!(1));
+    let r = rest
+        .publish("a", "m", json!({"properties": props, "body": "x"}))
+        .await;
+    r.failure(
+        400,
+        "messages[0].properties: 64 properties plus anypoint.meta make 65, and at most 64 are allowed",
+    );
+    props.remove("n");
+    props.insert("p63".into(), json!("v"));
+    let r = rest
+        .publish(
+            "a",
+            "m",
+            json!({"headers": {"deliveryDelay": 5}, "properties": props.clone(), "body": "x"}),
+        )
+        .await;
+    r.failure(400, "anypoint.meta");
+    // 64 string properties and no header kept in it: accepted.
+    rest.publish("a", "m", json!({"properties": props, "body": "x"}))
+        .await
+        .expect(201);
+    props.insert("p64".into(), json!("v"));
+    let r = rest
+        .publish("a", "m", json!({"properties": props, "body": "x"}))
+        .await;
+    r.failure(400, "at most 64 entries are allowed");
+    // A lock id Letterbox never issued.
+    rest.nack("a", "m", "0123456789abcdef")
+        .await
+        .failure(400, "LockId: 0123456789abcdef is unknown or expired");
+    rest.extend("a", "m", "nope", 1_000)
+        .await
+        .failure(400, "LockId: nope is unknown or expired");
+    // Over the size limit: a message (the engine's limit) and a request
+    // body (the facade's) fail in the same per-message shape.
+    let big = "x".repeat(2000);
+    let one = rest.publish("a", "big", msg("big", &big)).await;
+    assert_eq!(one.status, 413);
+    let huge = "x".repeat(5000);
+    let over = rest.publish("a", "huge", msg("huge", &huge)).await;
+    assert_eq!(over.status, 413, "{}", over.body);
+    let keys = |v: &Value| {
+        let mut k: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
+        k.sort();
+        k
+    };
+    assert_eq!(keys(&over.body), keys(&one.body));
+    assert_eq!(
+        (&over.body["messageId"], &over.body["status"]),
+        (&json!("huge"), &json!("failure"))
+    );
+    assert!(
+        over.body["statusMessage"]
+            .as_str()
+            .unwrap()
+            .contains("the request body is more than 4096 bytes"),
+        "{}",
+        over.body
+    );
+    // A batch: the ids before the limit are named, each with the reason.
+    let text = format!(
+        r#"[{{"headers":{{"messageId":"b1"}},"body":"x"}},{{"headers":{{"messageId":"b2"}},"body":"{huge}"}},{{"headers":{{"messageId":"b3"}},"body":"x"}}]"#
+    );
+    let r = rest
+        .raw(
+            Method::PUT,
+            &format!("{}/messages", Rest::dest("a")),
+            "application/json",
+            text.into_bytes(),
+            rest.token.as_deref(),
+        )
+        .await;
+    assert_eq!(r.status, 413, "{}", r.body);
+    let items = r.body.as_array().expect("an array, as for a batch");
+    let ids: Vec<&str> = items
+        .iter()
+        .map(|i| i["messageId"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["b1", "b2"]);
+    for i in items {
+        assert_eq!(i["status"], "failure");
+        assert!(
+            i["statusMessage"]
+                .as_str()
+                .unwrap()
+                .contains("(a batch is published all or nothing)"),
+            "{i}"
+        );
+    }
+    let batch_small = rest
+        .publish_batch("a", json!([msg("s1", "x"), msg("s2", &big)]))
+        .await;
+    assert_eq!(batch_small.status, 413);
+    assert_eq!(keys(&batch_small.body[0]), keys(&items[0]));
+    assert_eq!(grpc.stats("a").await.total, 1, "only the accepted m");
+    s.stop().await;
 }
 
 /// The contract test: schemathesis drives the facade from the official
