@@ -9,7 +9,8 @@
 #
 # Needs a system Python 3.10+ with the venv module (PYTHON chooses it,
 # default python3), access to PyPI on the first run, and cargo if the
-# server is not built yet. Everything goes under target/ (never committed):
+# server is not built yet. Without that Python, or when PyPI does not
+# answer, it skips (exit code 77, the skip rule of tests/common.sh). Everything goes under target/ (never committed):
 #   target/anypoint-venv/      the virtualenv, reused while requirements.txt
 #                              and the Python version are unchanged
 #   target/anypoint-contract/  the specifications with Letterbox's documented

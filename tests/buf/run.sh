@@ -7,6 +7,8 @@
 # Needs Node/npm and access to the npm registry on the first run: buf is
 # installed from the npm package @bufbuild/buf (a pinned version) under
 # target/buf/ (never committed), and reused while the version matches.
+# Without npm, or when the registry does not answer, it skips (exit code
+# 77, the skip rule of tests/common.sh).
 # When a release tag v* exists, also checks for breaking changes against
 # the newest one; with BUF_AGAINST set, against that input instead (for
 # example BUF_AGAINST='.git#tag=v1.2.0').
@@ -18,15 +20,13 @@ BUF_VERSION=1.75.0
 prefix=target/buf
 buf="$prefix/node_modules/.bin/buf"
 
-log() { echo "== $*"; }
+. tests/common.sh
 
 if [[ -x "$buf" && "$("$buf" --version 2>/dev/null)" == "$BUF_VERSION" ]]; then
   log "buf $BUF_VERSION already installed in $prefix"
 else
   log "installing @bufbuild/buf@$BUF_VERSION into $prefix"
-  mkdir -p "$prefix"
-  npm install --prefix "$prefix" --no-audit --no-fund --no-save --loglevel=error \
-    "@bufbuild/buf@$BUF_VERSION"
+  npm_install "$prefix" "@bufbuild/buf@$BUF_VERSION"
   got="$("$buf" --version)"
   if [[ "$got" != "$BUF_VERSION" ]]; then
     echo "installed buf reports version $got, expected $BUF_VERSION" >&2
