@@ -276,10 +276,8 @@ impl Api {
     ) -> Result<(String, String), ApiError> {
         let (_, _, _, exchange, queue) = path(p)?;
         let caller = self.caller(headers)?;
-        caller
-            .check(Action::Admin, &exchange)
-            .and_then(|()| caller.check(Action::Admin, &queue))
-            .map_err(ApiError::from_auth)?;
+        self.check(&caller, Action::Admin, &exchange)?;
+        self.check(&caller, Action::Admin, &queue)?;
         Ok((exchange, queue))
     }
 }
@@ -483,19 +481,24 @@ async fn put_queue(
         dead_letter: dead_letter.is_none(),
         ..QueueRemovals::default()
     };
-    let q = match api.broker.get_queue(&name) {
-        Ok(_) => api.broker.update_queue(&name, &input, removals).await,
+    let (q, action) = match api.broker.get_queue(&name) {
+        Ok(_) => (
+            api.broker.update_queue(&name, &input, removals).await,
+            "queue.update",
+        ),
         Err(QueueError::NotFound { .. }) => match api.broker.create_queue(&name, &input).await {
-            Ok((q, _)) => Ok(q),
+            Ok((q, _)) => (Ok(q), "queue.create"),
             // Created meanwhile by another call: replace.
-            Err(QueueError::AlreadyExists { .. }) => {
-                api.broker.update_queue(&name, &input, removals).await
-            }
-            Err(e) => Err(e),
+            Err(QueueError::AlreadyExists { .. }) => (
+                api.broker.update_queue(&name, &input, removals).await,
+                "queue.update",
+            ),
+            Err(e) => (Err(e), "queue.create"),
         },
-        Err(e) => Err(e),
-    }
-    .map_err(admin_err)?;
+        Err(e) => (Err(e), "queue.update"),
+    };
+    let q = q.map_err(admin_err)?;
+    api.audit(action, &name, "");
     Ok(json_response(StatusCode::OK, &queue_json(&q)))
 }
 
@@ -560,6 +563,7 @@ async fn patch_queue(
         .update_queue(&name, &input, removals)
         .await
         .map_err(admin_err)?;
+    api.audit("queue.update", &name, "");
     Ok(json_response(StatusCode::OK, &queue_json(&q)))
 }
 
@@ -590,7 +594,10 @@ async fn delete_queue(
 ) -> Answer {
     let name = api.administered(p, &headers)?;
     match api.broker.delete_queue(&name, false).await {
-        Ok(_) => Ok(no_content()),
+        Ok(n) => {
+            api.audit("queue.delete", &name, &format!("messages_deleted={n}"));
+            Ok(no_content())
+        }
         // The one precondition of a delete without force.
         Err(QueueError::FailedPrecondition(_)) => {
             let sources = api
@@ -619,7 +626,8 @@ async fn purge_queue(
     headers: HeaderMap,
 ) -> Answer {
     let name = api.administered(p, &headers)?;
-    api.broker.purge_queue(&name).await.map_err(admin_err)?;
+    let n = api.broker.purge_queue(&name).await.map_err(admin_err)?;
+    api.audit("queue.purge", &name, &format!("messages_deleted={n}"));
     Ok(no_content())
 }
 
@@ -764,7 +772,10 @@ async fn put_exchange(
         ))
         .into());
     }
-    api.broker.create_exchange(&name).await.map_err(admin_err)?;
+    let (_, created) = api.broker.create_exchange(&name).await.map_err(admin_err)?;
+    if created {
+        api.audit("exchange.create", &name, "");
+    }
     Ok(json_response(StatusCode::OK, &exchange_json(&name)))
 }
 
@@ -797,6 +808,7 @@ async fn delete_exchange(
 ) -> Answer {
     let name = api.administered(p, &headers)?;
     api.broker.delete_exchange(&name).await.map_err(admin_err)?;
+    api.audit("exchange.delete", &name, "");
     Ok(no_content())
 }
 
@@ -919,6 +931,11 @@ impl Api {
             .bind(exchange, queue, filter)
             .await
             .map_err(admin_err)?;
+        self.audit(
+            "exchange.bind",
+            exchange,
+            &format!("queue={queue} (routing rules)"),
+        );
         Ok(())
     }
 }
@@ -941,6 +958,7 @@ async fn put_binding(
         .bind(&exchange, &queue, filter)
         .await
         .map_err(admin_err)?;
+    api.audit("exchange.bind", &exchange, &format!("queue={queue}"));
     Ok(json_response(
         StatusCode::OK,
         &binding_json(&exchange, &queue, None),
@@ -972,6 +990,7 @@ async fn delete_binding(
         .unbind(&exchange, &queue)
         .await
         .map_err(admin_err)?;
+    api.audit("exchange.unbind", &exchange, &format!("queue={queue}"));
     Ok(no_content())
 }
 
@@ -1088,9 +1107,7 @@ async fn queue_stats(
         .ok_or_else(|| ApiError::bad("destinationIds is required (comma-separated queue ids)"))?;
     let mut out = Vec::new();
     for id in id_list(ids) {
-        caller
-            .check(Action::Admin, id)
-            .map_err(ApiError::from_auth)?;
+        api.check(&caller, Action::Admin, id)?;
         match api.broker.stats(id) {
             Ok(s) => out.push(json!({
                 "destination": id,

@@ -161,7 +161,12 @@ async fn authorize(
     })
     .await
     .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
-    .map_err(|e| ApiError::new(StatusCode::UNAUTHORIZED, e.to_string()))?;
+    .map_err(|e| {
+        super::audit_who(&format!("client id {id}"), |who| {
+            crate::server::audit::refused(who, "authenticate", "-", &e.to_string());
+        });
+        ApiError::new(StatusCode::UNAUTHORIZED, e.to_string())
+    })?;
     let token = api.tokens.issue(&id, principal, api.now());
     Ok(json_response(
         StatusCode::OK,

@@ -33,7 +33,9 @@ mod error;
 mod message;
 mod tokens;
 
+use std::cell::RefCell;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::Router;
@@ -47,6 +49,51 @@ use serde_json::Value;
 use crate::auth::{Action, Authenticator, Credentials, Principal};
 use crate::queue::Broker;
 use crate::queue::model::HOUR;
+use crate::server::audit;
+use crate::server::conns::{GatedListener, Peer};
+
+/// Who makes the call being served: its peer address (set for every call)
+/// and its principal (once authenticated), for the audit log.
+#[derive(Debug, Default)]
+struct CallInfo {
+    peer: Option<SocketAddr>,
+    principal: Option<Arc<Principal>>,
+}
+
+tokio::task_local! {
+    static CALL: RefCell<CallInfo>;
+}
+
+/// Runs a call with its [`CallInfo`] in scope.
+async fn with_call_info(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let peer = req
+        .extensions()
+        .get::<axum::extract::ConnectInfo<Peer>>()
+        .map(|c| c.0.0);
+    CALL.scope(
+        RefCell::new(CallInfo {
+            peer,
+            principal: None,
+        }),
+        next.run(req),
+    )
+    .await
+}
+
+/// The caller's audit identity: `principal` when given, else the one the
+/// call authenticated as, else `presented`.
+fn audit_who<R>(presented: &str, f: impl FnOnce(audit::Who<'_>) -> R) -> R {
+    let info = CALL.try_with(|c| {
+        let c = c.borrow();
+        (c.peer, c.principal.clone())
+    });
+    let (peer, principal) = info.unwrap_or((None, None));
+    let name = principal.as_ref().map_or(presented, |p| p.name());
+    f(audit::Who {
+        principal: name,
+        peer,
+    })
+}
 use error::ApiError;
 
 /// The organization id `authorize` answers in `simple_client` (every id
@@ -126,17 +173,40 @@ impl Api {
                 return Err(refuse("the Authorization header must be `bearer <token>`"));
             }
         };
-        if let Some(p) = self.tokens.check(token, self.now()) {
+        let found = self.tokens.check(token, self.now()).or_else(|| {
+            self.auth
+                .is_enabled()
+                .then(|| {
+                    self.auth
+                        .authenticate(Credentials::Bearer(token), None)
+                        .ok()
+                })
+                .flatten()
+        });
+        if let Some(p) = found {
+            let _ = CALL.try_with(|c| c.borrow_mut().principal = Some(Arc::clone(&p)));
             return Ok(p);
         }
-        if self.auth.is_enabled()
-            && let Ok(p) = self.auth.authenticate(Credentials::Bearer(token), None)
-        {
-            return Ok(p);
-        }
-        Err(refuse(
-            "unknown or expired access token: authorize again (POST /api/v1/authorize)",
-        ))
+        let why = "unknown or expired access token: authorize again (POST /api/v1/authorize)";
+        audit_who("(bearer token)", |who| {
+            audit::refused(who, "authenticate", "-", why);
+        });
+        Err(refuse(why))
+    }
+
+    /// Records a destructive act in the audit log, by the call's caller.
+    pub(crate) fn audit(&self, action: &str, name: &str, detail: &str) {
+        audit_who("-", |who| audit::done(who, action, name, detail));
+    }
+
+    /// Checks a grant; a refusal is recorded in the audit log.
+    fn check(&self, p: &Principal, action: Action, name: &str) -> Result<(), ApiError> {
+        p.check(action, name).map_err(|e| {
+            audit_who("-", |who| {
+                audit::refused(who, action.name(), name, &e.to_string());
+            });
+            ApiError::from_auth(e)
+        })
     }
 
     /// The caller, allowed `action` on `name`.
@@ -147,7 +217,7 @@ impl Api {
         name: &str,
     ) -> Result<Arc<Principal>, ApiError> {
         let p = self.caller(headers)?;
-        p.check(action, name).map_err(ApiError::from_auth)?;
+        self.check(&p, action, name)?;
         Ok(p)
     }
 }
@@ -231,22 +301,19 @@ pub fn router(broker: Arc<Broker>, auth: Arc<Authenticator>, opts: AnypointOptio
         .fallback(no_route)
         .method_not_allowed_fallback(wrong_method)
         .layer(DefaultBodyLimit::max(limit))
+        .layer(axum::middleware::from_fn(with_call_info))
         .with_state(api)
 }
 
 /// Serves `app` on `listener` until `shutdown` resolves, then finishes the
 /// calls in flight (long polls end at once: the engine's shutdown wakes
 /// them and they answer 204).
-pub async fn serve<L>(
-    listener: L,
+pub(crate) async fn serve(
+    listener: GatedListener,
     app: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()>
-where
-    L: axum::serve::Listener,
-    L::Addr: std::fmt::Debug,
-{
-    axum::serve(listener, app)
+) -> std::io::Result<()> {
+    axum::serve(listener, app.into_make_service_with_connect_info::<Peer>())
         .with_graceful_shutdown(shutdown)
         .await
 }

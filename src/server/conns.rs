@@ -232,6 +232,19 @@ impl GatedListener {
     }
 }
 
+/// The peer address of an HTTP connection, for handlers
+/// (`ConnectInfo<Peer>`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Peer(pub(crate) SocketAddr);
+
+impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, GatedListener>>
+    for Peer
+{
+    fn connect_info(stream: axum::serve::IncomingStream<'_, GatedListener>) -> Peer {
+        Peer(*stream.remote_addr())
+    }
+}
+
 impl axum::serve::Listener for GatedListener {
     type Io = Conn;
     type Addr = SocketAddr;

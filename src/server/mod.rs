@@ -7,8 +7,8 @@
 //! closes the store (apply and checkpoint).
 
 mod access;
-mod audit;
-mod conns;
+pub(crate) mod audit;
+pub(crate) mod conns;
 mod convert;
 mod metrics;
 mod publish_stream;

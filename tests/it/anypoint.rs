@@ -7,6 +7,7 @@
 //! `contract_test_against_the_official_openapi_specs` below.)
 
 use std::net::SocketAddr;
+use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -1851,4 +1852,80 @@ fn contract_test_against_the_official_openapi_specs() {
         return;
     };
     assert!(text.contains("PASS: anypoint contract"), "{text}");
+}
+
+/// The REST facade's destructive acts and refused credentials are in the
+/// audit log like gRPC's, with the principal and the peer address.
+#[tokio::test]
+async fn rest_admin_acts_and_refusals_are_audited() {
+    let s =
+        TestServer::start_with(&["--anypoint-listen", "127.0.0.1:0", "--log-format", "json"]).await;
+    let mut rest = Rest::new(s.anypoint.expect("anypoint on"));
+    rest.authorize("app", "secret").await.expect(200);
+    rest.put_queue("work", json!({})).await;
+    rest.put_queue("work", json!({"defaultLockTtl": 5_000}))
+        .await;
+    rest.publish_batch("work", json!([msg("a", "1"), msg("b", "2")]))
+        .await
+        .expect(200);
+    rest.call(
+        Method::DELETE,
+        &Rest::admin("destinations/queues/work/messages"),
+        None,
+    )
+    .await
+    .expect(204);
+    rest.call(
+        Method::DELETE,
+        &Rest::admin("destinations/queues/work"),
+        None,
+    )
+    .await
+    .expect(204);
+    let stranger = Rest {
+        token: Some("no-such-token".into()),
+        ..Rest::new(rest.addr)
+    };
+    stranger
+        .call(Method::GET, &Rest::admin("destinations"), None)
+        .await
+        .expect(401);
+
+    let events: Vec<Value> = s
+        .log()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["target"] == "letterbox::audit")
+        .map(|v| v["fields"].clone())
+        .collect();
+    let actions: Vec<(&str, &str)> = events
+        .iter()
+        .map(|f| {
+            (
+                f["action"].as_str().unwrap(),
+                f["outcome"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        actions,
+        [
+            ("queue.create", "done"),
+            ("queue.update", "done"),
+            ("queue.purge", "done"),
+            ("queue.delete", "done"),
+            ("authenticate", "refused"),
+        ],
+        "{events:?}"
+    );
+    assert_eq!(events[2]["detail"], "messages_deleted=2");
+    for e in &events {
+        assert!(
+            e["peer"]
+                .as_str()
+                .is_some_and(|p| p.starts_with("127.0.0.1:")),
+            "{e}"
+        );
+    }
+    assert_eq!(events[0]["principal"], "anonymous", "{events:?}");
 }
