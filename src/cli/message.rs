@@ -342,12 +342,19 @@ pub(super) async fn browse(client: &Client, out: &Out, a: BrowseArgs) -> Result<
         .iter()
         .map(|m| {
             let dl = m.dead_letters.last().map_or("-".into(), |d| {
-                format!(
+                let mut cell = format!(
                     "{} from {} after {}",
                     output::reason_name(d.reason),
                     d.source_queue,
                     d.delivery_count
-                )
+                );
+                if !d.last_nack_reason.is_empty() {
+                    cell.push_str(&format!(": {:?}", d.last_nack_reason));
+                }
+                if !d.note.is_empty() {
+                    cell.push_str(&format!(" (note: {:?})", d.note));
+                }
+                cell
             });
             vec![
                 m.message_id.clone(),

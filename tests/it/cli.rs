@@ -476,3 +476,96 @@ async fn durations_and_times_round_trip() {
     assert_eq!(doc["skipped_no_source"], 2, "{doc}");
     assert_eq!(doc["is_dead_letter_queue"], false, "{doc}");
 }
+
+/// The first `sh` block of a README section, and the `text` block after it.
+fn readme_blocks(section: &str) -> (String, String) {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let start = readme.find(section).expect("section");
+    let rest = &readme[start..];
+    let block = |fence: &str, from: usize| {
+        let open = rest[from..].find(fence).expect(fence) + from + fence.len();
+        let close = rest[open..].find("\n```").expect("closing fence") + open;
+        (
+            rest[open..close].trim_start_matches('\n').to_string(),
+            close,
+        )
+    };
+    let (sh, end) = block("```sh", 0);
+    let (text, _) = block("```text", end);
+    (sh, text)
+}
+
+/// Message ids (26 characters of Crockford base32) made alike.
+fn without_ids(text: &str) -> String {
+    text.split('\n')
+        .map(|line| {
+            line.split("  ")
+                .map(|cell| {
+                    if cell.len() == 26 && cell.chars().all(|c| c.is_ascii_alphanumeric()) {
+                        "<id>"
+                    } else {
+                        cell
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join("  ")
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[tokio::test]
+async fn the_readme_cli_walkthrough_runs_as_printed() {
+    let s = TestServer::start().await;
+    let (script, shown) = readme_blocks("## The letterbox command");
+    let bin = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(
+        env!("CARGO_BIN_EXE_letterbox"),
+        bin.path().join("letterbox"),
+    )
+    .unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.path().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let addr = format!("http://{}", s.addr);
+    let out = tokio::task::spawn_blocking(move || {
+        letterbox_free_command("bash")
+            .args(["-euo", "pipefail", "-c", &script])
+            .env("PATH", path)
+            .env("LETTERBOX_SERVER", addr)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{stdout}\n{}", stderr(&out));
+    // Every line the README shows is what the commands print (ids aside).
+    let printed = without_ids(&stdout);
+    for line in without_ids(&shown).lines() {
+        assert!(
+            printed.contains(line),
+            "README line not printed: {line:?}\n{stdout}"
+        );
+    }
+    // And the redriven messages were consumed in the end.
+    assert!(
+        stderr(&out).contains("acked 2 message(s)"),
+        "{}",
+        stderr(&out)
+    );
+    let stats = json(&run(&s, &["queue", "stats", "orders", "--json"]));
+    assert_eq!(stats["total"], 0, "{stats}");
+}
+
+/// A command with no profile of the user's own in the way.
+fn letterbox_free_command(program: &str) -> Command {
+    let mut c = Command::new(program);
+    c.env("LETTERBOX_CONFIG_HOME", "/nonexistent/letterbox-config")
+        .env_remove("LETTERBOX_CONTEXT")
+        .env_remove("LETTERBOX_TOKEN");
+    c
+}
