@@ -64,8 +64,36 @@ tokio::task_local! {
     static CALL: RefCell<CallInfo>;
 }
 
-/// Runs a call with its [`CallInfo`] in scope.
+/// Request bodies up to this size are read whole before the handler runs.
+const READ_AHEAD: u64 = 64 << 10;
+
+/// Runs a call with its [`CallInfo`] in scope. A small request body is
+/// read whole first: a handler that does not read it (a GET sent with a
+/// body, a 501, a 404) would otherwise leave hyper to find the body's
+/// bytes unread after the answer, and it closes such a keep-alive
+/// connection, so the client's next request on it fails.
 async fn with_call_info(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let small = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        .is_some_and(|n| n > 0 && n <= READ_AHEAD);
+    let req = if small {
+        let (parts, body) = req.into_parts();
+        match axum::body::to_bytes(body, usize::try_from(READ_AHEAD).unwrap_or(usize::MAX)).await {
+            Ok(bytes) => axum::extract::Request::from_parts(parts, Body::from(bytes)),
+            Err(e) => {
+                return ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    format!("reading the request body: {e}"),
+                )
+                .into_response();
+            }
+        }
+    } else {
+        req
+    };
     let peer = req
         .extensions()
         .get::<axum::extract::ConnectInfo<Peer>>()

@@ -1929,3 +1929,65 @@ async fn rest_admin_acts_and_refusals_are_audited() {
     }
     assert_eq!(events[0]["principal"], "anonymous", "{events:?}");
 }
+
+/// A request whose body the handler does not need (a GET sent with a body,
+/// as some clients do) still leaves its keep-alive connection usable, even
+/// when the body comes after the headers in a later packet.
+#[tokio::test]
+async fn a_body_sent_after_the_headers_keeps_the_connection_usable() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let s = TestServer::start_with(&["--anypoint-listen", "127.0.0.1:0"]).await;
+    let addr = s.anypoint.expect("anypoint on");
+    let mut rest = Rest::new(addr);
+    rest.authorize("app", "secret").await.expect(200);
+    rest.put_queue("kept", json!({})).await;
+    let token = rest.token.clone().expect("token");
+    let path = Rest::admin("destinations/queues/kept");
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let head = format!(
+        "GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: bearer {token}\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n"
+    );
+    tcp.write_all(head.as_bytes()).await.unwrap();
+    tcp.flush().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    tcp.write_all(b"{}").await.unwrap();
+    // Read the first answer, then ask again on the same connection.
+    let read_answer = async |tcp: &mut tokio::net::TcpStream| {
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            let n = tokio::time::timeout(Duration::from_secs(5), tcp.read(&mut buf))
+                .await
+                .expect("an answer in time")
+                .unwrap();
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&buf[..n]);
+            let text = String::from_utf8_lossy(&got);
+            if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                let len: usize = head
+                    .lines()
+                    .find_map(|l| {
+                        l.to_ascii_lowercase()
+                            .strip_prefix("content-length:")
+                            .map(|v| v.trim().parse().unwrap())
+                    })
+                    .unwrap_or(0);
+                if body.len() >= len {
+                    break;
+                }
+            }
+        }
+        String::from_utf8_lossy(&got).into_owned()
+    };
+    let first = read_answer(&mut tcp).await;
+    assert!(first.starts_with("HTTP/1.1 200"), "{first}");
+    let again = format!("GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: bearer {token}\r\n\r\n");
+    tcp.write_all(again.as_bytes()).await.unwrap();
+    let second = read_answer(&mut tcp).await;
+    assert!(
+        second.starts_with("HTTP/1.1 200"),
+        "the connection was closed: {second:?}"
+    );
+}
