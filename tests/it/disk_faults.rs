@@ -384,9 +384,18 @@ async fn the_minimum_counts_the_next_segment_and_a_hard_floor_keeps_the_server_u
         match receive_one(&mut c).await {
             Err(s) => break s,
             Ok(got) => {
-                // Not yet noticed: give the lease back.
+                // Not yet noticed: give the lease back (the nack itself
+                // may already be refused: the floor is what is waited for).
                 for d in got {
-                    let _ = c.nack(&d.ack_token, "").await;
+                    let _ = c
+                        .msg
+                        .nack(pb::NackRequest {
+                            items: vec![pb::NackItem {
+                                ack_token: d.ack_token,
+                                ..Default::default()
+                            }],
+                        })
+                        .await;
                 }
             }
         }
