@@ -509,10 +509,22 @@ impl Nemesis {
         let Some(d) = chosen else {
             return Ok(());
         };
+        // The directory the damage starts from must be sound (what the
+        // last stop left), and so must be the one with the copies put back
+        // after a refusal: a damage must never leak into later cycles.
+        let before = verify(&self.spec.bin, &self.spec.data)?;
+        if let Some(problem) = &before {
+            self.health.push(format!(
+                "epoch {}: before damage ({}), the directory the last stop left was not sound: {problem}",
+                self.epoch,
+                d.describe()
+            ));
+        }
         let backup = self.run_dir.join("damage-backup");
         damage::apply(&d, &backup)?;
         self.damage_outcomes.entry(d.kind).or_default().0 += 1;
         self.hist.nemesis(self.epoch, "damage", d.describe());
+        server::note(&self.spec.log, &format!("damage {}", d.describe()))?;
         let from = server::log_len(&self.spec.log);
         let mut s = self.spawn(None)?;
         if s.wait_ready(Duration::from_secs(60)).await? {
@@ -567,6 +579,16 @@ impl Nemesis {
         damage::restore(&d, &backup)?;
         self.hist
             .nemesis(self.epoch, "restore", "damaged segments put back");
+        server::note(&self.spec.log, "damaged segments put back")?;
+        if before.is_none()
+            && let Some(problem) = verify(&self.spec.bin, &self.spec.data)?
+        {
+            self.health.push(format!(
+                "epoch {}: with the damaged segments put back ({}), the directory is not sound as it was before the damage: {problem}",
+                self.epoch,
+                d.describe()
+            ));
+        }
         Ok(())
     }
 
