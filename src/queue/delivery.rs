@@ -703,7 +703,7 @@ impl Broker {
         if current_lease(&st, &t, now).is_ok() {
             return Ok(None);
         }
-        self.released_by(&st, &t)
+        self.released_by(&st, &t, None)
     }
 
     /// A receiver that changes whenever messages may have become
@@ -775,8 +775,10 @@ impl Broker {
     /// The outcome for a token whose lease is not current (`why`): a
     /// FIFO delivery released by the failure of an earlier message of its
     /// group says so and names it; any other, that the lease expired.
-    /// `change` is the call's transaction so far: a release it made (an
-    /// earlier token of the same call failed) is not in the store yet.
+    /// `change` is the call's transaction so far, which the store does not
+    /// see yet: the release of this token by an earlier token of the same
+    /// call, or the end of this very lease by the call's `catch_up` (its
+    /// record then says how the lease ended, not how the one before did).
     fn not_current(
         &self,
         st: &State,
@@ -785,14 +787,7 @@ impl Broker {
         why: &str,
         change: &Change,
     ) -> Result<Settled> {
-        let canonical = t.to_string();
-        if let Some(r) = change.released.iter().find(|r| r.ack_token == canonical) {
-            return Ok(Settled::Released(format!(
-                "token {text} was released: the earlier message {} of its group failed first; the group restarts at that message, so this delivery settles nothing",
-                r.because_of
-            )));
-        }
-        if let Some(reason) = self.released_by(st, t)? {
+        if let Some(reason) = self.released_by(st, t, Some(change))? {
             return Ok(Settled::Released(format!(
                 "token {text} was {reason}; the group restarts at that message, so this delivery settles nothing"
             )));
@@ -806,8 +801,14 @@ impl Broker {
     /// it was. Every lease that ended at a position left one attempt in
     /// the message's history, oldest first, so the lease of epoch `e` ended
     /// with the attempt `ended - e` places from the end (while the history
-    /// still holds it: it keeps the most recent ones).
-    fn released_by(&self, st: &State, t: &AckToken) -> Result<Option<String>> {
+    /// still holds it: it keeps the most recent ones). The record is read
+    /// as `pending`, the caller's change not yet submitted, leaves it.
+    fn released_by(
+        &self,
+        st: &State,
+        t: &AckToken,
+        pending: Option<&Change>,
+    ) -> Result<Option<String>> {
         let Some(q) = st.queues.get(&t.qid) else {
             return Ok(None);
         };
@@ -817,7 +818,13 @@ impl Broker {
         if q.fifo.is_none() {
             return Ok(None);
         }
-        let meta = self.meta(t.qid, t.pos)?;
+        let meta = match pending {
+            Some(change) => match self.meta_in(change, t.qid, t.pos)? {
+                Some(meta) => meta,
+                None => return Ok(None),
+            },
+            None => self.meta(t.qid, t.pos)?,
+        };
         let ended = meta
             .leases
             .saturating_sub(u32::from(e.state() == EntryState::Leased));

@@ -279,7 +279,9 @@ impl Broker {
         Ok(())
     }
 
-    /// Expires a message whose time to live ran out.
+    /// Expires a message whose time to live ran out. Its record is read
+    /// as `change` leaves it: the same sweep may have just released it
+    /// (SPEC §3), uncounting its delivery.
     pub(crate) fn expire(
         &self,
         st: &mut State,
@@ -288,7 +290,9 @@ impl Broker {
         now: u64,
         change: &mut Change,
     ) -> Result<()> {
-        let meta = self.meta(qid, pos)?;
+        let Some(meta) = self.meta_in(change, qid, pos)? else {
+            return Ok(());
+        };
         self.expire_with(st, qid, pos, meta, now, change)
     }
 

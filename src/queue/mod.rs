@@ -323,6 +323,23 @@ impl Broker {
         })
     }
 
+    /// A message's record as `change`, not yet submitted, leaves it (the
+    /// store only sees a change once it is submitted): a call that reads a
+    /// record after its own change wrote it (a lease its `catch_up` ended,
+    /// a message a release made ready) must not act on the older one.
+    /// `None` when the change deleted it.
+    pub(crate) fn meta_in(
+        &self,
+        change: &Change,
+        qid: u32,
+        pos: u64,
+    ) -> Result<Option<MetaRecord>> {
+        match change.txn.pending_meta(qid, pos)? {
+            Some(pending) => Ok(pending),
+            None => Ok(Some(self.meta(qid, pos)?)),
+        }
+    }
+
     /// Submits a change under the lock and returns its commit.
     pub(crate) fn submit(&self, st: &State, change: Change) -> Option<crate::storage::Commit> {
         let txn = change.finish(st);

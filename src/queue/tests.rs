@@ -1345,3 +1345,69 @@ async fn an_ack_riding_on_receive_moves_due_messages_before_the_pick() {
     assert_eq!(s.total, 2, "{s:?}");
     assert_eq!(env.stats("work").total, 0);
 }
+
+/// An ack that comes after its lease ran out, before the sweeper ended
+/// it, ends it itself (`catch_up`) and answers LEASE_EXPIRED. When the
+/// message's previous lease had been released (SPEC §3), that answer must
+/// not be RELEASED naming the message that failed back then: the expiry
+/// the ack's own call recorded is the lease's end, not the release before.
+#[tokio::test]
+async fn fifo_an_ack_after_the_deadline_answers_expired_though_the_lease_before_was_released() {
+    let env = Env::new();
+    env.create("f", fifo(QueueConfigInput::default())).await;
+    publish_group(&env, "f", "g", &["m1", "m2", "m3"]).await;
+    let first = env.receive("f", 10).await;
+    // m1 fails: m2 and m3, leased with it, are released.
+    env.nack(&first[0], "").await;
+    let (again, b) = bodies(&env, "f", 10).await;
+    assert_eq!(b, ["m1", "m2", "m3"]);
+    assert_eq!(env.ack(&again[0]).await, Settled::Ok { deadline: 0 });
+    // m2's lease runs out (m3's too); the sweeper has not run.
+    env.clock.advance(11 * SECOND);
+    let r = env.ack(&again[1]).await;
+    assert!(matches!(r, Settled::LeaseExpired(_)), "{r:?}");
+    // m2's expiry released m3, and m3's ack names m2, not m1.
+    let Settled::Released(why) = env.ack(&again[2]).await else {
+        panic!("m3 was released with m2");
+    };
+    assert!(why.contains(&again[1].message_id), "{why}");
+    // m2 failed once (the expiry); m3 was released by it, uncounted.
+    let (last, b) = bodies(&env, "f", 10).await;
+    assert_eq!(b, ["m2", "m3"]);
+    assert_eq!((last[0].delivery_count, last[1].delivery_count), (2, 1));
+}
+
+/// One sweep that ends a FIFO lease and then expires what it released:
+/// the released message's record was written by the sweep's own change
+/// (its delivery uncounted, its lease gone, the release in its history),
+/// and the move to the DLQ must carry that record, not the stored one.
+#[tokio::test]
+async fn fifo_a_message_released_and_expired_in_one_sweep_is_dead_lettered_uncounted() {
+    let env = Env::new();
+    env.create("fdlq", fifo(QueueConfigInput::default())).await;
+    let cfg = QueueConfigInput {
+        message_ttl: Some(MINUTE),
+        dead_letter_on_expiry: Some(true),
+        ..fifo(with_dlq("fdlq", 5))
+    };
+    env.create("f", cfg).await;
+    publish_group(&env, "f", "g", &["m1", "m2"]).await;
+    env.advance(55 * SECOND).await;
+    let got = env.receive("f", 10).await;
+    assert_eq!(got.len(), 2);
+    // Past both the leases (10 s) and the time to live (a minute), in one
+    // sweep: m1's lease ends first and releases m2, then both expire.
+    env.advance(11 * SECOND).await;
+    let (dl, b) = bodies(&env, "fdlq", 10).await;
+    assert_eq!(b, ["m1", "m2"]);
+    let counts: Vec<u32> = dl
+        .iter()
+        .map(|d| d.dead_letters[0].delivery_count)
+        .collect();
+    assert_eq!(counts, [1, 0], "m2's release did not count as a delivery");
+    assert!(
+        dl[1].dead_letters[0].last_nack_reason.contains("released"),
+        "{:?}",
+        dl[1].dead_letters[0]
+    );
+}

@@ -221,6 +221,22 @@ impl Txn {
         self.put(key, records::encode(value));
     }
 
+    /// A message's state as this transaction, not yet submitted, leaves
+    /// it: `Some(None)` if it deletes the message, `None` if it does not
+    /// touch it (the store then holds the current state).
+    pub fn pending_meta(&self, qid: u32, pos: u64) -> Result<Option<Option<MetaRecord>>> {
+        let key = Key::Meta(qid, pos).encode();
+        let Some(m) = self.muts.iter().rev().find(|m| m.key == key) else {
+            return Ok(None);
+        };
+        match &m.value {
+            None => Ok(Some(None)),
+            Some(bytes) => {
+                records::decode(&format_args!("message {qid}/{pos}"), bytes).map(|r| Some(Some(r)))
+            }
+        }
+    }
+
     /// Deletes a key.
     pub fn delete(&mut self, key: Key<'_>) {
         self.muts.push(Mutation::delete(key.encode()));

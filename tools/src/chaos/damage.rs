@@ -33,6 +33,17 @@ pub const KINDS: [&str; 6] = [
     "zero-tail",
 ];
 
+/// The kinds `--min-hits` requires. `zero-tail` needs bytes after the
+/// log's end that are not zeros already (a reused segment's leftovers),
+/// which a run may never have: it is reported, not required.
+pub const REQUIRED: [&str; 5] = [
+    "delete-log",
+    "delete-between",
+    "delete-all",
+    "zero",
+    "truncate",
+];
+
 /// Frame header of a log record: length (4), CRC-32 of the rest of the
 /// frame (4), lsn (8), first lsn of its batch (8).
 const HEADER: usize = 24;

@@ -216,6 +216,16 @@ struct Nemesis {
     damage_plan: Vec<&'static str>,
     /// Damage kind → (applied, start refused naming the file, started).
     damage_outcomes: BTreeMap<&'static str, (u64, u64, u64)>,
+    /// Times the coverage gate requires each damage kind of
+    /// [`damage::REQUIRED`] (`--min-hits`, at least once).
+    damage_min: u64,
+    /// Damage kinds the coverage gate still requires that a damage round
+    /// could not apply to the directory as it was, and none has since:
+    /// while there is one, every cycle has a damage round, and the starts
+    /// use small log segments and no timed checkpoint (see
+    /// [`Self::flags`]), so that the log soon spans the segments those
+    /// kinds need.
+    damage_waiting: Vec<&'static str>,
     /// Starts after a damage the rule must refuse (the invariants judge
     /// whether anything was lost).
     damage_unrefused: Vec<String>,
@@ -232,8 +242,17 @@ impl Nemesis {
         }
         // Options drawn per start (as RocksDB's crash test does): they move
         // the checkpoints, applies and segment switches around.
-        let seg = ["256KiB", "1MiB", "1MiB"][self.rng.usize(0..3)];
-        let ckpt = self.rng.u64(100..3000);
+        let mut seg = ["256KiB", "1MiB", "1MiB"][self.rng.usize(0..3)];
+        let mut ckpt = self.rng.u64(100..3000);
+        if !self.damage_waiting.is_empty() {
+            // A damage kind waits for the log to span several segments
+            // from the checkpoint's on (one between two others, a second
+            // segment after the checkpoint's, sizes recorded): the
+            // smallest segments, and no checkpoint but the start's within
+            // an epoch.
+            seg = "64KiB";
+            ckpt = ckpt.max(4 * self.max_run.as_millis() as u64);
+        }
         let apply = self.rng.u64(20..600);
         // Small thresholds make database rewrites (and kills during them)
         // frequent.
@@ -476,14 +495,17 @@ impl Nemesis {
         Ok(())
     }
 
-    /// Damage mode, with the server down: two calls in three, damages
-    /// the log (a kind from a shuffled round of [`damage::KINDS`], a kind
-    /// that cannot be applied soundly now tried again first next time) and
-    /// starts the server. A refusal must name a damaged file; the copies
-    /// are then put back. A start is an epoch like the others (killed at a
-    /// random moment), and the checker's invariants judge what it lost.
+    /// Damage mode, with the server down: two calls in three, and every
+    /// call while a kind the coverage gate requires waits (see
+    /// `damage_waiting`), damages the log (a kind from a shuffled round of
+    /// [`damage::KINDS`], a kind that cannot be applied soundly now tried
+    /// again first next time) and starts the server. A refusal must name a
+    /// damaged file; the copies are then put back. A start is an epoch
+    /// like the others (killed at a random moment), and the checker's
+    /// invariants judge what it lost.
     async fn damage_round(&mut self) -> Result<()> {
-        if self.rng.u8(0..3) == 0 {
+        let skip = self.rng.u8(0..3) == 0;
+        if skip && self.damage_waiting.is_empty() {
             return Ok(());
         }
         let mut skipped = Vec::new();
@@ -505,14 +527,36 @@ impl Nemesis {
             if !self.damage_plan.contains(&k) {
                 self.damage_plan.push(k);
             }
+            if damage::REQUIRED.contains(&k)
+                && self.damage_outcomes.get(k).map_or(0, |o| o.0) < self.damage_min
+                && !self.damage_waiting.contains(&k)
+            {
+                self.damage_waiting.push(k);
+            }
         }
         let Some(d) = chosen else {
             return Ok(());
         };
+        let applied = self.damage_outcomes.get(d.kind).map_or(0, |o| o.0) + 1;
+        if applied >= self.damage_min {
+            self.damage_waiting.retain(|k| *k != d.kind);
+        }
+        // The directory the damage starts from must be sound (what the
+        // last stop left), and so must be the one with the copies put back
+        // after a refusal: a damage must never leak into later cycles.
+        let before = verify(&self.spec.bin, &self.spec.data)?;
+        if let Some(problem) = &before {
+            self.health.push(format!(
+                "epoch {}: before damage ({}), the directory the last stop left was not sound: {problem}",
+                self.epoch,
+                d.describe()
+            ));
+        }
         let backup = self.run_dir.join("damage-backup");
         damage::apply(&d, &backup)?;
         self.damage_outcomes.entry(d.kind).or_default().0 += 1;
         self.hist.nemesis(self.epoch, "damage", d.describe());
+        server::note(&self.spec.log, &format!("damage {}", d.describe()))?;
         let from = server::log_len(&self.spec.log);
         let mut s = self.spawn(None)?;
         if s.wait_ready(Duration::from_secs(60)).await? {
@@ -567,6 +611,16 @@ impl Nemesis {
         damage::restore(&d, &backup)?;
         self.hist
             .nemesis(self.epoch, "restore", "damaged segments put back");
+        server::note(&self.spec.log, "damaged segments put back")?;
+        if before.is_none()
+            && let Some(problem) = verify(&self.spec.bin, &self.spec.data)?
+        {
+            self.health.push(format!(
+                "epoch {}: with the damaged segments put back ({}), the directory is not sound as it was before the damage: {problem}",
+                self.epoch,
+                d.describe()
+            ));
+        }
         Ok(())
     }
 
@@ -828,6 +882,8 @@ pub async fn run(args: Args) -> Result<i32> {
         soak: args.soak_secs.is_some(),
         damage_plan: Vec::new(),
         damage_outcomes: BTreeMap::new(),
+        damage_min: args.min_hits.max(1),
+        damage_waiting: Vec::new(),
         damage_unrefused: Vec::new(),
         excused_log: Vec::new(),
     };
@@ -1075,13 +1131,9 @@ pub async fn run(args: Args) -> Result<i32> {
         .cloned()
         .collect();
     let missing_damage: Vec<&str> = if args.damage {
-        // `zero-tail` needs bytes after the log's end that are not zeros
-        // already (a reused segment's leftovers), which a run may never
-        // have: it is reported, not required.
-        damage::KINDS
+        damage::REQUIRED
             .iter()
             .copied()
-            .filter(|k| *k != "zero-tail")
             .filter(|k| nem.damage_outcomes.get(k).map_or(0, |o| o.0) < args.min_hits)
             .collect()
     } else {

@@ -315,6 +315,18 @@ pub fn log_since(log: &Path, from: u64) -> String {
     String::from_utf8_lossy(&bytes[from..]).into_owned()
 }
 
+/// Appends a line of the nemesis (`==== chaos: TEXT`) to the server log,
+/// so that the log shows what was done to the directory between starts.
+pub fn note(log: &Path, text: &str) -> Result<()> {
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .with_context(|| format!("opening {}", log.display()))?;
+    writeln!(f, "==== chaos: {text}")?;
+    Ok(())
+}
+
 /// The last lines of the server log.
 pub fn log_tail(log: &Path, n: usize) -> String {
     let text = std::fs::read_to_string(log).unwrap_or_default();
