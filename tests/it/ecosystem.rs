@@ -6,8 +6,9 @@
 //! need (grpcio-tools from PyPI, buf and grpc-js from npm) under target/;
 //! where that cannot be had they skip (`skip_or_run`). The Prometheus
 //! metrics move with the queues (and the calls, the consumers, the
-//! process and the disk), serve over TLS with a token when asked, and the
-//! server process runs without transparent huge pages.
+//! process and the disk), serve over TLS with a token when asked, the
+//! Grafana dashboard reads only metrics a server exports, and the server
+//! process runs without transparent huge pages.
 
 use std::process::Command;
 use std::time::Duration;
@@ -696,3 +697,117 @@ async fn the_metrics_endpoint_serves_tls_and_requires_its_token() {
     task.await.unwrap().unwrap();
 }
 
+/// The metric names a PromQL expression reads (`letterbox_*`,
+/// `process_*`).
+fn metric_names(expr: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut word = String::new();
+    for ch in expr.chars().chain(std::iter::once(' ')) {
+        if ch.is_ascii_alphanumeric() || ch == '_' || ch == ':' {
+            word.push(ch);
+        } else {
+            if word.starts_with("letterbox_") || word.starts_with("process_") {
+                out.push(std::mem::take(&mut word));
+            }
+            word.clear();
+        }
+    }
+    out
+}
+
+fn collect_exprs(v: &serde_json::Value, out: &mut Vec<String>) {
+    match v {
+        serde_json::Value::Object(m) => {
+            for (k, v) in m {
+                match (k.as_str(), v) {
+                    ("expr", serde_json::Value::String(e)) => out.push(e.clone()),
+                    _ => collect_exprs(v, out),
+                }
+            }
+        }
+        serde_json::Value::Array(a) => a.iter().for_each(|v| collect_exprs(v, out)),
+        _ => {}
+    }
+}
+
+/// docs/grafana/letterbox.json is a Grafana dashboard whose queries read
+/// only metrics that a running server exports.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_grafana_dashboard_reads_only_exported_metrics() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/grafana/letterbox.json");
+    let text = std::fs::read_to_string(path).unwrap();
+    let dash: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert!(dash["schemaVersion"].as_u64().is_some_and(|v| v >= 30));
+    assert!(dash["title"].as_str().is_some_and(|t| !t.is_empty()));
+    let vars = dash["templating"]["list"].as_array().unwrap();
+    let var = |name: &str| {
+        vars.iter()
+            .find(|v| v["name"] == name)
+            .unwrap_or_else(|| panic!("no ${name} variable"))
+    };
+    assert_eq!(var("datasource")["type"], "datasource");
+    assert_eq!(var("datasource")["query"], "prometheus");
+    let queue = var("queue");
+    assert_eq!(queue["type"], "query");
+    let q = &queue["query"];
+    let q = q["query"].as_str().or(q.as_str()).unwrap();
+    assert_eq!(q, "label_values(letterbox_queue_ready, queue)");
+    let panels = dash["panels"].as_array().unwrap();
+    let mut exprs = Vec::new();
+    for p in panels {
+        if p["type"] == "row" {
+            continue;
+        }
+        let targets = p["targets"].as_array().unwrap_or_else(|| panic!("{p}"));
+        assert!(!targets.is_empty(), "{p}");
+        assert_eq!(p["datasource"]["uid"], "${datasource}", "{p}");
+        assert!(p["gridPos"]["w"].as_u64().is_some(), "{p}");
+        collect_exprs(p, &mut exprs);
+    }
+    let names: std::collections::BTreeSet<String> =
+        exprs.iter().flat_map(|e| metric_names(e)).collect();
+    for wanted in [
+        "letterbox_queue_ready",
+        "letterbox_queue_oldest_ready_age_seconds",
+        "letterbox_commit_seconds_bucket",
+        "letterbox_grpc_requests_total",
+        "process_resident_memory_bytes",
+        "letterbox_disk_free_bytes",
+    ] {
+        assert!(names.contains(wanted), "the dashboard shows {wanted}");
+    }
+
+    // A server with some of everything to show.
+    let WithMetrics {
+        addr,
+        metrics,
+        stop,
+        task,
+        _dir,
+        ..
+    } = with_metrics(|_| {}).await;
+    let mut c = crate::harness::connect(addr).await;
+    c.create("jobs-dlq", crate::harness::config()).await;
+    c.create("jobs", crate::harness::with_dlq("jobs-dlq", 1))
+        .await;
+    c.publish("jobs", &["a"]).await;
+    let got = c.receive("jobs", 1).await;
+    c.nack(&got[0].ack_token, "broken").await;
+    let (_, scrape) = http_get(metrics, "/metrics").await;
+    let exported: std::collections::BTreeSet<&str> = scrape
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split(['{', ' ']).next())
+        .collect();
+    let unknown: Vec<&String> = names
+        .iter()
+        .filter(|n| !exported.contains(n.as_str()))
+        .collect();
+    assert!(
+        unknown.is_empty(),
+        "the dashboard reads metrics the server does not export: {unknown:?}"
+    );
+    drop(c);
+    stop.send(()).unwrap();
+    task.await.unwrap().unwrap();
+}
