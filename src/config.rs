@@ -155,10 +155,25 @@ pub struct ServeArgs {
     #[arg(long, env = "LETTERBOX_IDLE_TIMEOUT", default_value = "5m")]
     pub idle_timeout: Millis,
     /// Serve Prometheus metrics at `http://ADDR/metrics` (off unless
-    /// set; metrics carry queue names, so prefer loopback or a private
-    /// network).
+    /// set; `https://` with the `--tls-cert` certificate when TLS is on;
+    /// metrics carry queue names, so prefer loopback, a private network or
+    /// a token).
     #[arg(long, env = "LETTERBOX_METRICS_LISTEN")]
     pub metrics_listen: Option<SocketAddr>,
+    /// A file holding the bearer token `/metrics` requires
+    /// (`Authorization: Bearer TOKEN`; surrounding whitespace is
+    /// ignored). Without it or `--metrics-token`, no token is asked for.
+    #[arg(
+        long,
+        env = "LETTERBOX_METRICS_TOKEN_FILE",
+        conflicts_with = "metrics_token"
+    )]
+    pub metrics_token_file: Option<PathBuf>,
+    /// The bearer token `/metrics` requires, given directly (prefer
+    /// `--metrics-token-file` or the variable: a flag's value is visible
+    /// to other users in the process list).
+    #[arg(long, env = "LETTERBOX_METRICS_TOKEN", hide_env_values = true)]
+    pub metrics_token: Option<String>,
     /// Address for the Anypoint MQ compatible REST API (off unless given;
     /// port 0 picks a free port, printed on the second line of standard
     /// output).
@@ -250,6 +265,7 @@ impl ServeArgs {
         let auth_on = auth.is_enabled();
         c.auth = Arc::new(auth);
         c.metrics_listen = self.metrics_listen;
+        c.metrics_token = self.metrics_token()?;
         if self.max_concurrent_streams == 0 {
             return Err("--max-concurrent-streams: must be at least 1".into());
         }
@@ -289,6 +305,27 @@ impl ServeArgs {
         c.anypoint.lock_ttl_unit = self.anypoint_lock_ttl_unit;
         c.anypoint.max_body_bytes = 10 * max_msg + (4 << 20);
         Ok(c)
+    }
+
+    fn metrics_token(&self) -> Result<Option<String>, String> {
+        let (flag, token) = match (&self.metrics_token_file, &self.metrics_token) {
+            (Some(path), _) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| format!("--metrics-token-file: {}: {e}", path.display()))?;
+                ("--metrics-token-file", text.trim().to_string())
+            }
+            (None, Some(t)) => ("--metrics-token", t.trim().to_string()),
+            (None, None) => return Ok(None),
+        };
+        if token.is_empty() {
+            return Err(format!("{flag}: the token is empty"));
+        }
+        if token.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Err(format!(
+                "{flag}: the token must not contain spaces or control characters (it is sent in an HTTP header)"
+            ));
+        }
+        Ok(Some(token))
     }
 
     fn tls(&self) -> Result<Option<TlsConfig>, String> {
@@ -505,6 +542,42 @@ publish = ["orders"]
         assert!(a.server_config().is_ok());
         let a = parse(&["--listen", "[::1]:0"], "").unwrap();
         assert!(a.server_config().is_ok());
+    }
+
+    #[test]
+    fn the_metrics_token_comes_from_a_file_or_the_setting() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("metrics.token");
+        std::fs::write(&file, "  s3cret-token\n").unwrap();
+        let f = file.display().to_string();
+        let c = parse(&["--metrics-token-file", &f], "")
+            .unwrap()
+            .server_config()
+            .unwrap();
+        assert_eq!(c.metrics_token.as_deref(), Some("s3cret-token"));
+        let c = parse(&[], "metrics_token = \"from-the-file\"\n")
+            .unwrap()
+            .server_config()
+            .unwrap();
+        assert_eq!(c.metrics_token.as_deref(), Some("from-the-file"));
+        let c = parse(&[], "").unwrap().server_config().unwrap();
+        assert_eq!(c.metrics_token, None);
+        std::fs::write(&file, "\n").unwrap();
+        let e = parse(&["--metrics-token-file", &f], "")
+            .unwrap()
+            .server_config()
+            .unwrap_err();
+        assert!(
+            e.contains("--metrics-token-file: the token is empty"),
+            "{e}"
+        );
+        let e = parse(&["--metrics-token", "two words"], "")
+            .unwrap()
+            .server_config()
+            .unwrap_err();
+        assert!(e.contains("--metrics-token"), "{e}");
+        let e = parse(&["--metrics-token-file", &f, "--metrics-token", "t"], "").unwrap_err();
+        assert!(e.contains("--metrics-token"), "{e}");
     }
 
     #[test]

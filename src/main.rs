@@ -344,8 +344,18 @@ async fn serve(args: ServeArgs) -> ExitCode {
         tracing::info!(%addr, "serving the Anypoint MQ REST API");
     }
     if let Some(m) = server.metrics_addr() {
-        announce(&format!("letterbox metrics on http://{m}/metrics"));
-        tracing::info!(addr = %m, "serving metrics");
+        let scheme = if config.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        announce(&format!("letterbox metrics on {scheme}://{m}/metrics"));
+        tracing::info!(
+            addr = %m,
+            tls = config.tls.is_some(),
+            token = config.metrics_token.is_some(),
+            "serving metrics"
+        );
     }
     match server.serve(shutdown).await {
         Ok(()) => {

@@ -525,6 +525,10 @@ async fn consume(
         }
         r => r.map_err(ApiError::from_queue)?,
     };
+    if let Some(peer) = super::call_peer() {
+        api.consumers
+            .received(&dest, peer, std::time::Instant::now());
+    }
     if got.is_empty() {
         return Ok(StatusCode::NO_CONTENT.into_response());
     }

@@ -108,6 +108,11 @@ async fn with_call_info(req: axum::extract::Request, next: axum::middleware::Nex
     .await
 }
 
+/// The peer address of the call being served.
+fn call_peer() -> Option<SocketAddr> {
+    CALL.try_with(|c| c.borrow().peer).ok().flatten()
+}
+
 /// The caller's audit identity: `principal` when given, else the one the
 /// call authenticated as, else `presented`.
 fn audit_who<R>(presented: &str, f: impl FnOnce(audit::Who<'_>) -> R) -> R {
@@ -175,6 +180,8 @@ pub(crate) struct Api {
     auth: Arc<Authenticator>,
     tokens: tokens::Tokens,
     opts: AnypointOptions,
+    /// Who consumes each queue (for the metrics).
+    consumers: Arc<crate::server::consumers::Consumers>,
 }
 
 impl Api {
@@ -317,12 +324,23 @@ async fn wrong_method(method: Method, uri: Uri) -> Response {
 
 /// The facade's routes over `broker`.
 pub fn router(broker: Arc<Broker>, auth: Arc<Authenticator>, opts: AnypointOptions) -> Router {
+    router_with(broker, auth, opts, Arc::default())
+}
+
+/// [`router`], counting the peers that consume in `consumers`.
+pub(crate) fn router_with(
+    broker: Arc<Broker>,
+    auth: Arc<Authenticator>,
+    opts: AnypointOptions,
+    consumers: Arc<crate::server::consumers::Consumers>,
+) -> Router {
     let limit = opts.max_body_bytes;
     let api = Arc::new(Api {
         tokens: tokens::Tokens::new(opts.token_lifetime),
         broker,
         auth,
         opts,
+        consumers,
     });
     broker::routes()
         .merge(admin::routes())

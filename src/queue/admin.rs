@@ -257,6 +257,33 @@ impl Broker {
             .collect()
     }
 
+    /// Age in milliseconds of each queue's oldest message deliverable now
+    /// (0 when there is none), by queue name. The positions are picked
+    /// under the engine's lock and their records read after it is
+    /// released; a message that left meanwhile counts as none.
+    pub fn oldest_ready_ages(&self) -> Vec<(String, u64)> {
+        let picked: Vec<(String, u32, Option<u64>)> = {
+            let st = self.lock();
+            st.names
+                .iter()
+                .filter_map(|(name, qid)| {
+                    let q = st.queues.get(qid)?;
+                    Some((name.clone(), *qid, q.oldest_ready_pos()))
+                })
+                .collect()
+        };
+        let now = self.now();
+        picked
+            .into_iter()
+            .map(|(name, qid, pos)| {
+                let age = pos
+                    .and_then(|p| self.store.get_meta(qid, p).ok().flatten())
+                    .map_or(0, |meta| now.saturating_sub(meta.enqueued_at));
+                (name, age)
+            })
+            .collect()
+    }
+
     /// Exact figures of a queue.
     pub fn stats(&self, name: &str) -> Result<QueueStats> {
         let now = self.now();

@@ -535,6 +535,20 @@ impl QueueState {
         }
     }
 
+    /// The position of the oldest message deliverable now: standard, the
+    /// first ready one; FIFO, the first of the heads of the groups that
+    /// can deliver (not parked, nothing leased, head visible).
+    pub(crate) fn oldest_ready_pos(&self) -> Option<u64> {
+        match &self.fifo {
+            None => self.ready.min(),
+            Some(f) => f
+                .ready
+                .iter()
+                .filter_map(|&(_, gidx)| f.groups.get(&gidx)?.msgs.first().copied())
+                .min(),
+        }
+    }
+
     /// Up to `max` positions a receive may lease now, in delivery order,
     /// stopping when `budget` bytes are used (at least one is taken).
     /// Standard: ready messages by position. FIFO: from each ready group

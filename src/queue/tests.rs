@@ -1410,4 +1410,36 @@ async fn fifo_a_message_released_and_expired_in_one_sweep_is_dead_lettered_uncou
         "{:?}",
         dl[1].dead_letters[0]
     );
+
+#[tokio::test]
+async fn the_oldest_ready_age_is_that_of_the_first_message_deliverable_now() {
+    let env = Env::new();
+    env.create("q", QueueConfigInput::default()).await;
+    env.create("f", fifo(QueueConfigInput::default())).await;
+    let ages = |env: &Env| {
+        env.b()
+            .oldest_ready_ages()
+            .into_iter()
+            .collect::<std::collections::HashMap<_, _>>()
+    };
+    assert_eq!(ages(&env)["q"], 0, "empty");
+    env.publish("q", &["a"]).await;
+    env.clock.advance(1000);
+    env.publish("q", &["b"]).await;
+    publish_group(&env, "f", "g1", &["g1a", "g1b"]).await;
+    env.clock.advance(500);
+    publish_group(&env, "f", "g2", &["g2a"]).await;
+    env.clock.advance(250);
+    let a = ages(&env);
+    assert_eq!((a["q"], a["f"]), (1750, 750));
+    // Leased, the first is no longer ready: the next one is.
+    assert_eq!(env.receive("q", 1).await.len(), 1);
+    // FIFO: g1 is leased, so only g2's head is deliverable.
+    assert_eq!(body(&env.receive("f", 1).await[0]), "g1a");
+    let a = ages(&env);
+    assert_eq!((a["q"], a["f"]), (750, 250));
+    assert_eq!(env.receive("q", 10).await.len(), 1);
+    assert_eq!(env.receive("f", 10).await.len(), 1);
+    let a = ages(&env);
+    assert_eq!((a["q"], a["f"]), (0, 0), "nothing deliverable now");
 }

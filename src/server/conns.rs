@@ -36,6 +36,8 @@ use tokio::time::{Instant, Sleep};
 use tonic::codegen::{Body as HttpBody, Bytes, Service, http};
 use tonic::transport::server::{Connected, TcpConnectInfo, TlsConnectInfo};
 
+use super::metrics::{RpcStats, code_name};
+
 /// Bytes a new connection must send within the handshake deadline: the
 /// HTTP/2 client preface is 24 bytes; a TLS ClientHello and an HTTP/1
 /// request line are longer.
@@ -220,15 +222,94 @@ pub(crate) fn incoming(
     })
 }
 
-/// A listener for axum under the gate.
+/// A listener for axum under the gate, plain or TLS.
+///
+/// With TLS, a task accepts connections under the gate and runs each
+/// handshake on a task of its own (bounded by the handshake timeout), so
+/// that a slow or silent client never holds up the others; finished
+/// handshakes are handed to [`accept`](axum::serve::Listener::accept).
+/// The connection is counted by the gate from the moment it is accepted.
 pub(crate) struct GatedListener {
-    listener: TcpListener,
-    gate: Arc<Gate>,
+    local: io::Result<SocketAddr>,
+    accepting: Accepting,
+}
+
+enum Accepting {
+    Plain {
+        listener: TcpListener,
+        gate: Arc<Gate>,
+    },
+    Tls {
+        ready: tokio::sync::mpsc::Receiver<(HttpConn, SocketAddr)>,
+        task: tokio::task::JoinHandle<()>,
+    },
 }
 
 impl GatedListener {
     pub(crate) fn new(listener: TcpListener, gate: Arc<Gate>) -> GatedListener {
-        GatedListener { listener, gate }
+        GatedListener {
+            local: listener.local_addr(),
+            accepting: Accepting::Plain { listener, gate },
+        }
+    }
+
+    /// A listener whose connections are TLS, with `acceptor`'s settings.
+    pub(crate) fn tls(
+        listener: TcpListener,
+        gate: Arc<Gate>,
+        acceptor: tokio_rustls::TlsAcceptor,
+    ) -> GatedListener {
+        let local = listener.local_addr();
+        let (tx, ready) = tokio::sync::mpsc::channel(64);
+        let task = tokio::spawn(tls_handshakes(listener, gate, acceptor, tx));
+        GatedListener {
+            local,
+            accepting: Accepting::Tls { ready, task },
+        }
+    }
+}
+
+impl Drop for GatedListener {
+    fn drop(&mut self) {
+        if let Accepting::Tls { task, .. } = &self.accepting {
+            // Handshakes still running end with it.
+            task.abort();
+        }
+    }
+}
+
+/// Accepts under the gate and runs the TLS handshakes concurrently, each
+/// within the handshake timeout; sends the finished ones to `tx`.
+async fn tls_handshakes(
+    listener: TcpListener,
+    gate: Arc<Gate>,
+    acceptor: tokio_rustls::TlsAcceptor,
+    tx: tokio::sync::mpsc::Sender<(HttpConn, SocketAddr)>,
+) {
+    let mut handshakes = tokio::task::JoinSet::new();
+    loop {
+        tokio::select! {
+            (conn, peer) = gate.accept(&listener) => {
+                let acceptor = acceptor.clone();
+                let tx = tx.clone();
+                let limit = gate.handshake;
+                handshakes.spawn(async move {
+                    match tokio::time::timeout(limit, acceptor.accept(conn)).await {
+                        Ok(Ok(tls)) => {
+                            let _ = tx.send((HttpConn::Tls(Box::new(tls)), peer)).await;
+                        }
+                        Ok(Err(e)) => {
+                            tracing::debug!(peer = %peer, error = %e, "TLS handshake failed");
+                        }
+                        Err(_) => {
+                            tracing::debug!(peer = %peer, "TLS handshake not finished within the handshake timeout");
+                        }
+                    }
+                });
+            }
+            Some(_) = handshakes.join_next(), if !handshakes.is_empty() => {}
+            () = tx.closed() => return,
+        }
     }
 }
 
@@ -246,15 +327,93 @@ impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, Gate
 }
 
 impl axum::serve::Listener for GatedListener {
-    type Io = Conn;
+    type Io = HttpConn;
     type Addr = SocketAddr;
 
-    async fn accept(&mut self) -> (Conn, SocketAddr) {
-        self.gate.accept(&self.listener).await
+    async fn accept(&mut self) -> (HttpConn, SocketAddr) {
+        match &mut self.accepting {
+            Accepting::Plain { listener, gate } => {
+                let (conn, peer) = gate.accept(listener).await;
+                (HttpConn::Plain(conn), peer)
+            }
+            Accepting::Tls { ready, .. } => match ready.recv().await {
+                Some(c) => c,
+                // The accepting task ended (it never does on its own
+                // while this listener lives): accept nothing more.
+                None => std::future::pending().await,
+            },
+        }
     }
 
     fn local_addr(&self) -> io::Result<SocketAddr> {
-        self.listener.local_addr()
+        match &self.local {
+            Ok(a) => Ok(*a),
+            Err(e) => Err(io::Error::new(e.kind(), e.to_string())),
+        }
+    }
+}
+
+/// An HTTP connection: plain or TLS, over an accepted [`Conn`].
+pub(crate) enum HttpConn {
+    Plain(Conn),
+    Tls(Box<tokio_rustls::server::TlsStream<Conn>>),
+}
+
+impl AsyncRead for HttpConn {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            HttpConn::Plain(c) => Pin::new(c).poll_read(cx, buf),
+            HttpConn::Tls(c) => Pin::new(c.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for HttpConn {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            HttpConn::Plain(c) => Pin::new(c).poll_write(cx, buf),
+            HttpConn::Tls(c) => Pin::new(c.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            HttpConn::Plain(c) => Pin::new(c).poll_write_vectored(cx, bufs),
+            HttpConn::Tls(c) => Pin::new(c.as_mut()).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            HttpConn::Plain(c) => c.is_write_vectored(),
+            HttpConn::Tls(c) => c.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            HttpConn::Plain(c) => Pin::new(c).poll_flush(cx),
+            HttpConn::Tls(c) => Pin::new(c.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            HttpConn::Plain(c) => Pin::new(c).poll_shutdown(cx),
+            HttpConn::Tls(c) => Pin::new(c.as_mut()).poll_shutdown(cx),
+        }
     }
 }
 
@@ -401,15 +560,20 @@ impl AsyncRead for Conn {
     }
 }
 
-/// Counts the calls open on each gRPC connection (see [`Gate`]).
+/// Counts the calls open on each gRPC connection (see [`Gate`]), and
+/// counts and times every call by method and status code (see
+/// [`RpcStats`]).
 #[derive(Debug, Clone)]
 pub(crate) struct CallsLayer {
     gate: Arc<Gate>,
+    rpc: Arc<RpcStats>,
+    /// The server's deadline for unary calls.
+    timeout: Duration,
 }
 
 impl CallsLayer {
-    pub(crate) fn new(gate: Arc<Gate>) -> CallsLayer {
-        CallsLayer { gate }
+    pub(crate) fn new(gate: Arc<Gate>, rpc: Arc<RpcStats>, timeout: Duration) -> CallsLayer {
+        CallsLayer { gate, rpc, timeout }
     }
 }
 
@@ -420,16 +584,21 @@ impl<S> tower_layer::Layer<S> for CallsLayer {
         Counted {
             inner,
             gate: Arc::clone(&self.gate),
+            rpc: Arc::clone(&self.rpc),
+            timeout: self.timeout,
         }
     }
 }
 
 /// A service whose calls hold their connection busy until their response
-/// body ends (a stream's, when the stream does).
+/// body ends (a stream's, when the stream does), and are counted and
+/// timed when it does.
 #[derive(Debug, Clone)]
 pub(crate) struct Counted<S> {
     inner: S,
     gate: Arc<Gate>,
+    rpc: Arc<RpcStats>,
+    timeout: Duration,
 }
 
 /// One call open on a connection; ends when dropped.
@@ -453,6 +622,59 @@ impl Drop for Open {
             c.open.fetch_sub(1, Ordering::SeqCst);
         }
     }
+}
+
+/// The count and time of one call, recorded once: when its response's
+/// trailers (or its trailers-only headers) have been sent, or when it is
+/// dropped before that. A call dropped before its answer counts as
+/// DEADLINE_EXCEEDED past its deadline and CANCELLED otherwise (the
+/// client went away); one dropped in the middle of its response (a
+/// stream the client closed) counts as CANCELLED.
+struct Outcome {
+    rpc: Arc<RpcStats>,
+    method: &'static str,
+    started: std::time::Instant,
+    /// Until the response headers: when the call's time runs out.
+    deadline: Option<std::time::Instant>,
+    /// The status, once known.
+    code: Option<&'static str>,
+    recorded: bool,
+}
+
+impl Outcome {
+    fn record(&mut self, code: &'static str) {
+        if !self.recorded {
+            self.recorded = true;
+            self.rpc.record(self.method, code, self.started.elapsed());
+        }
+    }
+}
+
+impl Drop for Outcome {
+    fn drop(&mut self) {
+        let code = match (self.code, self.deadline) {
+            (Some(c), _) => c,
+            (None, Some(d)) if std::time::Instant::now() >= d => "DEADLINE_EXCEEDED",
+            (None, _) => "CANCELLED",
+        };
+        self.record(code);
+    }
+}
+
+/// The client's `grpc-timeout` header, if any and valid.
+fn grpc_timeout(headers: &http::HeaderMap) -> Option<Duration> {
+    let v = headers.get("grpc-timeout")?.to_str().ok()?;
+    let (digits, unit) = v.split_at(v.len().checked_sub(1)?);
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n.saturating_mul(3600)),
+        "M" => Duration::from_secs(n.saturating_mul(60)),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
 }
 
 impl<S, B, Req> Service<http::Request<Req>> for Counted<S>
@@ -481,21 +703,53 @@ where
             });
         let calls = peer.and_then(|p| self.gate.conns().get(&p).cloned());
         let open = Open::begin(calls);
+        let started = std::time::Instant::now();
+        // The deadline tonic enforces outside this layer began a moment
+        // before this call: a few milliseconds of slack tell a timeout
+        // from a client leaving just before it.
+        let limit = grpc_timeout(req.headers())
+            .map_or(self.timeout, |t| t.min(self.timeout))
+            .saturating_sub(Duration::from_millis(5));
+        let mut outcome = Outcome {
+            rpc: Arc::clone(&self.rpc),
+            method: RpcStats::method(req.uri().path()),
+            started,
+            deadline: started.checked_add(limit),
+            code: None,
+            recorded: false,
+        };
         let fut = self.inner.call(req);
         Box::pin(async move {
-            let resp = fut.await?;
+            let resp = fut.await;
+            outcome.deadline = None;
+            let resp = match resp {
+                Ok(r) => r,
+                Err(e) => {
+                    outcome.record("UNKNOWN");
+                    return Err(e);
+                }
+            };
+            // A trailers-only response (most errors) carries its status in
+            // its headers.
+            outcome.code = resp
+                .headers()
+                .get("grpc-status")
+                .map(|v| code_name(v.as_bytes()));
             Ok(resp.map(|body| OpenBody {
                 body: Box::pin(body),
                 _open: open,
+                outcome,
             }))
         })
     }
 }
 
-/// A response body that keeps its call counted as open until it ends.
+/// A response body that keeps its call counted as open until it ends,
+/// and records the call's status from its trailers.
 pub(crate) struct OpenBody<B> {
     body: Pin<Box<B>>,
     _open: Open,
+    outcome: Outcome,
 }
 
 impl<B: HttpBody<Data = Bytes>> HttpBody for OpenBody<B> {
@@ -506,7 +760,23 @@ impl<B: HttpBody<Data = Bytes>> HttpBody for OpenBody<B> {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<http_body::Frame<Bytes>, B::Error>>> {
-        self.body.as_mut().poll_frame(cx)
+        let r = self.body.as_mut().poll_frame(cx);
+        match &r {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(status) = frame.trailers_ref().and_then(|t| t.get("grpc-status")) {
+                    let code = code_name(status.as_bytes());
+                    self.outcome.code = Some(code);
+                    self.outcome.record(code);
+                }
+            }
+            Poll::Ready(Some(Err(_))) => self.outcome.record("UNKNOWN"),
+            Poll::Ready(None) => {
+                let code = self.outcome.code.unwrap_or("UNKNOWN");
+                self.outcome.record(code);
+            }
+            Poll::Pending => {}
+        }
+        r
     }
 
     fn is_end_stream(&self) -> bool {
@@ -559,5 +829,24 @@ mod tests {
         assert_eq!(derived_cap(Some(1 << 20)), 10_000);
         assert_eq!(derived_cap(Some(100)), 16);
         assert_eq!(derived_cap(None), 768);
+    }
+
+    #[test]
+    fn the_client_deadline_is_read_from_grpc_timeout() {
+        let with = |v: &str| {
+            let mut h = http::HeaderMap::new();
+            h.insert("grpc-timeout", v.parse().unwrap());
+            h
+        };
+        assert_eq!(
+            grpc_timeout(&with("250m")),
+            Some(Duration::from_millis(250))
+        );
+        assert_eq!(grpc_timeout(&with("2S")), Some(Duration::from_secs(2)));
+        assert_eq!(grpc_timeout(&with("1H")), Some(Duration::from_secs(3600)));
+        assert_eq!(grpc_timeout(&with("7u")), Some(Duration::from_micros(7)));
+        assert_eq!(grpc_timeout(&with("5x")), None);
+        assert_eq!(grpc_timeout(&with("m")), None);
+        assert_eq!(grpc_timeout(&http::HeaderMap::new()), None);
     }
 }

@@ -4,22 +4,33 @@
 //! Queue figures are read from the engine at each scrape (nothing is
 //! counted twice: the counters are the queues' own durable counters, so
 //! they survive restarts); the commit path's distributions come from the
-//! store's histograms.
+//! store's histograms; the gRPC calls are counted as they end by
+//! [`RpcStats`] (fed by `conns::CallsLayer`); the process's own figures
+//! are read from `/proc` at each scrape.
+//!
+//! With a token (`--metrics-token-file`, `--metrics-token`), `/metrics`
+//! answers 401 unless the request carries `Authorization: Bearer TOKEN`.
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, LazyLock};
+use std::time::{Duration, Instant};
 
 use axum::Router;
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::MetricType;
-use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
 
+use super::consumers::Consumers;
 use crate::queue::Broker;
 use crate::queue::model::QueueStats;
 
@@ -30,6 +41,109 @@ struct Figures {
     recovery: Duration,
     replayed: u64,
     gate: Arc<super::conns::Gate>,
+    consumers: Arc<Consumers>,
+}
+
+/// The gRPC status names, by code (`grpc-status` values 0 to 16).
+const CODE_NAMES: [&str; 17] = [
+    "OK",
+    "CANCELLED",
+    "UNKNOWN",
+    "INVALID_ARGUMENT",
+    "DEADLINE_EXCEEDED",
+    "NOT_FOUND",
+    "ALREADY_EXISTS",
+    "PERMISSION_DENIED",
+    "RESOURCE_EXHAUSTED",
+    "FAILED_PRECONDITION",
+    "ABORTED",
+    "OUT_OF_RANGE",
+    "UNIMPLEMENTED",
+    "INTERNAL",
+    "UNAVAILABLE",
+    "DATA_LOSS",
+    "UNAUTHENTICATED",
+];
+
+/// The name of a `grpc-status` value ("UNKNOWN" for what is not one).
+pub(crate) fn code_name(status: &[u8]) -> &'static str {
+    std::str::from_utf8(status)
+        .ok()
+        .and_then(|s| s.trim().parse::<usize>().ok())
+        .and_then(|i| CODE_NAMES.get(i).copied())
+        .unwrap_or("UNKNOWN")
+}
+
+/// The paths (`/Service/Method`) of every method the server serves: ours,
+/// health and reflection. Calls to any other path are counted under the
+/// method `unknown`, so that callers cannot make up label values.
+static METHODS: LazyLock<HashSet<String>> = LazyLock::new(|| {
+    use prost::Message;
+    let mut out = HashSet::new();
+    for set in [
+        crate::pb::FILE_DESCRIPTOR_SET,
+        tonic_health::pb::FILE_DESCRIPTOR_SET,
+        tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET,
+        tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET,
+    ] {
+        let Ok(set) = prost_types::FileDescriptorSet::decode(set) else {
+            continue;
+        };
+        for file in set.file {
+            let package = file.package.unwrap_or_default();
+            for service in file.service {
+                let service_name = service.name.unwrap_or_default();
+                for m in service.method {
+                    let method = m.name.unwrap_or_default();
+                    out.insert(format!("/{package}.{service_name}/{method}"));
+                }
+            }
+        }
+    }
+    out
+});
+
+type MethodLabel = [(&'static str, &'static str); 1];
+type CallLabels = [(&'static str, &'static str); 2];
+
+fn call_duration() -> Histogram {
+    // 0.5 ms to about 16 s; longer calls (streams) land in +Inf.
+    Histogram::new(exponential_buckets(0.0005, 2.0, 16))
+}
+
+/// Counts and times the gRPC calls as they end.
+#[derive(Debug)]
+pub(crate) struct RpcStats {
+    requests: Family<CallLabels, Counter>,
+    duration: Family<MethodLabel, Histogram, fn() -> Histogram>,
+}
+
+impl RpcStats {
+    pub(crate) fn new() -> Arc<RpcStats> {
+        Arc::new(RpcStats {
+            requests: Family::default(),
+            duration: Family::new_with_constructor(call_duration),
+        })
+    }
+
+    /// The method label of a request path: `Service/Method` for a method
+    /// the server serves, else `unknown`.
+    pub(crate) fn method(path: &str) -> &'static str {
+        match METHODS.get(path) {
+            Some(p) => &p[1..],
+            None => "unknown",
+        }
+    }
+
+    /// One call ended with `code` after `took`.
+    pub(crate) fn record(&self, method: &'static str, code: &'static str, took: Duration) {
+        self.requests
+            .get_or_create(&[("method", method), ("code", code)])
+            .inc();
+        self.duration
+            .get_or_create(&[("method", method)])
+            .observe(took.as_secs_f64());
+    }
 }
 
 type Pick = fn(&QueueStats) -> u64;
@@ -109,6 +223,36 @@ const QUEUE_COUNTERS: [(&str, &str, Pick); 9] = [
 impl Collector for Figures {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         let queues = self.broker.all_stats();
+        let ages: HashMap<String, u64> = self.broker.oldest_ready_ages().into_iter().collect();
+        {
+            let mut family = encoder.encode_descriptor(
+                "letterbox_queue_oldest_ready_age_seconds",
+                "Age of the oldest message deliverable now (0 when none): standard queues, the first ready message; FIFO queues, the oldest head of a group that can deliver",
+                None,
+                MetricType::Gauge,
+            )?;
+            for (queue, _, _) in &queues {
+                let ms = ages.get(queue).copied().unwrap_or(0);
+                let labels = [("queue", queue.as_str())];
+                ConstGauge::new(to_f64(ms) / 1000.0).encode(family.encode_family(&labels)?)?;
+            }
+        }
+        {
+            let (subscribed, receiving) = self.consumers.counts(Instant::now());
+            let mut family = encoder.encode_descriptor(
+                "letterbox_queue_consumers",
+                "Consumers of the queue: kind=subscribe, Subscribe streams open now; kind=receive, distinct peer addresses whose Receive calls (gRPC or REST) succeeded in the last 60 s",
+                None,
+                MetricType::Gauge,
+            )?;
+            for (queue, _, _) in &queues {
+                for (kind, counts) in [("subscribe", &subscribed), ("receive", &receiving)] {
+                    let n = counts.get(queue).copied().unwrap_or(0);
+                    let labels = [("queue", queue.as_str()), ("kind", kind)];
+                    ConstGauge::new(to_i64(n as u64)).encode(family.encode_family(&labels)?)?;
+                }
+            }
+        }
         for (name, help, pick) in QUEUE_GAUGES {
             let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
             for (queue, _, s) in &queues {
@@ -215,7 +359,18 @@ impl Collector for Figures {
             )?)?;
         }
         let failed = i64::from(self.broker.store().failure().borrow().is_some());
-        let gauges: [(&str, &str, f64); 5] = [
+        let free = self.broker.store().free_bytes();
+        let gauges: [(&str, &str, f64); 7] = [
+            (
+                "letterbox_disk_free_bytes",
+                "Free bytes on the data directory's file system, as last measured for the publish floor (every 500 ms and after every MiB of log written)",
+                free.map_or(f64::NAN, to_f64),
+            ),
+            (
+                "letterbox_disk_min_free_bytes",
+                "Free bytes under which publishes are refused (--min-free-disk)",
+                to_f64(self.broker.store().min_free_bytes()),
+            ),
             (
                 "letterbox_connections_open",
                 "Connections open now, over the gRPC, REST and metrics listeners",
@@ -250,8 +405,79 @@ impl Collector for Figures {
                 MetricType::Gauge,
             )?)?;
         }
-        Ok(())
+        encode_process(&mut encoder)
     }
+}
+
+/// The process's figures under their usual names (those of the Prometheus
+/// client libraries' process collectors), read from `/proc/self`; left
+/// out where `/proc` cannot be read.
+fn encode_process(encoder: &mut DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+    let Ok(me) = procfs::process::Process::myself() else {
+        return Ok(());
+    };
+    let Ok(stat) = me.stat() else {
+        return Ok(());
+    };
+    let ticks = to_f64(procfs::ticks_per_second().max(1));
+    let cpu = to_f64(stat.utime.saturating_add(stat.stime)) / ticks;
+    ConstCounter::new(cpu).encode(encoder.encode_descriptor(
+        "process_cpu_seconds",
+        "Total user and system CPU time spent in seconds",
+        None,
+        MetricType::Counter,
+    )?)?;
+    let mut gauges: Vec<(&str, &str, f64)> = vec![
+        (
+            "process_resident_memory_bytes",
+            "Resident memory size in bytes",
+            to_f64(stat.rss.saturating_mul(procfs::page_size())),
+        ),
+        (
+            "process_virtual_memory_bytes",
+            "Virtual memory size in bytes",
+            to_f64(stat.vsize),
+        ),
+        (
+            "process_threads",
+            "Number of OS threads in the process",
+            to_f64(u64::try_from(stat.num_threads).unwrap_or(0)),
+        ),
+    ];
+    if let Ok(boot) = procfs::boot_time_secs() {
+        gauges.push((
+            "process_start_time_seconds",
+            "Start time of the process since the Unix epoch in seconds",
+            to_f64(boot) + to_f64(stat.starttime) / ticks,
+        ));
+    }
+    if let Ok(n) = me.fd_count() {
+        gauges.push((
+            "process_open_fds",
+            "Number of open file descriptors",
+            to_f64(n as u64),
+        ));
+    }
+    if let Ok(limits) = me.limits() {
+        let max = match limits.max_open_files.soft_limit {
+            procfs::process::LimitValue::Value(v) => to_f64(v),
+            procfs::process::LimitValue::Unlimited => f64::INFINITY,
+        };
+        gauges.push((
+            "process_max_fds",
+            "Maximum number of open file descriptors",
+            max,
+        ));
+    }
+    for (name, help, v) in gauges {
+        ConstGauge::new(v).encode(encoder.encode_descriptor(
+            name,
+            help,
+            None,
+            MetricType::Gauge,
+        )?)?;
+    }
+    Ok(())
 }
 
 fn to_i64(v: u64) -> i64 {
@@ -263,13 +489,26 @@ fn to_f64(v: u64) -> f64 {
     v as f64
 }
 
+/// What the registry of one server reads.
+pub(crate) struct Sources {
+    pub(crate) broker: Arc<Broker>,
+    pub(crate) recovery: Duration,
+    pub(crate) replayed: u64,
+    pub(crate) gate: Arc<super::conns::Gate>,
+    pub(crate) consumers: Arc<Consumers>,
+    pub(crate) rpc: Arc<RpcStats>,
+}
+
 /// The registry of one server.
-pub(crate) fn registry(
-    broker: Arc<Broker>,
-    recovery: Duration,
-    replayed: u64,
-    gate: Arc<super::conns::Gate>,
-) -> Registry {
+pub(crate) fn registry(sources: Sources) -> Registry {
+    let Sources {
+        broker,
+        recovery,
+        replayed,
+        gate,
+        consumers,
+        rpc,
+    } = sources;
     let mut r = Registry::default();
     let m = broker.store().metrics().clone();
     r.register(
@@ -292,23 +531,62 @@ pub(crate) fn registry(
         "Time of each application of the changes held in memory to the database",
         m.apply_seconds,
     );
+    r.register(
+        "letterbox_grpc_requests",
+        "gRPC calls ended, by method (Service/Method) and status code (OK, NOT_FOUND, ...); a call stopped before it answered counts as CANCELLED, or DEADLINE_EXCEEDED past its deadline",
+        rpc.requests.clone(),
+    );
+    r.register(
+        "letterbox_grpc_request_duration_seconds",
+        "Time from a gRPC request to the end of its response (for a stream, the stream's whole life)",
+        rpc.duration.clone(),
+    );
     r.register_collector(Box::new(Figures {
         broker,
         recovery,
         replayed,
         gate,
+        consumers,
     }));
     r
 }
 
-/// The HTTP routes.
-pub(crate) fn router(registry: Registry) -> Router {
+/// True when `headers` carry `Authorization: Bearer TOKEN` with the token
+/// whose SHA-256 is `want` (compared in constant time).
+fn bearer_ok(headers: &HeaderMap, want: &[u8; 32]) -> bool {
+    let Some(token) = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            let (scheme, rest) = v.split_once(' ')?;
+            scheme.eq_ignore_ascii_case("bearer").then(|| rest.trim())
+        })
+    else {
+        return false;
+    };
+    let got: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+    got.ct_eq(want).into()
+}
+
+/// The HTTP routes; with `token`, `/metrics` needs it as a bearer token.
+pub(crate) fn router(registry: Registry, token: Option<&str>) -> Router {
     let registry = Arc::new(registry);
+    let want: Option<[u8; 32]> = token.map(|t| Sha256::digest(t.as_bytes()).into());
     Router::new().route(
         "/metrics",
-        get(move || {
+        get(move |headers: HeaderMap| {
             let registry = Arc::clone(&registry);
             async move {
+                if let Some(want) = &want
+                    && !bearer_ok(&headers, want)
+                {
+                    return (
+                        StatusCode::UNAUTHORIZED,
+                        [(header::WWW_AUTHENTICATE, "Bearer")],
+                        "a bearer token is required\n",
+                    )
+                        .into_response();
+                }
                 let mut body = String::new();
                 match prometheus_client::encoding::text::encode(&mut body, &registry) {
                     Ok(()) => (
@@ -324,4 +602,59 @@ pub(crate) fn router(registry: Registry) -> Router {
             }
         }),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_codes_have_their_names() {
+        assert_eq!(code_name(b"0"), "OK");
+        assert_eq!(code_name(b"5"), "NOT_FOUND");
+        assert_eq!(code_name(b"16"), "UNAUTHENTICATED");
+        assert_eq!(code_name(b"17"), "UNKNOWN");
+        assert_eq!(code_name(b"x"), "UNKNOWN");
+    }
+
+    #[test]
+    fn methods_are_the_served_ones_or_unknown() {
+        assert_eq!(
+            RpcStats::method("/letterbox.v1.MessagingService/Publish"),
+            "letterbox.v1.MessagingService/Publish"
+        );
+        assert_eq!(
+            RpcStats::method("/letterbox.v1.AdminService/GetQueue"),
+            "letterbox.v1.AdminService/GetQueue"
+        );
+        assert_eq!(
+            RpcStats::method("/grpc.health.v1.Health/Check"),
+            "grpc.health.v1.Health/Check"
+        );
+        assert_eq!(
+            RpcStats::method("/grpc.reflection.v1.ServerReflection/ServerReflectionInfo"),
+            "grpc.reflection.v1.ServerReflection/ServerReflectionInfo"
+        );
+        assert_eq!(
+            RpcStats::method("/letterbox.v1.MessagingService/Made-Up"),
+            "unknown"
+        );
+        assert_eq!(RpcStats::method("/"), "unknown");
+    }
+
+    #[test]
+    fn the_bearer_token_must_match() {
+        let want: [u8; 32] = Sha256::digest(b"s3cret").into();
+        let with = |v: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(header::AUTHORIZATION, v.parse().unwrap());
+            h
+        };
+        assert!(bearer_ok(&with("Bearer s3cret"), &want));
+        assert!(bearer_ok(&with("bearer s3cret"), &want));
+        assert!(!bearer_ok(&with("Bearer s3cre"), &want));
+        assert!(!bearer_ok(&with("Basic s3cret"), &want));
+        assert!(!bearer_ok(&with("s3cret"), &want));
+        assert!(!bearer_ok(&HeaderMap::new(), &want));
+    }
 }

@@ -9,6 +9,7 @@
 mod access;
 pub(crate) mod audit;
 pub(crate) mod conns;
+pub(crate) mod consumers;
 mod convert;
 mod metrics;
 mod publish_stream;
@@ -54,12 +55,19 @@ pub struct ServerConfig {
     pub shutdown_grace: Duration,
     /// Who may do what (authentication off by default).
     pub auth: Arc<Authenticator>,
-    /// TLS for the gRPC listener, off when `None`.
+    /// TLS for the gRPC listener (and with the same certificate, without
+    /// client certificates, for the REST and metrics listeners), off when
+    /// `None`.
     pub tls: Option<TlsConfig>,
     /// Connection and request limits.
     pub limits: Limits,
     /// Address of the Prometheus endpoint (`/metrics`), off when `None`.
+    /// With [`ServerConfig::tls`], it serves HTTPS with the same
+    /// certificate.
     pub metrics_listen: Option<SocketAddr>,
+    /// A bearer token `/metrics` requires (`Authorization: Bearer
+    /// TOKEN`), none when `None`.
+    pub metrics_token: Option<String>,
     /// Address of the Anypoint MQ REST facade, if it is on.
     pub anypoint_listen: Option<SocketAddr>,
     /// Settings of the Anypoint MQ REST facade.
@@ -138,6 +146,7 @@ impl ServerConfig {
             tls: None,
             limits: Limits::default(),
             metrics_listen: None,
+            metrics_token: None,
             anypoint_listen: None,
             anypoint: AnypointOptions {
                 max_body_bytes: 10 * broker.max_message_size + (4 << 20),
@@ -166,6 +175,9 @@ pub enum ServerError {
         #[source]
         source: std::io::Error,
     },
+    /// The TLS certificate or key could not be used.
+    #[error("TLS: {0}")]
+    Tls(String),
     /// The transport failed.
     #[error("gRPC transport: {0}")]
     Transport(#[from] tonic::transport::Error),
@@ -191,6 +203,29 @@ fn tls_config(tls: &TlsConfig) -> ServerTlsConfig {
             .client_auth_optional(!tls.require_client_cert);
     }
     c
+}
+
+/// TLS for the HTTP listeners (REST, metrics): the server's certificate,
+/// HTTP/1.1, no client certificates.
+fn http_tls(tls: &TlsConfig) -> Result<tokio_rustls::TlsAcceptor, ServerError> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    use tokio_rustls::rustls;
+    let certs = CertificateDer::pem_slice_iter(&tls.cert_pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| ServerError::Tls(format!("the certificate: {e}")))?;
+    let key = PrivateKeyDer::from_pem_slice(&tls.key_pem)
+        .map_err(|e| ServerError::Tls(format!("the private key: {e}")))?;
+    let mut c = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| ServerError::Tls(e.to_string()))?
+    .with_no_client_auth()
+    .with_single_cert(certs, key)
+    .map_err(|e| ServerError::Tls(e.to_string()))?;
+    c.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(tokio_rustls::TlsAcceptor::from(Arc::new(c)))
 }
 
 /// A started server.
@@ -342,17 +377,32 @@ impl Server {
         if config.tls.is_some() {
             gate.set_tls();
         }
+        let http_tls = config.tls.as_ref().map(http_tls).transpose()?;
+        let http_listener = |l: TcpListener| match &http_tls {
+            Some(acceptor) => conns::GatedListener::tls(l, Arc::clone(&gate), acceptor.clone()),
+            None => conns::GatedListener::new(l, Arc::clone(&gate)),
+        };
+        let rpc = metrics::RpcStats::new();
+        let sessions = tokio_util::task::TaskTracker::new();
+        let service = Service::new(
+            Arc::clone(&broker),
+            sessions.clone(),
+            Arc::clone(&config.auth),
+        );
         let (stop_metrics, metrics_stopped) = tokio::sync::oneshot::channel::<()>();
         let metrics_task = metrics.map(|(l, _)| {
-            let registry = metrics::registry(
-                Arc::clone(&broker),
-                report.elapsed,
-                report.replayed,
-                Arc::clone(&gate),
-            );
-            let l = conns::GatedListener::new(l, Arc::clone(&gate));
+            let registry = metrics::registry(metrics::Sources {
+                broker: Arc::clone(&broker),
+                recovery: report.elapsed,
+                replayed: report.replayed,
+                gate: Arc::clone(&gate),
+                consumers: Arc::clone(service.consumers()),
+                rpc: Arc::clone(&rpc),
+            });
+            let l = http_listener(l);
+            let app = metrics::router(registry, config.metrics_token.as_deref());
             tokio::spawn(async move {
-                let served = axum::serve(l, metrics::router(registry))
+                let served = axum::serve(l, app)
                     .with_graceful_shutdown(async move {
                         let _ = metrics_stopped.await;
                     })
@@ -397,13 +447,14 @@ impl Server {
         // The Anypoint MQ REST facade, on the same engine, drained with
         // gRPC (its long polls end when the engine begins shutting down).
         let rest = anypoint.map(|(l, at)| {
-            let app = crate::anypoint::router(
+            let app = crate::anypoint::router_with(
                 Arc::clone(&broker),
                 Arc::clone(&config.auth),
                 config.anypoint.clone(),
+                Arc::clone(service.consumers()),
             );
             let stop = drain.clone();
-            let l = conns::GatedListener::new(l, Arc::clone(&gate));
+            let l = http_listener(l);
             (
                 drain.clone(),
                 tokio::spawn(async move {
@@ -415,12 +466,6 @@ impl Server {
                 }),
             )
         });
-        let sessions = tokio_util::task::TaskTracker::new();
-        let service = Service::new(
-            Arc::clone(&broker),
-            sessions.clone(),
-            Arc::clone(&config.auth),
-        );
         let limit = config.max_request_bytes;
         let incoming = Box::pin(conns::incoming(listener, Arc::clone(&gate)));
         // Reflection in both versions: `v1`, and `v1alpha`, which most
@@ -452,7 +497,11 @@ impl Server {
                     principal = tracing::field::Empty
                 )
             })
-            .layer(conns::CallsLayer::new(Arc::clone(&gate)))
+            .layer(conns::CallsLayer::new(
+                Arc::clone(&gate),
+                rpc,
+                config.limits.request_timeout,
+            ))
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
             .max_concurrent_streams(config.limits.max_concurrent_streams)
             .concurrency_limit_per_connection(config.limits.concurrency_per_connection)

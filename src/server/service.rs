@@ -27,6 +27,8 @@ pub struct Service {
     auth: Arc<Authenticator>,
     /// Subscription sessions, awaited at shutdown.
     sessions: TaskTracker,
+    /// Who consumes each queue (for the metrics).
+    consumers: Arc<super::consumers::Consumers>,
 }
 
 impl Service {
@@ -37,7 +39,14 @@ impl Service {
             broker,
             auth,
             sessions,
+            consumers: Arc::default(),
         }
+    }
+
+    /// Who consumes each queue: the Subscribe streams open and the recent
+    /// receivers.
+    pub(crate) fn consumers(&self) -> &Arc<super::consumers::Consumers> {
+        &self.consumers
     }
 
     fn caller<T>(&self, req: &Request<T>) -> Result<Caller, Status> {
@@ -511,9 +520,14 @@ impl MessagingService for Service {
         allow(&p, Action::Consume, &open.queue)?;
         subscribe::check_open(&self.broker, &open).map_err(to_status)?;
         let (tx, rx) = mpsc::channel(4);
+        let consumer = self.consumers.subscribed(&open.queue);
+        let session = subscribe::session(Arc::clone(&self.broker), p, open, inbound, tx);
         self.sessions.spawn(
-            subscribe::session(Arc::clone(&self.broker), p, open, inbound, tx)
-                .instrument(tracing::Span::current()),
+            async move {
+                session.await;
+                drop(consumer);
+            }
+            .instrument(tracing::Span::current()),
         );
         Ok(Response::new(ReceiverStream::new(rx)))
     }
@@ -552,6 +566,7 @@ impl MessagingService for Service {
 
     async fn receive(&self, req: Request<pb::ReceiveRequest>) -> Rpc<pb::ReceiveResponse> {
         let p = self.caller(&req)?;
+        let peer = req.remote_addr();
         let r = req.into_inner();
         allow(&p, Action::Consume, &r.queue)?;
         allow_tokens(&p, &self.broker, r.ack_tokens.iter().map(String::as_str))?;
@@ -567,6 +582,10 @@ impl MessagingService for Service {
             .receive_acking(&r.queue, opts, &r.ack_tokens)
             .await
             .map_err(to_status)?;
+        if let Some(peer) = peer {
+            self.consumers
+                .received(&r.queue, peer, std::time::Instant::now());
+        }
         tracing::debug!(
             queue = %r.queue,
             message_ids = ?got.iter().map(|d| d.message_id.as_str()).collect::<Vec<_>>(),

@@ -515,6 +515,9 @@ struct Inner {
     floor_ok: AtomicBool,
     /// `log_bytes` when free space was last checked from the publish path.
     space_checked_bytes: AtomicU64,
+    /// Free bytes on the data directory's file system at the last check
+    /// (`u64::MAX` until one succeeded).
+    free_bytes: AtomicU64,
     /// Set to stop without a final apply and checkpoint (a simulated
     /// crash, for tests).
     abandon: AtomicBool,
@@ -883,6 +886,7 @@ impl Store {
             space_ok: AtomicBool::new(true),
             floor_ok: AtomicBool::new(true),
             space_checked_bytes: AtomicU64::new(0),
+            free_bytes: AtomicU64::new(u64::MAX),
             abandon: AtomicBool::new(false),
             log_syncs: AtomicU64::new(0),
             caller_commits: AtomicU64::new(0),
@@ -1118,6 +1122,20 @@ impl Store {
     /// Distributions of the commit path since open.
     pub fn metrics(&self) -> &StoreMetrics {
         &self.inner.metrics
+    }
+
+    /// Free bytes on the data directory's file system as last measured
+    /// for the publish floor (by the applier every 500 ms and after every
+    /// MiB of log written); `None` if it could not be measured.
+    pub fn free_bytes(&self) -> Option<u64> {
+        let f = self.inner.free_bytes.load(Ordering::Relaxed);
+        (f != u64::MAX).then_some(f)
+    }
+
+    /// The configured minimum of free bytes under which publishes are
+    /// refused.
+    pub fn min_free_bytes(&self) -> u64 {
+        self.inner.opts.min_free_bytes
     }
 
     /// Figures since open.
@@ -1494,6 +1512,9 @@ impl Inner {
 
     fn refresh_space(&self) {
         let free = fsutil::free_bytes(&self.dir).ok();
+        if let Some(f) = free {
+            self.free_bytes.store(f, Ordering::Relaxed);
+        }
         let min = self.opts.min_free_bytes;
         // The log's next segment takes its size from the free space when
         // it is prepared (unless a retired one is reused): it counts

@@ -5,8 +5,10 @@
 //! against it, over TLS with a bearer token. The scripts install what they
 //! need (grpcio-tools from PyPI, buf and grpc-js from npm) under target/;
 //! where that cannot be had they skip (`skip_or_run`). The Prometheus
-//! metrics move with the queues, and the server process runs without
-//! transparent huge pages.
+//! metrics move with the queues (and the calls, the consumers, the
+//! process and the disk), serve over TLS with a token when asked, the
+//! Grafana dashboard reads only metrics a server exports, and the server
+//! process runs without transparent huge pages.
 
 use std::process::Command;
 use std::time::Duration;
@@ -207,6 +209,7 @@ fn sample(text: &str, series: &str) -> Option<f64> {
 struct WithMetrics {
     addr: std::net::SocketAddr,
     metrics: std::net::SocketAddr,
+    anypoint: Option<std::net::SocketAddr>,
     stop: tokio::sync::oneshot::Sender<()>,
     task: tokio::task::JoinHandle<Result<(), letterbox::server::ServerError>>,
     _dir: tempfile::TempDir,
@@ -227,6 +230,7 @@ async fn with_metrics(change: impl FnOnce(&mut letterbox::server::ServerConfig))
         .unwrap();
     let addr = server.local_addr();
     let metrics = server.metrics_addr().unwrap();
+    let anypoint = server.anypoint_addr();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(server.serve(async {
         let _ = stopped.await;
@@ -234,6 +238,7 @@ async fn with_metrics(change: impl FnOnce(&mut letterbox::server::ServerConfig))
     WithMetrics {
         addr,
         metrics,
+        anypoint,
         stop,
         task,
         _dir: dir,
@@ -248,6 +253,7 @@ async fn prometheus_metrics_move_with_the_queues() {
         stop,
         task,
         _dir,
+        ..
     } = with_metrics(|_| {}).await;
 
     let mut c = crate::harness::connect(addr).await;
@@ -309,6 +315,7 @@ async fn idle_grpc_connections_are_closed_and_busy_ones_kept() {
         stop,
         task,
         _dir,
+        ..
     } = with_metrics(|c| c.limits.idle_timeout = Duration::from_millis(400)).await;
     // The scrape's own connection counts one.
     let open = || async {
@@ -380,4 +387,427 @@ async fn the_server_runs_without_transparent_huge_pages() {
         .find(|l| l.starts_with("THP_enabled:"))
         .unwrap_or_else(|| panic!("no THP_enabled in /proc/{pid}/status:\n{status}"));
     assert_eq!(line.split_whitespace().nth(1), Some("0"), "{line}");
+}
+
+/// Scrapes until `check` holds on the text (at most 2 s); returns the last
+/// text.
+async fn scrape_until(
+    metrics: std::net::SocketAddr,
+    check: impl Fn(&str) -> bool,
+) -> (bool, String) {
+    let until = tokio::time::Instant::now() + Duration::from_secs(2);
+    loop {
+        let (_, text) = http_get(metrics, "/metrics").await;
+        if check(&text) {
+            return (true, text);
+        }
+        if tokio::time::Instant::now() >= until {
+            return (false, text);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+const PUBLISH: &str = "letterbox.v1.MessagingService/Publish";
+
+/// The metrics operators alert on: the age of the oldest ready message,
+/// the consumers of each queue, every gRPC call by method and status with
+/// its duration, the process's figures and the data directory's free
+/// space.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_metrics_follow_ages_consumers_calls_and_the_process() {
+    let WithMetrics {
+        addr,
+        metrics,
+        stop,
+        task,
+        _dir,
+        ..
+    } = with_metrics(|c| c.store.min_free_bytes = 1000).await;
+    let mut c = crate::harness::connect(addr).await;
+    c.create("ages", crate::harness::config()).await;
+    c.create("idle", crate::harness::config()).await;
+    c.publish("ages", &["a", "b", "c"]).await;
+    let (_, text) = http_get(metrics, "/metrics").await;
+    let v = |text: &str, series: &str| {
+        sample(text, series).unwrap_or_else(|| panic!("{series} missing:\n{text}"))
+    };
+    let age = "letterbox_queue_oldest_ready_age_seconds{queue=\"ages\"}";
+    assert!(v(&text, age) < 1.0, "just published");
+    assert_eq!(
+        v(
+            &text,
+            "letterbox_queue_oldest_ready_age_seconds{queue=\"idle\"}"
+        ),
+        0.0
+    );
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let (_, text) = http_get(metrics, "/metrics").await;
+    assert!(v(&text, age) >= 1.0, "{}", v(&text, age));
+    // Leased, they are no longer ready.
+    assert_eq!(c.receive("ages", 10).await.len(), 3);
+    let (_, text) = http_get(metrics, "/metrics").await;
+    assert_eq!(v(&text, age), 0.0, "none ready");
+    assert_eq!(
+        v(
+            &text,
+            "letterbox_queue_consumers{queue=\"ages\",kind=\"receive\"}"
+        ),
+        1.0
+    );
+    assert_eq!(
+        v(
+            &text,
+            "letterbox_queue_consumers{queue=\"idle\",kind=\"receive\"}"
+        ),
+        0.0
+    );
+
+    // A Subscribe stream counts while it is open.
+    let subscribers = "letterbox_queue_consumers{queue=\"idle\",kind=\"subscribe\"}";
+    assert_eq!(v(&text, subscribers), 0.0);
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tx.send(pb::SubscribeRequest {
+        kind: Some(pb::subscribe_request::Kind::Open(pb::SubscribeOpen {
+            queue: "idle".into(),
+            credit: 1,
+            ..Default::default()
+        })),
+    })
+    .await
+    .unwrap();
+    let opened = tokio::time::Instant::now();
+    let stream = c
+        .msg
+        .subscribe(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap();
+    let (open, text) = scrape_until(metrics, |t| sample(t, subscribers) == Some(1.0)).await;
+    assert!(open, "one subscriber:\n{text}");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    drop(stream);
+    drop(tx);
+    let subscribe_count = "letterbox_grpc_request_duration_seconds_count{method=\"letterbox.v1.MessagingService/Subscribe\"}";
+    let (closed, text) = scrape_until(metrics, |t| {
+        sample(t, subscribers) == Some(0.0) && sample(t, subscribe_count) == Some(1.0)
+    })
+    .await;
+    assert!(closed, "the stream closed and was counted:\n{text}");
+    // A stream's duration is its life.
+    let lived = opened.elapsed().as_secs_f64();
+    let sum = v(
+        &text,
+        "letterbox_grpc_request_duration_seconds_sum{method=\"letterbox.v1.MessagingService/Subscribe\"}",
+    );
+    assert!(sum >= 0.2 && sum <= lived, "{sum} of {lived}");
+
+    // Calls by method and status code.
+    let missing = c
+        .admin
+        .get_queue(pb::GetQueueRequest {
+            name: "no-such-queue".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(missing.code(), tonic::Code::NotFound);
+    let (_, text) = http_get(metrics, "/metrics").await;
+    assert_eq!(
+        v(
+            &text,
+            &format!("letterbox_grpc_requests_total{{method=\"{PUBLISH}\",code=\"OK\"}}")
+        ),
+        1.0
+    );
+    assert_eq!(
+        v(
+            &text,
+            "letterbox_grpc_requests_total{method=\"letterbox.v1.AdminService/GetQueue\",code=\"NOT_FOUND\"}"
+        ),
+        1.0
+    );
+    assert_eq!(
+        v(
+            &text,
+            "letterbox_grpc_requests_total{method=\"letterbox.v1.AdminService/CreateQueue\",code=\"OK\"}"
+        ),
+        2.0
+    );
+    assert_eq!(
+        v(
+            &text,
+            &format!("letterbox_grpc_request_duration_seconds_count{{method=\"{PUBLISH}\"}}")
+        ),
+        1.0
+    );
+    assert!(
+        v(
+            &text,
+            &format!("letterbox_grpc_request_duration_seconds_sum{{method=\"{PUBLISH}\"}}")
+        ) > 0.0
+    );
+    assert!(
+        !text.contains("no-such-queue"),
+        "a missing queue shows in no series"
+    );
+
+    // The process and the disk.
+    assert!(v(&text, "process_cpu_seconds_total") > 0.0);
+    assert!(v(&text, "process_resident_memory_bytes") > 1e6);
+    assert!(v(&text, "process_virtual_memory_bytes") >= v(&text, "process_resident_memory_bytes"));
+    let fds = v(&text, "process_open_fds");
+    assert!(fds >= 3.0, "{fds}");
+    assert!(v(&text, "process_max_fds") >= fds);
+    assert!(v(&text, "process_threads") >= 2.0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let started = v(&text, "process_start_time_seconds");
+    assert!(
+        started <= now + 1.0 && started > now - 86_400.0,
+        "{started} vs {now}"
+    );
+    assert!(v(&text, "letterbox_disk_free_bytes") > 0.0);
+    assert_eq!(v(&text, "letterbox_disk_min_free_bytes"), 1000.0);
+
+    drop(c);
+    stop.send(()).unwrap();
+    task.await.unwrap().unwrap();
+}
+
+/// An HTTPS request with the test CA; the status line and the body.
+async fn https_request(
+    at: std::net::SocketAddr,
+    ca_pem: &str,
+    request: &str,
+) -> std::io::Result<(String, String)> {
+    use rustls_pki_types::CertificateDer;
+    use rustls_pki_types::pem::PemObject;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio_rustls::rustls;
+
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(at).await?;
+    let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
+    let mut s = connector.connect(name, tcp).await?;
+    s.write_all(request.as_bytes()).await?;
+    let mut raw = Vec::new();
+    // The server may close without a TLS close_notify.
+    let _ = s.read_to_end(&mut raw).await;
+    let raw = String::from_utf8_lossy(&raw).to_string();
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
+    Ok((
+        head.lines().next().unwrap_or_default().to_string(),
+        body.to_string(),
+    ))
+}
+
+fn get_metrics(token: Option<&str>) -> String {
+    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+    format!("GET /metrics HTTP/1.1\r\nHost: localhost\r\n{auth}Connection: close\r\n\r\n")
+}
+
+/// With TLS on, the metrics endpoint and the REST facade serve HTTPS with
+/// the server's certificate (a silent client does not hold up the
+/// handshakes of others), and a metrics token is required when set.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_metrics_endpoint_serves_tls_and_requires_its_token() {
+    const TOKEN: &str = "scrape-token-7c1e";
+    let pki = crate::security::pki();
+    let (cert, key) = (pki.server_cert.clone(), pki.server_key.clone());
+    let WithMetrics {
+        metrics,
+        anypoint,
+        stop,
+        task,
+        _dir,
+        ..
+    } = with_metrics(move |c| {
+        c.tls = Some(letterbox::server::TlsConfig {
+            cert_pem: cert.into_bytes(),
+            key_pem: key.into_bytes(),
+            client_ca_pem: None,
+            require_client_cert: false,
+        });
+        c.metrics_token = Some(TOKEN.into());
+        c.anypoint_listen = Some("127.0.0.1:0".parse().unwrap());
+        c.limits.handshake_timeout = Duration::from_secs(30);
+    })
+    .await;
+    // A client that connects and says nothing does not hold up the
+    // handshakes of others until its own handshake times out.
+    let silent = tokio::net::TcpStream::connect(metrics).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (status, body) = tokio::time::timeout(
+        Duration::from_secs(5),
+        https_request(metrics, &pki.ca_pem, &get_metrics(None)),
+    )
+    .await
+    .expect("answered while another handshake waits")
+    .unwrap();
+    assert!(status.contains("401"), "{status}");
+    assert!(!body.contains("letterbox_"), "{body}");
+    let (status, _) = https_request(metrics, &pki.ca_pem, &get_metrics(Some("wrong-token")))
+        .await
+        .unwrap();
+    assert!(status.contains("401"), "{status}");
+    let (status, body) = https_request(metrics, &pki.ca_pem, &get_metrics(Some(TOKEN)))
+        .await
+        .unwrap();
+    assert!(status.contains("200"), "{status}");
+    assert!(body.contains("letterbox_connections_open"), "{body}");
+    assert!(body.trim_end().ends_with("# EOF"), "{body}");
+    // Plain HTTP gets no answer from a TLS listener.
+    {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(metrics).await.unwrap();
+        s.write_all(get_metrics(Some(TOKEN)).as_bytes())
+            .await
+            .unwrap();
+        let mut raw = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(2), s.read_to_end(&mut raw)).await;
+        assert!(
+            !String::from_utf8_lossy(&raw).contains("letterbox_"),
+            "no metrics over plain HTTP"
+        );
+    }
+    // The REST facade too.
+    let rest = anypoint.unwrap();
+    let (status, _) = https_request(
+        rest,
+        &pki.ca_pem,
+        "GET /api/v1/organizations/o/environments/e/destinations/q/messages HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    assert!(status.starts_with("HTTP/1.1 401"), "{status}");
+    drop(silent);
+    stop.send(()).unwrap();
+    task.await.unwrap().unwrap();
+}
+
+/// The metric names a PromQL expression reads (`letterbox_*`,
+/// `process_*`).
+fn metric_names(expr: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut word = String::new();
+    for ch in expr.chars().chain(std::iter::once(' ')) {
+        if ch.is_ascii_alphanumeric() || ch == '_' || ch == ':' {
+            word.push(ch);
+        } else {
+            if word.starts_with("letterbox_") || word.starts_with("process_") {
+                out.push(std::mem::take(&mut word));
+            }
+            word.clear();
+        }
+    }
+    out
+}
+
+fn collect_exprs(v: &serde_json::Value, out: &mut Vec<String>) {
+    match v {
+        serde_json::Value::Object(m) => {
+            for (k, v) in m {
+                match (k.as_str(), v) {
+                    ("expr", serde_json::Value::String(e)) => out.push(e.clone()),
+                    _ => collect_exprs(v, out),
+                }
+            }
+        }
+        serde_json::Value::Array(a) => a.iter().for_each(|v| collect_exprs(v, out)),
+        _ => {}
+    }
+}
+
+/// docs/grafana/letterbox.json is a Grafana dashboard whose queries read
+/// only metrics that a running server exports.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_grafana_dashboard_reads_only_exported_metrics() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/grafana/letterbox.json");
+    let text = std::fs::read_to_string(path).unwrap();
+    let dash: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert!(dash["schemaVersion"].as_u64().is_some_and(|v| v >= 30));
+    assert!(dash["title"].as_str().is_some_and(|t| !t.is_empty()));
+    let vars = dash["templating"]["list"].as_array().unwrap();
+    let var = |name: &str| {
+        vars.iter()
+            .find(|v| v["name"] == name)
+            .unwrap_or_else(|| panic!("no ${name} variable"))
+    };
+    assert_eq!(var("datasource")["type"], "datasource");
+    assert_eq!(var("datasource")["query"], "prometheus");
+    let queue = var("queue");
+    assert_eq!(queue["type"], "query");
+    let q = &queue["query"];
+    let q = q["query"].as_str().or(q.as_str()).unwrap();
+    assert_eq!(q, "label_values(letterbox_queue_ready, queue)");
+    let panels = dash["panels"].as_array().unwrap();
+    let mut exprs = Vec::new();
+    for p in panels {
+        if p["type"] == "row" {
+            continue;
+        }
+        let targets = p["targets"].as_array().unwrap_or_else(|| panic!("{p}"));
+        assert!(!targets.is_empty(), "{p}");
+        assert_eq!(p["datasource"]["uid"], "${datasource}", "{p}");
+        assert!(p["gridPos"]["w"].as_u64().is_some(), "{p}");
+        collect_exprs(p, &mut exprs);
+    }
+    let names: std::collections::BTreeSet<String> =
+        exprs.iter().flat_map(|e| metric_names(e)).collect();
+    for wanted in [
+        "letterbox_queue_ready",
+        "letterbox_queue_oldest_ready_age_seconds",
+        "letterbox_commit_seconds_bucket",
+        "letterbox_grpc_requests_total",
+        "process_resident_memory_bytes",
+        "letterbox_disk_free_bytes",
+    ] {
+        assert!(names.contains(wanted), "the dashboard shows {wanted}");
+    }
+
+    // A server with some of everything to show.
+    let WithMetrics {
+        addr,
+        metrics,
+        stop,
+        task,
+        _dir,
+        ..
+    } = with_metrics(|_| {}).await;
+    let mut c = crate::harness::connect(addr).await;
+    c.create("jobs-dlq", crate::harness::config()).await;
+    c.create("jobs", crate::harness::with_dlq("jobs-dlq", 1))
+        .await;
+    c.publish("jobs", &["a"]).await;
+    let got = c.receive("jobs", 1).await;
+    c.nack(&got[0].ack_token, "broken").await;
+    let (_, scrape) = http_get(metrics, "/metrics").await;
+    let exported: std::collections::BTreeSet<&str> = scrape
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split(['{', ' ']).next())
+        .collect();
+    let unknown: Vec<&String> = names
+        .iter()
+        .filter(|n| !exported.contains(n.as_str()))
+        .collect();
+    assert!(
+        unknown.is_empty(),
+        "the dashboard reads metrics the server does not export: {unknown:?}"
+    );
+    drop(c);
+    stop.send(()).unwrap();
+    task.await.unwrap().unwrap();
 }
