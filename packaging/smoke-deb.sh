@@ -120,6 +120,9 @@ if (exec 3<>"/dev/tcp/${listen%:*}/${listen##*:}") 2>/dev/null; then
   unit_env+=("LETTERBOX_LISTEN=${listen%:*}:0")
 fi
 
+# Created here, not by the background job's redirection, which may come
+# after the first read below.
+: >"$work/server.out"
 cd /
 setpriv --reuid="$user" --regid="$group" --init-groups \
   env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
