@@ -5,9 +5,13 @@
 //! Start a server first (`cargo run --release -- serve`), then:
 //!
 //! ```text
-//! cargo run --example walkthrough [http://127.0.0.1:50051]
+//! cargo run --release --example walkthrough [http://127.0.0.1:50051]
 //! ```
+//!
+//! `tests/it/walkthrough.rs` runs [`run`] against a fresh server and checks
+//! that it prints exactly what the README shows.
 
+use std::io::Write;
 use std::time::Duration;
 
 use letterbox::client::{Client, pb};
@@ -17,6 +21,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let url = std::env::args()
         .nth(1)
         .unwrap_or_else(|| "http://127.0.0.1:50051".into());
+    run(&url, &mut std::io::stdout().lock()).await
+}
+
+/// The walkthrough against the server at `url`, its report written to
+/// `out` line by line.
+pub(crate) async fn run(url: &str, out: &mut impl Write) -> Result<(), Box<dyn std::error::Error>> {
     let client = Client::connect(url).await?;
 
     // 1. A queue whose messages move to `invoices.dlq` after 3 failed
@@ -33,7 +43,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         ..Default::default()
     };
     client.create_queue("invoices", config).await?;
-    println!("queues invoices and invoices.dlq ready");
+    writeln!(out, "queues invoices and invoices.dlq ready")?;
 
     // 2. Publish. The answer comes once the message is on disk.
     let message = pb::PublishMessage {
@@ -42,7 +52,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let published = client.publish("invoices", vec![message]).await?;
     let id = &published[0].message_id;
-    println!("published {id}");
+    writeln!(out, "published {id}")?;
 
     // 3. Receive and fail three times: each nack counts as a delivery
     //    attempt; after the third the broker moves the message to the DLQ.
@@ -53,10 +63,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let Some(d) = got.into_iter().next() else {
             return Err("nothing to receive".into());
         };
-        println!(
+        writeln!(
+            out,
             "delivery {} of {}: failing it",
             d.delivery_count, d.message_id
-        );
+        )?;
         client
             .nack(vec![pb::NackItem {
                 ack_token: d.ack_token,
@@ -71,10 +82,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let page = client.browse("invoices.dlq", 10, "").await?;
     for m in &page.messages {
         for r in &m.dead_letters {
-            println!(
+            writeln!(
+                out,
                 "in the DLQ: {} from {} after {} deliveries, last error {:?}",
                 m.message_id, r.source_queue, r.delivery_count, r.last_nack_reason
-            );
+            )?;
         }
     }
 
@@ -82,7 +94,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     //    the DLQ and ack it (or redrive it back: `letterbox dlq redrive`).
     for d in client.receive("invoices.dlq", 1, Duration::ZERO).await? {
         client.ack(vec![d.ack_token]).await?;
-        println!("handled {} from the DLQ", d.message_id);
+        writeln!(out, "handled {} from the DLQ", d.message_id)?;
     }
     Ok(())
 }

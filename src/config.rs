@@ -544,6 +544,52 @@ publish = ["orders"]
         assert!(a.server_config().is_ok());
     }
 
+    /// The configuration the Debian package installs
+    /// (`packaging/letterbox.toml`) starts the server as it is, and its
+    /// commented examples are real keys with valid values.
+    #[test]
+    fn the_packaged_configuration_starts_as_is_and_its_examples_are_valid() {
+        let shipped = include_str!("../packaging/letterbox.toml");
+        let a = parse(&[], shipped).unwrap();
+        assert_eq!(a.data_dir, PathBuf::from("/var/lib/letterbox/data"));
+        assert_eq!(a.listen, "127.0.0.1:50051".parse().unwrap());
+        assert_eq!(a.log_format, LogFormat::Json);
+        assert!(a.principals.is_empty());
+        let c = a.server_config().unwrap();
+        assert!(!c.auth.is_enabled());
+
+        let (settings, principals) = shipped
+            .split_once("#[[principals]]")
+            .expect("a commented principals example");
+        let mut keys = std::collections::HashSet::new();
+        let mut examples = String::new();
+        for line in settings.lines() {
+            let Some(line) = line.strip_prefix('#') else {
+                continue;
+            };
+            if let Some((key, _)) = line.split_once(" = ")
+                && !key.contains(' ')
+                && keys.insert(key.to_string())
+            {
+                examples.push_str(line);
+                examples.push('\n');
+            }
+        }
+        assert!(keys.len() >= 13, "{keys:?}");
+        let a = parse(&[], &examples).unwrap();
+        assert_eq!(a.metrics_listen, Some("127.0.0.1:9464".parse().unwrap()));
+        assert!(a.tls_require_client_cert);
+
+        let principals: String = format!("#[[principals]]{principals}")
+            .lines()
+            .filter_map(|l| l.strip_prefix('#'))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let a = parse(&[], &principals).unwrap();
+        let names: Vec<&str> = a.principals.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(names, ["ops", "orders-service"]);
+    }
+
     #[test]
     fn the_metrics_token_comes_from_a_file_or_the_setting() {
         let dir = tempfile::tempdir().unwrap();

@@ -17,3 +17,4 @@ mod messaging;
 mod redrive;
 mod security;
 mod verify;
+mod walkthrough;
