@@ -1410,6 +1410,7 @@ async fn fifo_a_message_released_and_expired_in_one_sweep_is_dead_lettered_uncou
         "{:?}",
         dl[1].dead_letters[0]
     );
+}
 
 #[tokio::test]
 async fn the_oldest_ready_age_is_that_of_the_first_message_deliverable_now() {
