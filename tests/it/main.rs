@@ -8,6 +8,7 @@ mod client;
 mod clock;
 mod definitions;
 mod disk_faults;
+mod docs;
 mod durability;
 mod ecosystem;
 mod exchanges;
