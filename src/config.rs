@@ -188,10 +188,40 @@ pub struct ServeArgs {
         default_value = "ms"
     )]
     pub anypoint_lock_ttl_unit: crate::anypoint::LockTtlUnit,
+    /// Address of the web console (`http://ADDR/`, `https://` under
+    /// TLS), or `off`. Default: on loopback when gRPC listens on loopback
+    /// (port 8025, or a free port if that one is taken), off otherwise.
+    #[arg(long, env = "LETTERBOX_CONSOLE_LISTEN")]
+    pub console_listen: Option<ConsoleListen>,
     /// Principals, from the configuration file only.
     #[arg(skip)]
     pub principals: Vec<PrincipalConfig>,
 }
+
+/// Where the console listens: an address, or `off`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConsoleListen {
+    /// Not served.
+    Off,
+    /// Served at this address.
+    At(SocketAddr),
+}
+
+impl std::str::FromStr for ConsoleListen {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim() {
+            "off" | "none" | "false" => Ok(ConsoleListen::Off),
+            t => t
+                .parse()
+                .map(ConsoleListen::At)
+                .map_err(|_| format!("{s:?} is neither an address (like 127.0.0.1:8025) nor off")),
+        }
+    }
+}
+
+/// The console's port by default.
+pub const CONSOLE_PORT: u16 = 8025;
 
 fn read_pem(flag: &str, path: &Path) -> Result<Vec<u8>, String> {
     let bytes = std::fs::read(path).map_err(|e| format!("{flag}: {}: {e}", path.display()))?;
@@ -301,6 +331,23 @@ impl ServeArgs {
                 "--anypoint-listen / LETTERBOX_ANYPOINT_LISTEN: {a} is not a loopback address and no principals are configured; configure principals in the --config file, or pass --allow-remote-without-auth"
             ));
         }
+        c.console_listen = match self.console_listen {
+            Some(ConsoleListen::Off) => None,
+            Some(ConsoleListen::At(a)) => {
+                if !auth_on && !a.ip().is_loopback() && !self.allow_remote_without_auth {
+                    return Err(format!(
+                        "--console-listen / LETTERBOX_CONSOLE_LISTEN: {a} is not a loopback address and no principals are configured, so anyone who can connect could purge every queue; configure principals in the --config file, or pass --allow-remote-without-auth"
+                    ));
+                }
+                Some(crate::server::ConsoleAt::Exactly(a))
+            }
+            // On by default beside a loopback gRPC listener only: a server
+            // listening on the network opens no web page unless asked.
+            None if self.listen.ip().is_loopback() => Some(crate::server::ConsoleAt::Preferred(
+                SocketAddr::new(self.listen.ip(), CONSOLE_PORT),
+            )),
+            None => None,
+        };
         c.anypoint_listen = self.anypoint_listen;
         c.anypoint.lock_ttl_unit = self.anypoint_lock_ttl_unit;
         c.anypoint.max_body_bytes = 10 * max_msg + (4 << 20);

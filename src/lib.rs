@@ -24,6 +24,7 @@ pub mod cli;
 pub mod client;
 pub mod clock;
 pub mod config;
+pub mod console;
 pub mod pb;
 pub mod queue;
 pub mod server;

@@ -357,6 +357,11 @@ async fn serve(args: ServeArgs) -> ExitCode {
             "serving metrics"
         );
     }
+    if let Some(at) = server.console_addr() {
+        let url = letterbox::console::url(at, config.tls.is_some());
+        announce(&format!("letterbox console at {url}"));
+        tracing::info!(%url, "serving the web console");
+    }
     match server.serve(shutdown).await {
         Ok(()) => {
             tracing::info!("stopped cleanly");

@@ -63,7 +63,7 @@ CYCLES=$((CYCLES * 2)) run fault-exchange-two-steps I17 --classes random,sys:fda
 # of a group whose first is nacked (flaky, poison) and the rest then acked
 # (hundreds of violations in 15 cycles, seeds 1-4).
 run fault-no-fifo-release I9
-# Damage mode (RELIABILITY.md, "Damage mode"): between cycles a log segment
+# Damage mode (docs/reliability/chaos.md, "Damage mode"): between cycles a log segment
 # is deleted, zeroed or truncated; this build starts on it instead of
 # refusing, and what the damaged segment held after the checkpoint is gone.
 run fault-no-log-continuity I1,I4 --damage

@@ -355,6 +355,7 @@ impl Broker {
             };
             let leased = meta.lease.as_ref().map_or(0, |l| l.deadline);
             messages.push(BrowsedMessage {
+                position: pos,
                 damaged,
                 message_id: meta.message_id.clone(),
                 body: payload.body,

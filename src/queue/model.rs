@@ -217,6 +217,28 @@ pub enum DeadLetterReason {
     Corrupted,
 }
 
+impl DeadLetterReason {
+    /// Every reason, in the order of their codes.
+    pub const ALL: [DeadLetterReason; 5] = [
+        DeadLetterReason::MaxDeliveries,
+        DeadLetterReason::Rejected,
+        DeadLetterReason::Expired,
+        DeadLetterReason::Skipped,
+        DeadLetterReason::Corrupted,
+    ];
+
+    /// Its lower-case name, as the CLI and the console show it.
+    pub fn name(self) -> &'static str {
+        match self {
+            DeadLetterReason::MaxDeliveries => "max_deliveries",
+            DeadLetterReason::Rejected => "rejected",
+            DeadLetterReason::Expired => "expired",
+            DeadLetterReason::Skipped => "skipped",
+            DeadLetterReason::Corrupted => "corrupted",
+        }
+    }
+}
+
 /// One move to a dead letter queue.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeadLetter {
@@ -249,6 +271,19 @@ pub enum AttemptOutcome {
     /// with it, failed first (the reason names it). Not counted as a
     /// delivery.
     Released,
+}
+
+impl AttemptOutcome {
+    /// Its lower-case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            AttemptOutcome::Nacked => "nacked",
+            AttemptOutcome::LeaseExpired => "lease_expired",
+            AttemptOutcome::Rejected => "rejected",
+            AttemptOutcome::StreamClosed => "stream_closed",
+            AttemptOutcome::Released => "released",
+        }
+    }
 }
 
 /// One failed attempt.
@@ -447,9 +482,25 @@ pub enum MessageState {
     Parked,
 }
 
+impl MessageState {
+    /// Its lower-case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            MessageState::Ready => "ready",
+            MessageState::Delayed => "delayed",
+            MessageState::Leased => "leased",
+            MessageState::Blocked => "blocked",
+            MessageState::Parked => "parked",
+        }
+    }
+}
+
 /// A message as seen by Browse.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BrowsedMessage {
+    /// Its position in the queue: browsing from `position - 1` starts
+    /// with it.
+    pub position: u64,
     /// Its id.
     pub message_id: String,
     /// Payload.
@@ -501,6 +552,18 @@ pub enum GroupState {
     Delayed,
     /// Parked.
     Parked,
+}
+
+impl GroupState {
+    /// Its lower-case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            GroupState::Ready => "ready",
+            GroupState::Leased => "leased",
+            GroupState::Delayed => "delayed",
+            GroupState::Parked => "parked",
+        }
+    }
 }
 
 /// A FIFO group as listed.

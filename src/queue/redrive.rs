@@ -12,6 +12,9 @@
 //! (delivery count 0, TTL from now) and keep their dead-letter history;
 //! FIFO messages keep their group, and their order.
 
+use std::future::Future;
+use std::time::{Duration, Instant};
+
 use crate::storage::Key;
 
 use super::delivery::forget_client_id;
@@ -184,6 +187,97 @@ impl Broker {
         };
         durable(commit).await?;
         Ok(step)
+    }
+}
+
+/// Where a paced redrive's progress goes: called at most every 200 ms
+/// while it runs, with the counts so far; answering `false` cancels it.
+pub trait RedriveSink: Send {
+    /// The counts so far.
+    fn progress(&mut self, total: &RedriveStep) -> impl Future<Output = bool> + Send;
+}
+
+/// How a paced redrive ended.
+#[derive(Debug)]
+pub enum RedriveEnd {
+    /// The walk is over, or the limit was reached.
+    Done,
+    /// The server began shutting down; running it again moves the rest.
+    ShutDown,
+    /// The sink answered `false`.
+    Cancelled,
+    /// A step failed.
+    Failed(QueueError),
+}
+
+/// Messages looked at per step of a paced redrive.
+const SCAN: usize = 512;
+
+impl Broker {
+    /// Runs a redrive checked by [`Broker::start_redrive`] (`end` is what
+    /// it returned) to its end: steps through the DLQ, moves at most
+    /// `limit` matching messages (0: no limit) at most `rate` per second
+    /// (0: no pacing), and reports progress to `sink`. Returns the counts
+    /// and how it ended. Every door (gRPC, the console) runs redrives
+    /// through this.
+    pub async fn run_redrive(
+        &self,
+        spec: &RedriveSpec,
+        end: u64,
+        limit: u64,
+        rate: u32,
+        sink: &mut impl RedriveSink,
+    ) -> (RedriveStep, RedriveEnd) {
+        let started = Instant::now();
+        let mut total = RedriveStep::default();
+        let mut cursor = 0u64;
+        let mut reported = Instant::now();
+        loop {
+            if self.is_closing() {
+                return (total, RedriveEnd::ShutDown);
+            }
+            let left = if limit == 0 {
+                u64::MAX
+            } else {
+                limit - total.matched.min(limit)
+            };
+            if left == 0 {
+                break;
+            }
+            // A step moves at most a tenth of a second's worth at the rate.
+            let per_step = if rate == 0 {
+                u64::MAX
+            } else {
+                u64::from(rate / 10).max(1)
+            };
+            let step = match self
+                .redrive_step(spec, cursor, end, SCAN, left.min(per_step))
+                .await
+            {
+                Ok(s) => s,
+                Err(e) => return (total, RedriveEnd::Failed(e)),
+            };
+            total.add(&step);
+            if rate > 0 && step.moved > 0 {
+                // Hold the pace: `moved` messages take moved/rate seconds.
+                let due = Duration::from_secs_f64(total.moved as f64 / f64::from(rate));
+                let elapsed = started.elapsed();
+                if due > elapsed {
+                    tokio::time::sleep(due - elapsed).await;
+                }
+            }
+            if reported.elapsed() >= Duration::from_millis(200) {
+                reported = Instant::now();
+                if !sink.progress(&total).await {
+                    return (total, RedriveEnd::Cancelled);
+                }
+            }
+            match step.next {
+                Some(c) => cursor = c,
+                None => break,
+            }
+        }
+        (total, RedriveEnd::Done)
     }
 }
 

@@ -13,9 +13,9 @@ pub(crate) mod consumers;
 mod convert;
 mod metrics;
 mod publish_stream;
-mod redrive;
+pub(crate) mod redrive;
 mod service;
-mod status;
+pub(crate) mod status;
 mod subscribe;
 
 use std::future::Future;
@@ -70,8 +70,20 @@ pub struct ServerConfig {
     pub metrics_token: Option<String>,
     /// Address of the Anypoint MQ REST facade, if it is on.
     pub anypoint_listen: Option<SocketAddr>,
+    /// Address of the web console, if it is on.
+    pub console_listen: Option<ConsoleAt>,
     /// Settings of the Anypoint MQ REST facade.
     pub anypoint: AnypointOptions,
+}
+
+/// Where the web console listens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConsoleAt {
+    /// This address, or the server does not start.
+    Exactly(SocketAddr),
+    /// This address, or any free port on its IP if it is taken (the
+    /// default: a second server on the same machine still starts).
+    Preferred(SocketAddr),
 }
 
 /// TLS settings of the gRPC listener (PEM contents).
@@ -148,6 +160,7 @@ impl ServerConfig {
             metrics_listen: None,
             metrics_token: None,
             anypoint_listen: None,
+            console_listen: None,
             anypoint: AnypointOptions {
                 max_body_bytes: 10 * broker.max_message_size + (4 << 20),
                 ..AnypointOptions::default()
@@ -235,6 +248,7 @@ pub struct Server {
     addr: SocketAddr,
     metrics: Option<(TcpListener, SocketAddr)>,
     anypoint: Option<(TcpListener, SocketAddr)>,
+    console: Option<(TcpListener, SocketAddr)>,
     config: ServerConfig,
     report: OpenReport,
 }
@@ -310,12 +324,37 @@ impl Server {
             }
             None => None,
         };
+        let console = match config.console_listen {
+            Some(ConsoleAt::Exactly(at)) => {
+                let bind = |source| ServerError::Bind { addr: at, source };
+                let l = TcpListener::bind(at).await.map_err(bind)?;
+                let a = l.local_addr().map_err(bind)?;
+                Some((l, a))
+            }
+            Some(ConsoleAt::Preferred(at)) => {
+                let any = SocketAddr::new(at.ip(), 0);
+                let l = match TcpListener::bind(at).await {
+                    Ok(l) => Ok(l),
+                    Err(_) => TcpListener::bind(any).await,
+                };
+                let bound = l.and_then(|l| l.local_addr().map(|a| (l, a)));
+                match bound {
+                    Ok(x) => Some(x),
+                    Err(e) => {
+                        tracing::warn!(addr = %at, error = %e, "the console could not listen; serving without it");
+                        None
+                    }
+                }
+            }
+            None => None,
+        };
         Ok(Server {
             broker: Arc::new(broker),
             listener,
             addr,
             metrics,
             anypoint,
+            console,
             config,
             report,
         })
@@ -329,6 +368,11 @@ impl Server {
     /// The bound address of the Anypoint MQ REST facade, if it is on.
     pub fn anypoint_addr(&self) -> Option<SocketAddr> {
         self.anypoint.as_ref().map(|(_, a)| *a)
+    }
+
+    /// The bound address of the web console, if it is on.
+    pub fn console_addr(&self) -> Option<SocketAddr> {
+        self.console.as_ref().map(|(_, a)| *a)
     }
 
     /// The bound address of the metrics endpoint, if it is on.
@@ -354,6 +398,7 @@ impl Server {
             broker,
             listener,
             anypoint,
+            console,
             config,
             metrics,
             report,
@@ -466,6 +511,26 @@ impl Server {
                 }),
             )
         });
+        // The web console, drained with the REST facade.
+        let console_task =
+            console.map(|(l, at)| {
+                let stop = drain.clone();
+                let l = http_listener(l);
+                let opts = crate::console::ConsoleOptions {
+                    tls: config.tls.is_some(),
+                    ..crate::console::ConsoleOptions::default()
+                };
+                let (broker, auth) = (Arc::clone(&broker), Arc::clone(&config.auth));
+                tokio::spawn(async move {
+                    if let Err(e) = crate::console::serve(l, broker, auth, opts, async move {
+                        stop.cancelled().await
+                    })
+                    .await
+                    {
+                        tracing::error!(addr = %at, error = %e, "console listener failed");
+                    }
+                })
+            });
         let limit = config.max_request_bytes;
         let incoming = Box::pin(conns::incoming(listener, Arc::clone(&gate)));
         // Reflection in both versions: `v1`, and `v1alpha`, which most
@@ -538,6 +603,13 @@ impl Server {
                 rest.abort();
                 let _ = rest.await;
             }
+        }
+        if let Some(mut console) = console_task
+            && tokio::time::timeout(grace, &mut console).await.is_err()
+        {
+            tracing::warn!("console requests still open after the grace period; closing them");
+            console.abort();
+            let _ = console.await;
         }
         // Subscription sessions return their unsettled deliveries before
         // the store closes.

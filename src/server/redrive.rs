@@ -1,9 +1,8 @@
-//! Running a redrive for a `Redrive` stream: steps through the dead letter
-//! queue, paces the moves to the rate limit, stops at the limit, and
-//! reports progress as it goes (at most every 200 ms, and at the end).
+//! Running a redrive for a `Redrive` stream: the engine's paced runner
+//! ([`Broker::run_redrive`]) with its progress sent on the stream (at most
+//! every 200 ms, and at the end), and the start and end audited.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 use tonic::Status;
@@ -11,10 +10,7 @@ use tonic::Status;
 use super::status::to_status;
 use crate::pb;
 use crate::queue::Broker;
-use crate::queue::redrive::{RedriveSpec, RedriveStep};
-
-/// Messages looked at per step.
-const SCAN: usize = 512;
+use crate::queue::redrive::{RedriveEnd, RedriveSink, RedriveSpec, RedriveStep};
 
 type Tx = mpsc::Sender<Result<pb::RedriveResponse, Status>>;
 
@@ -32,6 +28,15 @@ fn progress(t: &RedriveStep, done: bool) -> pb::RedriveResponse {
     }
 }
 
+/// The stream as the runner's sink: a closed stream cancels the redrive.
+struct Stream<'a>(&'a Tx);
+
+impl RedriveSink for Stream<'_> {
+    async fn progress(&mut self, total: &RedriveStep) -> bool {
+        self.0.send(Ok(progress(total, false))).await.is_ok()
+    }
+}
+
 /// Runs the redrive; `end` is the DLQ's end position at the start.
 pub(crate) async fn run(
     broker: Arc<Broker>,
@@ -42,82 +47,26 @@ pub(crate) async fn run(
     tx: Tx,
     caller: super::access::Caller,
 ) {
-    let started = Instant::now();
-    let mut total = RedriveStep::default();
-    let mut cursor = 0u64;
-    let mut reported = Instant::now();
-    loop {
-        if broker.is_closing() {
-            caller.audit(
-                "redrive.end",
-                &spec.dlq,
-                &format!("stopped by the shutdown: moved={}", total.moved),
-            );
-            let _ = tx
-                .send(Err(Status::unavailable(
-                    "the server is shutting down; run the redrive again to move the rest",
-                )))
-                .await;
-            return;
-        }
-        let left = if limit == 0 {
-            u64::MAX
-        } else {
-            limit - total.matched.min(limit)
-        };
-        if left == 0 {
-            break;
-        }
-        // A step moves at most a tenth of a second's worth at the rate.
-        let per_step = if rate == 0 {
-            u64::MAX
-        } else {
-            u64::from(rate / 10).max(1)
-        };
-        let step = match broker
-            .redrive_step(&spec, cursor, end, SCAN, left.min(per_step))
-            .await
-        {
-            Ok(s) => s,
-            Err(e) => {
-                caller.audit(
-                    "redrive.end",
-                    &spec.dlq,
-                    &format!("failed: {e}: moved={}", total.moved),
-                );
-                let _ = tx.send(Err(to_status(e))).await;
-                return;
-            }
-        };
-        total.add(&step);
-        if rate > 0 && step.moved > 0 {
-            // Hold the pace: `moved` messages take moved/rate seconds.
-            let due = Duration::from_secs_f64(total.moved as f64 / f64::from(rate));
-            let elapsed = started.elapsed();
-            if due > elapsed {
-                tokio::time::sleep(due - elapsed).await;
-            }
-        }
-        if reported.elapsed() >= Duration::from_millis(200) {
-            reported = Instant::now();
-            if tx.send(Ok(progress(&total, false))).await.is_err() {
-                caller.audit(
-                    "redrive.end",
-                    &spec.dlq,
-                    &format!("cancelled by the client: moved={}", total.moved),
-                );
-                return;
-            }
-        }
-        match step.next {
-            Some(c) => cursor = c,
-            None => break,
-        }
-    }
-    caller.audit(
-        "redrive.end",
-        &spec.dlq,
-        &format!(
+    let (total, ended) = broker
+        .run_redrive(&spec, end, limit, rate, &mut Stream(&tx))
+        .await;
+    let detail = end_detail(&spec, &total, &ended);
+    caller.audit("redrive.end", &spec.dlq, &detail);
+    let last = match ended {
+        RedriveEnd::Done => Ok(progress(&total, true)),
+        RedriveEnd::Cancelled => return,
+        RedriveEnd::ShutDown => Err(Status::unavailable(
+            "the server is shutting down; run the redrive again to move the rest",
+        )),
+        RedriveEnd::Failed(e) => Err(to_status(e)),
+    };
+    let _ = tx.send(last).await;
+}
+
+/// The audit detail of a redrive's end, whichever door started it.
+pub(crate) fn end_detail(spec: &RedriveSpec, total: &RedriveStep, ended: &RedriveEnd) -> String {
+    match ended {
+        RedriveEnd::Done => format!(
             "dry_run={} scanned={} matched={} moved={} skipped={} (leased={} no_source={} no_target={} other_kind={})",
             spec.dry_run,
             total.scanned,
@@ -129,6 +78,8 @@ pub(crate) async fn run(
             total.skipped_no_target,
             total.skipped_other_kind
         ),
-    );
-    let _ = tx.send(Ok(progress(&total, true))).await;
+        RedriveEnd::ShutDown => format!("stopped by the shutdown: moved={}", total.moved),
+        RedriveEnd::Cancelled => format!("cancelled by the client: moved={}", total.moved),
+        RedriveEnd::Failed(e) => format!("failed: {e}: moved={}", total.moved),
+    }
 }

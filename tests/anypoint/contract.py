@@ -23,8 +23,8 @@ Where Letterbox deliberately answers otherwise than the specification
 says, or the specification is looser than the API it describes, the test
 applies a deviation to a copy of the specification (written to
 target/anypoint-contract/) and prints it: DEVIATIONS below is the complete
-list, and README.md's "Use Letterbox as a local Anypoint MQ" describes the
-same choices.
+list, and docs/anypoint.md ("Decisions where the specification is
+ambiguous or Letterbox differs") describes the same choices.
 
 Prints "PASS: anypoint contract" at the end when everything held.
 """

@@ -9,6 +9,7 @@ mod clock;
 mod console;
 mod definitions;
 mod disk_faults;
+mod docs;
 mod durability;
 mod ecosystem;
 mod exchanges;

@@ -1,5 +1,5 @@
-//! `--damage`: damage to the log between kill cycles (RELIABILITY.md,
-//! "Damage mode").
+//! `--damage`: damage to the log between kill cycles
+//! (docs/reliability/chaos.md, "Damage mode").
 //!
 //! With the server down, the nemesis sometimes deletes, zeroes or
 //! truncates a log segment (`wal/*.wal`), chosen by the seed, after taking

@@ -127,7 +127,7 @@ pub struct Args {
     #[arg(long, default_value_t = 10)]
     pub sample_secs: u64,
     /// Damage mode: before about two cycles in three (the server down), delete,
-    /// zero or truncate a log segment (RELIABILITY.md, "Damage mode"); the
+    /// zero or truncate a log segment (docs/reliability/chaos.md, "Damage mode"); the
     /// next start must refuse naming the file (the segment is then put
     /// back) or start with nothing acknowledged missing. With
     /// `--min-hits`, every damage kind must also have been applied that

@@ -1,0 +1,88 @@
+// The console's own script: the plots (uPlot, fed by
+// /queues/NAME/history.json and redrawn every few seconds), the
+// "select the page" box of the dead-letter table, and the file picker of
+// the definitions import. No inline script anywhere: the pages are served
+// with a Content-Security-Policy that forbids it.
+"use strict";
+
+(function () {
+  const SERIES = {
+    depth: [
+      ["ready", "ready", "#2f6fb0"],
+      ["in_flight", "in flight", "#d08a1e"],
+      ["delayed", "delayed", "#7a56b8"],
+    ],
+    rates: [
+      ["published", "published/s", "#2f8f4e"],
+      ["acked", "acked/s", "#2f6fb0"],
+      ["nacked", "nacked/s", "#d08a1e"],
+      ["dead_lettered", "dead-lettered/s", "#c0392b"],
+    ],
+  };
+
+  function plotData(kind, json) {
+    return [json.t].concat(SERIES[kind].map((s) => json[s[0]]));
+  }
+
+  function makePlot(el) {
+    const kind = el.dataset.plot;
+    const src = el.dataset.src;
+    let plot = null;
+    function draw(json) {
+      const data = plotData(kind, json);
+      if (plot) {
+        plot.setData(data);
+        return;
+      }
+      const width = Math.max(320, el.clientWidth || 600);
+      plot = new uPlot(
+        {
+          width: width,
+          height: 220,
+          series: [{}].concat(
+            SERIES[kind].map((s) => ({ label: s[1], stroke: s[2], width: 2 }))
+          ),
+          axes: [{}, { size: 60 }],
+          scales: { y: { range: (u, min, max) => [0, Math.max(1, max)] } },
+        },
+        data,
+        el
+      );
+      el.dataset.drawn = "true";
+    }
+    function refresh() {
+      fetch(src, { credentials: "same-origin" })
+        .then((r) => (r.ok ? r.json() : Promise.reject(r.status)))
+        .then(draw)
+        .catch((e) => {
+          el.dataset.error = String(e);
+        });
+    }
+    refresh();
+    const every = Number(el.dataset.every || 5000);
+    setInterval(refresh, every);
+  }
+
+  function selectPage(box) {
+    box.addEventListener("change", () => {
+      document
+        .querySelectorAll("input[type=checkbox][name=id]")
+        .forEach((c) => (c.checked = box.checked));
+    });
+  }
+
+  function filePicker(input) {
+    const target = document.getElementById(input.dataset.into);
+    input.addEventListener("change", () => {
+      const f = input.files && input.files[0];
+      if (!f || !target) return;
+      f.text().then((t) => (target.value = t));
+    });
+  }
+
+  document.addEventListener("DOMContentLoaded", () => {
+    document.querySelectorAll("[data-plot]").forEach(makePlot);
+    document.querySelectorAll("#select-page").forEach(selectPage);
+    document.querySelectorAll("input[type=file][data-into]").forEach(filePicker);
+  });
+})();

@@ -1,0 +1,340 @@
+//! Sessions of the console: a random token in an `HttpOnly`,
+//! `SameSite=Strict` cookie (`Secure` under TLS) names a session, which
+//! holds its principal and its CSRF token. With authentication off every
+//! visitor gets an anonymous session on its first request; with it on, the
+//! login page opens one for valid credentials (a bearer token, or a client
+//! id and secret, checked by [`Authenticator`] off the async workers).
+//! Sessions live in memory: an hour after their last use, twelve hours at
+//! most, and until the server stops.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use maud::html;
+use subtle::ConstantTimeEq;
+
+use super::{Failure, Posted, Shared, layout};
+use crate::auth::{Credentials, Principal, hex_sha256, new_token};
+use crate::queue::model::HOUR;
+use crate::server::audit;
+
+/// The cookie's name.
+pub(crate) const COOKIE: &str = "letterbox_session";
+/// Idle lifetime.
+const IDLE: u64 = HOUR;
+/// Whole lifetime.
+const LIFETIME: u64 = 12 * HOUR;
+/// Most sessions kept (the oldest go first).
+const MAX_SESSIONS: usize = 10_000;
+
+/// One session.
+#[derive(Debug)]
+pub(crate) struct Session {
+    pub(crate) principal: Arc<Principal>,
+    pub(crate) peer: Option<SocketAddr>,
+    /// Opened by a login (authentication on), not given to a visitor.
+    pub(crate) logged_in: bool,
+    csrf: String,
+    opened: u64,
+    last_used: Mutex<u64>,
+}
+
+impl Session {
+    /// Its CSRF token, for the forms.
+    pub(crate) fn csrf(&self) -> &str {
+        &self.csrf
+    }
+
+    /// True when `token` is this session's CSRF token.
+    pub(crate) fn csrf_matches(&self, token: &str) -> bool {
+        bool::from(self.csrf.as_bytes().ct_eq(token.as_bytes()))
+    }
+
+    /// Who acts, for the audit log.
+    pub(crate) fn who(&self) -> audit::Who<'_> {
+        audit::Who {
+            principal: self.principal.name(),
+            peer: self.peer,
+        }
+    }
+
+    /// Audits an act done through this session.
+    pub(crate) fn audit_done(&self, action: &str, name: &str, detail: &str) {
+        audit::done(self.who(), action, name, detail);
+    }
+}
+
+/// The open sessions, by the SHA-256 of their cookie's token.
+#[derive(Debug, Default)]
+pub(crate) struct Sessions {
+    open: Mutex<HashMap<String, Arc<Session>>>,
+}
+
+impl Sessions {
+    pub(crate) fn new() -> Sessions {
+        Sessions::default()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Session>>> {
+        self.open.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Opens a session; returns the cookie's token and the session.
+    pub(crate) fn open(
+        &self,
+        principal: Arc<Principal>,
+        peer: Option<SocketAddr>,
+        logged_in: bool,
+        now: u64,
+    ) -> (String, Arc<Session>) {
+        let (token, key) = new_token();
+        let (csrf, _) = new_token();
+        let s = Arc::new(Session {
+            principal,
+            peer,
+            logged_in,
+            csrf,
+            opened: now,
+            last_used: Mutex::new(now),
+        });
+        let mut open = self.lock();
+        open.retain(|_, s| alive(s, now));
+        if open.len() >= MAX_SESSIONS
+            && let Some(oldest) = open
+                .iter()
+                .min_by_key(|(_, s)| s.opened)
+                .map(|(k, _)| k.clone())
+        {
+            open.remove(&oldest);
+        }
+        open.insert(key, Arc::clone(&s));
+        (token, s)
+    }
+
+    /// The live session of a cookie's token, its last use set to `now`.
+    pub(crate) fn get(&self, token: &str, now: u64) -> Option<Arc<Session>> {
+        let key = hex_sha256(token.as_bytes());
+        let mut open = self.lock();
+        let s = open.get(&key)?;
+        if !alive(s, now) {
+            open.remove(&key);
+            return None;
+        }
+        *s.last_used.lock().unwrap_or_else(|e| e.into_inner()) = now;
+        Some(Arc::clone(s))
+    }
+
+    /// Ends the session of a cookie's token.
+    pub(crate) fn close(&self, token: &str) {
+        self.lock().remove(&hex_sha256(token.as_bytes()));
+    }
+}
+
+fn alive(s: &Session, now: u64) -> bool {
+    let last = *s.last_used.lock().unwrap_or_else(|e| e.into_inner());
+    now.saturating_sub(last) < IDLE && now.saturating_sub(s.opened) < LIFETIME
+}
+
+/// The session token in a request's cookies.
+pub(crate) fn cookie(h: &HeaderMap) -> Option<&str> {
+    h.get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|kv| kv.trim().split_once('='))
+        .find(|(k, _)| *k == COOKIE)
+        .map(|(_, v)| v)
+}
+
+/// The `Set-Cookie` value of a new session.
+pub(crate) fn set_cookie(token: &str, secure: bool) -> String {
+    format!(
+        "{COOKIE}={token}; Path=/; HttpOnly; SameSite=Strict{}",
+        if secure { "; Secure" } else { "" }
+    )
+}
+
+fn clear_cookie(secure: bool) -> String {
+    format!(
+        "{COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0{}",
+        if secure { "; Secure" } else { "" }
+    )
+}
+
+/// Where to go after logging in: a local path only.
+fn local_next(next: Option<&str>) -> String {
+    match next {
+        Some(n) if n.starts_with('/') && !n.starts_with("//") && !n.contains('\\') => n.to_string(),
+        _ => "/".to_string(),
+    }
+}
+
+/// `GET /login`.
+pub(crate) async fn login_page(
+    State(c): State<Shared>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
+    login_form(&c, q.get("next").map(String::as_str), None, StatusCode::OK)
+}
+
+fn login_form(c: &Shared, next: Option<&str>, error: Option<&str>, status: StatusCode) -> Response {
+    let next = local_next(next);
+    let body = html! {
+        h1 { "Log in" }
+        @if !c.auth.is_enabled() {
+            p { "Authentication is off on this server: no login is needed. "
+                a href="/" { "Open the console." } }
+        }
+        @if let Some(e) = error {
+            p #flash .flash.error { (e) }
+        }
+        form #login method="post" action="/login" {
+            input type="hidden" name="next" value=(next);
+            fieldset {
+                legend { "With a token" }
+                label { "Token " input type="password" name="token" autocomplete="off"; }
+            }
+            fieldset {
+                legend { "Or with a client id and secret" }
+                label { "Client id " input type="text" name="client_id" autocomplete="username"; }
+                label { "Secret " input type="password" name="secret" autocomplete="current-password"; }
+            }
+            button #login-submit type="submit" { "Log in" }
+        }
+    };
+    (status, layout::bare("Log in", body)).into_response()
+}
+
+/// `POST /login`: the form needs no CSRF token (there is no session yet);
+/// the same-origin rule of the guard applies.
+pub(crate) async fn login(State(c): State<Shared>, req: axum::extract::Request) -> Response {
+    let peer = req
+        .extensions()
+        .get::<axum::extract::ConnectInfo<crate::server::conns::Peer>>()
+        .map(|p| p.0.0);
+    let body = match axum::body::to_bytes(req.into_body(), 64 << 10).await {
+        Ok(b) => b,
+        Err(e) => {
+            return Failure::new(StatusCode::BAD_REQUEST, format!("reading the form: {e}"))
+                .into_response();
+        }
+    };
+    let form: HashMap<String, String> = form_urlencoded::parse(&body).into_owned().collect();
+    let field = |k: &str| form.get(k).map_or("", |v| v.trim()).to_string();
+    let (token, id, secret, next) = (
+        field("token"),
+        field("client_id"),
+        form.get("secret").cloned().unwrap_or_default(),
+        field("next"),
+    );
+    let presented = if token.is_empty() {
+        id.clone()
+    } else {
+        "(token)".into()
+    };
+    let auth = std::sync::Arc::clone(&c.auth);
+    // argon2 takes tens of milliseconds: off the async workers.
+    let checked = tokio::task::spawn_blocking(move || {
+        let creds = if !token.is_empty() {
+            Credentials::Bearer(&token)
+        } else if !id.is_empty() {
+            Credentials::ClientSecret {
+                id: &id,
+                secret: &secret,
+            }
+        } else {
+            Credentials::None
+        };
+        auth.authenticate(creds, None)
+    })
+    .await;
+    let principal = match checked {
+        Ok(Ok(p)) => p,
+        Ok(Err(e)) => {
+            audit::refused(
+                audit::Who {
+                    principal: &presented,
+                    peer,
+                },
+                "console.login",
+                "",
+                &e.to_string(),
+            );
+            return login_form(
+                &c,
+                Some(&next),
+                Some(&e.to_string()),
+                StatusCode::UNAUTHORIZED,
+            );
+        }
+        Err(e) => {
+            return Failure::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response();
+        }
+    };
+    let (token, s) = c.sessions.open(principal, peer, true, c.now());
+    audit::done(s.who(), "console.login", "", "session opened");
+    let mut r = (
+        StatusCode::SEE_OTHER,
+        [(header::LOCATION, local_next(Some(&next)))],
+    )
+        .into_response();
+    if let Ok(v) = HeaderValue::from_str(&set_cookie(&token, c.opts.tls)) {
+        r.headers_mut().append(header::SET_COOKIE, v);
+    }
+    r
+}
+
+/// `POST /logout`.
+pub(crate) async fn logout(State(c): State<Shared>, headers: HeaderMap, _: Posted) -> Response {
+    if let Some(t) = cookie(&headers) {
+        c.sessions.close(t);
+    }
+    let to = if c.auth.is_enabled() { "/login" } else { "/" };
+    let mut r = (StatusCode::SEE_OTHER, [(header::LOCATION, to)]).into_response();
+    if let Ok(v) = HeaderValue::from_str(&clear_cookie(c.opts.tls)) {
+        r.headers_mut().append(header::SET_COOKIE, v);
+    }
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_session_lives_while_used_and_no_longer() {
+        let s = Sessions::new();
+        let (token, session) = s.open(Principal::anonymous(), None, false, 0);
+        assert!(s.get(&token, IDLE - 1).is_some());
+        assert!(s.get(&token, 2 * IDLE - 2).is_some(), "use extends it");
+        assert!(s.get(&token, 4 * IDLE).is_none(), "idle too long");
+        assert!(s.get("not-a-token", 1).is_none());
+        assert!(session.csrf_matches(session.csrf()));
+        assert!(!session.csrf_matches(""));
+        assert!(!session.csrf_matches("x"));
+    }
+
+    #[test]
+    fn only_local_paths_are_followed_after_login() {
+        assert_eq!(local_next(Some("/queues/a")), "/queues/a");
+        assert_eq!(local_next(Some("//evil.example/")), "/");
+        assert_eq!(local_next(Some("https://evil.example/")), "/");
+        assert_eq!(local_next(None), "/");
+    }
+
+    #[test]
+    fn the_cookie_is_read_among_others() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::COOKIE,
+            HeaderValue::from_static("a=1; letterbox_session=abc; b=2"),
+        );
+        assert_eq!(cookie(&h), Some("abc"));
+        assert!(set_cookie("t", true).contains("Secure"));
+        assert!(set_cookie("t", false).contains("HttpOnly; SameSite=Strict"));
+    }
+}
