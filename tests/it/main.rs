@@ -6,6 +6,7 @@ mod anypoint;
 mod cli;
 mod client;
 mod clock;
+mod console_http;
 mod definitions;
 mod disk_faults;
 mod docs;
