@@ -509,3 +509,52 @@ async fn with_principals_the_console_asks_for_credentials_and_applies_the_grants
     assert_eq!(ops.get("/").await.status, 303);
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_tls_the_console_serves_https_with_secure_cookies() {
+    let pki = crate::security::pki();
+    let (cert, key) = (pki.server_cert.clone(), pki.server_key.clone());
+    let server = InProc::start_with(move |c| {
+        c.console_listen = Some(ConsoleAt::Exactly("127.0.0.1:0".parse().expect("addr")));
+        c.tls = Some(letterbox::server::TlsConfig {
+            cert_pem: cert.into_bytes(),
+            key_pem: key.into_bytes(),
+            client_ca_pem: None,
+            require_client_cert: false,
+        });
+    })
+    .await;
+    let at = server.console.expect("console on");
+    let (head, body) = crate::ecosystem::https_exchange(
+        at,
+        &pki.ca_pem,
+        "GET / HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
+    )
+    .await
+    .expect("https");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let cookie = head
+        .lines()
+        .find(|l| l.to_ascii_lowercase().starts_with("set-cookie:"))
+        .unwrap_or_default();
+    assert!(
+        cookie.contains("; Secure") && cookie.contains("HttpOnly"),
+        "{cookie}"
+    );
+    assert!(body.contains("id=\"queues\""), "{body}");
+    // Plain HTTP gets no page.
+    let plain = Web::new(at);
+    let answered = tokio::time::timeout(Duration::from_secs(3), async {
+        let req = Request::builder()
+            .uri(format!("http://{at}/"))
+            .body(Full::new(Bytes::new()))
+            .expect("request");
+        plain.http.request(req).await
+    })
+    .await;
+    assert!(
+        !matches!(answered, Ok(Ok(ref r)) if r.status() == 200),
+        "no page over plain HTTP"
+    );
+    server.stop().await;
+}
