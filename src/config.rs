@@ -507,6 +507,52 @@ mod tests {
     }
 
     #[test]
+    fn the_console_is_on_beside_a_loopback_listener_unless_turned_off() {
+        use crate::server::ConsoleAt;
+        let c = parse(&["--data-dir", "/tmp/x"], "")
+            .unwrap()
+            .server_config()
+            .unwrap();
+        assert_eq!(
+            c.console_listen,
+            Some(ConsoleAt::Preferred("127.0.0.1:8025".parse().unwrap()))
+        );
+        let c = parse(&["--console-listen", "off"], "")
+            .unwrap()
+            .server_config()
+            .unwrap();
+        assert_eq!(c.console_listen, None);
+        let c = parse(&[], "console_listen = \"127.0.0.1:9000\"\n")
+            .unwrap()
+            .server_config()
+            .unwrap();
+        assert_eq!(
+            c.console_listen,
+            Some(ConsoleAt::Exactly("127.0.0.1:9000".parse().unwrap()))
+        );
+        let e = parse(&["--console-listen", "soon"], "").unwrap_err();
+        assert!(e.contains("\"soon\" is neither an address"), "{e}");
+        // On the network without principals: refused, like gRPC.
+        let e = parse(&["--console-listen", "0.0.0.0:8025"], "")
+            .unwrap()
+            .server_config()
+            .unwrap_err();
+        assert!(
+            e.contains("--console-listen") && e.contains("0.0.0.0:8025"),
+            "{e}"
+        );
+        // A gRPC listener on the network gets no console unless asked.
+        let c = parse(
+            &["--listen", "0.0.0.0:5672", "--allow-remote-without-auth"],
+            "",
+        )
+        .unwrap()
+        .server_config()
+        .unwrap();
+        assert_eq!(c.console_listen, None);
+    }
+
+    #[test]
     fn the_file_fills_what_flags_leave_unset() {
         let a = parse(
             &["--max-message-size", "2MiB"],

@@ -64,18 +64,7 @@ impl ApiError {
             }
             other => other.to_string(),
         };
-        let status = match e {
-            QueueError::InvalidArgument { .. } | QueueError::FailedPrecondition(_) => {
-                StatusCode::BAD_REQUEST
-            }
-            QueueError::NotFound { .. } => StatusCode::NOT_FOUND,
-            QueueError::AlreadyExists { .. } => StatusCode::CONFLICT,
-            QueueError::ResourceExhausted(_) => StatusCode::TOO_MANY_REQUESTS,
-            QueueError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
-            QueueError::DataLoss(_) => StatusCode::INTERNAL_SERVER_ERROR,
-            QueueError::Storage(s) => storage_status(&s),
-        };
-        ApiError::new(status, message)
+        ApiError::new(http_status(&e), message)
     }
 
     /// An authentication or authorization failure.
@@ -85,6 +74,22 @@ impl ApiError {
             AuthError::PermissionDenied { .. } => StatusCode::FORBIDDEN,
         };
         ApiError::new(status, e.to_string())
+    }
+}
+
+/// The HTTP status of an engine error, for every HTTP door (this facade,
+/// the console).
+pub(crate) fn http_status(e: &QueueError) -> StatusCode {
+    match e {
+        QueueError::InvalidArgument { .. } | QueueError::FailedPrecondition(_) => {
+            StatusCode::BAD_REQUEST
+        }
+        QueueError::NotFound { .. } => StatusCode::NOT_FOUND,
+        QueueError::AlreadyExists { .. } => StatusCode::CONFLICT,
+        QueueError::ResourceExhausted(_) => StatusCode::TOO_MANY_REQUESTS,
+        QueueError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+        QueueError::DataLoss(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        QueueError::Storage(s) => storage_status(s),
     }
 }
 

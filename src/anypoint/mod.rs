@@ -128,6 +128,7 @@ fn audit_who<R>(presented: &str, f: impl FnOnce(audit::Who<'_>) -> R) -> R {
     })
 }
 use error::ApiError;
+pub(crate) use error::http_status;
 
 /// The organization id `authorize` answers in `simple_client` (every id
 /// is served alike).

@@ -130,16 +130,7 @@ impl Failure {
 
 impl From<crate::queue::QueueError> for Failure {
     fn from(e: crate::queue::QueueError) -> Failure {
-        let text = e.to_string();
-        let status = match crate::server::status::to_status(e).code() {
-            tonic::Code::NotFound => StatusCode::NOT_FOUND,
-            tonic::Code::InvalidArgument | tonic::Code::OutOfRange => StatusCode::BAD_REQUEST,
-            tonic::Code::FailedPrecondition | tonic::Code::AlreadyExists => StatusCode::CONFLICT,
-            tonic::Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
-            tonic::Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
-            _ => StatusCode::INTERNAL_SERVER_ERROR,
-        };
-        Failure::new(status, text)
+        Failure::new(crate::anypoint::http_status(&e), e.to_string())
     }
 }
 

@@ -581,6 +581,17 @@ async fn https_request(
     ca_pem: &str,
     request: &str,
 ) -> std::io::Result<(String, String)> {
+    let (head, body) = https_exchange(at, ca_pem, request).await?;
+    Ok((head.lines().next().unwrap_or_default().to_string(), body))
+}
+
+/// An HTTPS request with the test CA; the answer's head (status line and
+/// headers) and body.
+pub(crate) async fn https_exchange(
+    at: std::net::SocketAddr,
+    ca_pem: &str,
+    request: &str,
+) -> std::io::Result<(String, String)> {
     use rustls_pki_types::CertificateDer;
     use rustls_pki_types::pem::PemObject;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -607,10 +618,7 @@ async fn https_request(
     let _ = s.read_to_end(&mut raw).await;
     let raw = String::from_utf8_lossy(&raw).to_string();
     let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
-    Ok((
-        head.lines().next().unwrap_or_default().to_string(),
-        body.to_string(),
-    ))
+    Ok((head.to_string(), body.to_string()))
 }
 
 fn get_metrics(token: Option<&str>) -> String {

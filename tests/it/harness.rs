@@ -205,6 +205,8 @@ pub struct InProc {
     pub addr: SocketAddr,
     /// The Anypoint MQ REST address, when the configuration turned it on.
     pub anypoint: Option<SocketAddr>,
+    /// The web console's address, when the configuration turned it on.
+    pub console: Option<SocketAddr>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<()>>,
     _dir: tempfile::TempDir,
@@ -232,6 +234,7 @@ impl InProc {
         let server = Server::start(config, clock.clone()).await.expect("start");
         let addr = server.local_addr();
         let anypoint = server.anypoint_addr();
+        let console = server.console_addr();
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(async move {
             server
@@ -245,6 +248,7 @@ impl InProc {
             clock,
             addr,
             anypoint,
+            console,
             stop: Some(tx),
             task: Some(task),
             _dir: dir,

@@ -7,6 +7,7 @@ mod cli;
 mod client;
 mod clock;
 mod console;
+mod console_http;
 mod definitions;
 mod disk_faults;
 mod docs;
