@@ -322,8 +322,15 @@ def wait_for(driver, what, cond, timeout=WAIT_S):
             ignored_exceptions=(NoSuchElementException, StaleElementReferenceException),
         ).until(cond)
     except TimeoutException:
+        try:
+            body = driver.find_elements(By.TAG_NAME, "main") or driver.find_elements(
+                By.TAG_NAME, "body")
+            says = " ".join(body[0].text.split())[:300] if body else ""
+        except WebDriverException:
+            says = ""
         raise CheckFailed(
-            f"timed out after {timeout}s waiting for {what} (page {driver.current_url})"
+            f"timed out after {timeout}s waiting for {what} (page {driver.current_url}, "
+            f"which says: {says!r})"
         ) from None
 
 
