@@ -193,6 +193,10 @@ pub struct ServeArgs {
     /// (port 8025, or a free port if that one is taken), off otherwise.
     #[arg(long, env = "LETTERBOX_CONSOLE_LISTEN")]
     pub console_listen: Option<ConsoleListen>,
+    /// Time between two samples of the console's plots (each sample is
+    /// one pass over every queue's figures).
+    #[arg(long, env = "LETTERBOX_CONSOLE_SAMPLE_INTERVAL", default_value = "5s")]
+    pub console_sample_interval: Millis,
     /// Principals, from the configuration file only.
     #[arg(skip)]
     pub principals: Vec<PrincipalConfig>,
@@ -348,6 +352,10 @@ impl ServeArgs {
             )),
             None => None,
         };
+        if self.console_sample_interval.0 < Duration::from_millis(100) {
+            return Err("--console-sample-interval: must be at least 100ms".into());
+        }
+        c.console_sample_every = self.console_sample_interval.0;
         c.anypoint_listen = self.anypoint_listen;
         c.anypoint.lock_ttl_unit = self.anypoint_lock_ttl_unit;
         c.anypoint.max_body_bytes = 10 * max_msg + (4 << 20);

@@ -406,14 +406,26 @@ impl RedriveSink for Quiet {
     }
 }
 
-/// Where the selected messages would go: the target, or each message's
-/// source (read from the DLQ, the first [`SELECT_SCAN`] messages).
-async fn destinations(c: &Shared, spec: &RedriveSpec) -> Result<String, Failure> {
-    if let Some(t) = &spec.target {
-        return Ok(t.clone());
-    }
+/// Rows of the preview's sample of the selection.
+const SAMPLE: usize = 20;
+
+/// A selected message, as the preview lists it.
+struct Picked {
+    id: String,
+    position: u64,
+    source: String,
+    reason: &'static str,
+    deliveries: u32,
+    last_error: String,
+}
+
+/// Where the selected messages would go (the target, or each message's
+/// source, counted), and the first [`SAMPLE`] of them, read from the
+/// DLQ's first [`SELECT_SCAN`] messages.
+async fn destinations(c: &Shared, spec: &RedriveSpec) -> Result<(String, Vec<Picked>), Failure> {
     let (b, name, s) = (Arc::clone(&c.broker), spec.dlq.clone(), spec.clone());
-    let counts = tokio::task::spawn_blocking(move || {
+    let (counts, sample) = tokio::task::spawn_blocking(move || {
+        let mut sample: Vec<Picked> = Vec::new();
         let mut counts: BTreeMap<String, u64> = BTreeMap::new();
         let mut token = String::new();
         let mut read = 0;
@@ -431,24 +443,36 @@ async fn destinations(c: &Shared, spec: &RedriveSpec) -> Result<String, Failure>
                     && (s.until == 0 || d.at < s.until);
                 if picked {
                     *counts.entry(d.source_queue.clone()).or_default() += 1;
+                    if sample.len() < SAMPLE {
+                        sample.push(Picked {
+                            id: m.message_id.clone(),
+                            position: m.position,
+                            source: d.source_queue.clone(),
+                            reason: d.reason.name(),
+                            deliveries: d.delivery_count,
+                            last_error: last_error(m).to_string(),
+                        });
+                    }
                 }
             }
             match page.next {
                 Some(n) if read < SELECT_SCAN => token = n,
-                _ => return Ok::<_, crate::queue::QueueError>(counts),
+                _ => return Ok::<_, crate::queue::QueueError>((counts, sample)),
             }
         }
     })
     .await
     .map_err(|e| Failure::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))??;
-    if counts.is_empty() {
-        return Ok("their source queues".into());
-    }
-    Ok(counts
-        .iter()
-        .map(|(q, n)| format!("{q} ({n})"))
-        .collect::<Vec<_>>()
-        .join(", "))
+    let to = match &spec.target {
+        Some(t) => t.clone(),
+        None if counts.is_empty() => "their source queues".into(),
+        None => counts
+            .iter()
+            .map(|(q, n)| format!("{q} ({n})"))
+            .collect::<Vec<_>>()
+            .join(", "),
+    };
+    Ok((to, sample))
 }
 
 /// `POST /queues/{name}/redrive`: `mode=preview` answers the dry run's
@@ -490,7 +514,7 @@ async fn redrive_inner(
             }
         }
     }
-    let to = destinations(c, &sel.spec).await?;
+    let (to, sample) = destinations(c, &sel.spec).await?;
     if form.text("mode") == "run" {
         let end = c.broker.start_redrive(&sel.spec)?;
         s.audit_done(
@@ -548,6 +572,20 @@ async fn redrive_inner(
                     (total.skipped_other_kind) " whose queue is of the other kind." }
             }
             @if sel.rate > 0 { p { "At most " (sel.rate) " messages a second." } }
+        }
+        @if !sample.is_empty() {
+            h2 { "The selection" @if movable > sample.len() as u64 { " (the first " (sample.len()) ")" } }
+            table #redrive-sample {
+                thead { tr { th { "message id" } th { "source" } th { "reason" } th.num { "deliveries" } th { "last error" } } }
+                tbody {
+                    @for p in &sample {
+                        tr data-message-id=(p.id) {
+                            td { a href=(format!("/queues/{name}/messages/{}", p.position)) { (p.id) } }
+                            td { (p.source) } td { (p.reason) } td.num { (p.deliveries) } td { (p.last_error) }
+                        }
+                    }
+                }
+            }
         }
         form #redrive-run method="post" action=(format!("/queues/{name}/redrive")) {
             (csrf(s))

@@ -354,11 +354,18 @@ async fn guard(
 }
 
 /// True unless the request names an origin other than the host it was
-/// sent to (browsers send `Origin` with every cross-site POST).
+/// sent to (browsers send `Origin` with every cross-site POST). An opaque
+/// `Origin: null` passes only when the browser says the request is
+/// same-origin (`Sec-Fetch-Site`).
 fn same_origin(h: &HeaderMap) -> bool {
     let Some(origin) = h.get(header::ORIGIN).and_then(|v| v.to_str().ok()) else {
         return true;
     };
+    if origin == "null" {
+        return h
+            .get("sec-fetch-site")
+            .is_some_and(|v| v.as_bytes() == b"same-origin");
+    }
     let Some(host) = h.get(header::HOST).and_then(|v| v.to_str().ok()) else {
         return false;
     };

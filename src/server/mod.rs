@@ -72,6 +72,8 @@ pub struct ServerConfig {
     pub anypoint_listen: Option<SocketAddr>,
     /// Address of the web console, if it is on.
     pub console_listen: Option<ConsoleAt>,
+    /// Time between two samples of the console's plots.
+    pub console_sample_every: Duration,
     /// Settings of the Anypoint MQ REST facade.
     pub anypoint: AnypointOptions,
 }
@@ -161,6 +163,7 @@ impl ServerConfig {
             metrics_token: None,
             anypoint_listen: None,
             console_listen: None,
+            console_sample_every: Duration::from_secs(5),
             anypoint: AnypointOptions {
                 max_body_bytes: 10 * broker.max_message_size + (4 << 20),
                 ..AnypointOptions::default()
@@ -518,7 +521,7 @@ impl Server {
                 let l = http_listener(l);
                 let opts = crate::console::ConsoleOptions {
                     tls: config.tls.is_some(),
-                    ..crate::console::ConsoleOptions::default()
+                    sample_every: config.console_sample_every,
                 };
                 let (broker, auth) = (Arc::clone(&broker), Arc::clone(&config.auth));
                 tokio::spawn(async move {

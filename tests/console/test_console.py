@@ -157,6 +157,9 @@ class Server:
                 "--data-dir", data_dir,
                 "--listen", "127.0.0.1:0",
                 "--console-listen", "127.0.0.1:0",
+                # Samples every half second, so that the plots have a
+                # shape within the test's few seconds of traffic.
+                "--console-sample-interval", "500ms",
                 *extra_args,
             ],
             stdin=subprocess.DEVNULL,
@@ -643,6 +646,15 @@ def scenario_e_plot(w):
     check_eq(len(published), 1, "messages with the form's body in orders (gRPC)")
     check_eq(dict(published[0].properties), {"source": "console", "trace": "e2e"},
              "the published message's properties")
+
+    step("e. a few seconds of traffic, for the plots: publish, receive, ack")
+    for i in range(8):
+        w.rpc.publish("orders", *[f'{{"tick": {i}, "n": {k}}}' for k in range(3 + i % 3)])
+        got = w.rpc.receive("orders", 2)
+        w.rpc.ack([x.ack_token for x in got])
+        # Pacing the workload over several samples, not waiting for a
+        # condition.
+        time.sleep(0.4)
 
     step("e. the depth plot draws (#plot-depth canvas with pixels)")
     page(d, w.url, "/queues/orders", "#plot-depth")

@@ -43,7 +43,10 @@
             SERIES[kind].map((s) => ({ label: s[1], stroke: s[2], width: 2 }))
           ),
           axes: [{}, { size: 60 }],
-          scales: { y: { range: (u, min, max) => [0, Math.max(1, max)] } },
+          scales: {
+            x: { time: true, range: (u, min, max) => (min === max ? [min - 60, max] : [min, max]) },
+            y: { range: (u, min, max) => [0, Math.max(1, max)] },
+          },
         },
         data,
         el
