@@ -593,3 +593,140 @@ async fn under_tls_the_console_serves_https_with_secure_cookies() {
     );
     server.stop().await;
 }
+
+#[tokio::test]
+async fn groups_exchanges_and_definitions_are_handled_from_the_console() {
+    use letterbox::pb;
+    let server = start(Vec::new()).await;
+    let mut c = server.clients().await;
+    let fifo = pb::QueueConfig {
+        kind: pb::QueueKind::Fifo as i32,
+        ..config()
+    };
+    c.create("jobs-dlq", fifo).await;
+    c.create(
+        "jobs",
+        pb::QueueConfig {
+            kind: pb::QueueKind::Fifo as i32,
+            on_poison: pb::PoisonPolicy::ParkGroup as i32,
+            ..with_dlq("jobs-dlq", 1)
+        },
+    )
+    .await;
+    c.msg
+        .publish(pb::PublishRequest {
+            queue: "jobs".into(),
+            messages: ["first", "second"]
+                .iter()
+                .map(|b| pb::PublishMessage {
+                    group_id: "tenant-7".into(),
+                    ..msg(b)
+                })
+                .collect(),
+            ..Default::default()
+        })
+        .await
+        .expect("publish");
+    let d = c.receive("jobs", 1).await;
+    assert!(ok(&c.nack(&d[0].ack_token, "bad input").await));
+    let mut web = Web::new(server.console.expect("console on"));
+    let groups = web.get("/queues/jobs/groups?state=parked").await;
+    assert_eq!(groups.status, 200, "{}", groups.body);
+    groups.has("data-group=\"tenant-7\"").has("<td>parked</td>");
+    let csrf = groups.csrf();
+    let released = web
+        .post(
+            "/queues/jobs/groups/release",
+            &[("csrf", &csrf), ("group", "tenant-7")],
+        )
+        .await;
+    assert_eq!(released.status, 200, "{}", released.body);
+    released.has("class=\"flash ok\"");
+    assert_eq!(
+        c.receive("jobs", 1).await[0].message_id,
+        d[0].message_id,
+        "the head again"
+    );
+
+    // Exchanges: create, bind with a filter, see it, unbind.
+    c.create("eu-orders", config()).await;
+    let made = web
+        .post("/exchanges", &[("csrf", &csrf), ("name", "orders-x")])
+        .await;
+    assert_eq!(made.status, 200, "{}", made.body);
+    let bound = web
+        .post(
+            "/exchanges/orders-x/bind",
+            &[
+                ("csrf", &csrf),
+                ("queue", "eu-orders"),
+                ("filter", "region=eu"),
+            ],
+        )
+        .await;
+    assert_eq!(bound.status, 200, "{}", bound.body);
+    bound
+        .has("data-binding=\"eu-orders\"")
+        .has("<code>region=eu</code>");
+    let bad = web
+        .post(
+            "/exchanges/orders-x/bind",
+            &[
+                ("csrf", &csrf),
+                ("queue", "eu-orders"),
+                ("filter", "region"),
+            ],
+        )
+        .await;
+    assert_eq!(bad.status, 400);
+    bad.has("\"region\" is not key=value");
+    let x = c
+        .admin
+        .get_exchange(pb::GetExchangeRequest {
+            name: "orders-x".into(),
+        })
+        .await
+        .expect("exchange")
+        .into_inner();
+    assert_eq!(format!("{x:?}").matches("eu-orders").count(), 1, "{x:?}");
+
+    // Definitions: the export is a download; a bad import changes nothing
+    // and says why; a good one creates.
+    let export = web.get("/definitions/export").await;
+    assert_eq!(export.status, 200);
+    assert!(
+        export
+            .headers
+            .get("content-disposition")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.contains("attachment")),
+        "{:?}",
+        export.headers
+    );
+    let json: serde_json::Value = serde_json::from_str(&export.body).expect("json");
+    assert!(export.body.contains("orders-x"), "{json}");
+    let bad = web
+        .post(
+            "/definitions/import",
+            &[
+                ("csrf", &csrf),
+                ("json", r#"{"queues":[{"name":"bad name"}]}"#),
+            ],
+        )
+        .await;
+    assert_eq!(bad.status, 400, "{}", bad.body);
+    bad.has("class=\"flash error\"").has("bad name");
+    let good = web
+        .post(
+            "/definitions/import",
+            &[
+                ("csrf", &csrf),
+                ("json", r#"{"queues":[{"name":"imported"}]}"#),
+            ],
+        )
+        .await;
+    assert_eq!(good.status, 200, "{}", good.body);
+    good.has("1 queues created");
+    assert_eq!(c.stats("imported").await.total, 0, "exists");
+    server.stop().await;
+}
