@@ -297,6 +297,18 @@ async fn guard(
 ) -> Response {
     let path = req.uri().path().to_string();
     let public = path == "/login" || path.starts_with("/assets/");
+    if !c.auth.is_enabled() && !loopback_host(req.headers()) {
+        // Without principals the console serves loopback only; a page of
+        // another site whose name was made to resolve to this machine (DNS
+        // rebinding) names its own host, and gets nothing.
+        let mut r = Failure::new(
+            StatusCode::FORBIDDEN,
+            "without principals the console answers only to a loopback host name (localhost, 127.0.0.1, [::1])",
+        )
+        .into_response();
+        secure_headers(r.headers_mut());
+        return r;
+    }
     if req.method() == Method::POST && !same_origin(req.headers()) {
         let mut r = Failure::new(
             StatusCode::FORBIDDEN,
@@ -374,6 +386,22 @@ fn same_origin(h: &HeaderMap) -> bool {
         .is_some_and(|(_, rest)| rest.trim_end_matches('/') == host)
 }
 
+/// True when the request's `Host` is a loopback name or address (with
+/// any port).
+fn loopback_host(h: &HeaderMap) -> bool {
+    let Some(host) = h.get(header::HOST).and_then(|v| v.to_str().ok()) else {
+        return false;
+    };
+    let name = match host.strip_prefix('[') {
+        Some(rest) => rest.split(']').next().unwrap_or(""),
+        None => host.rsplit_once(':').map_or(host, |(n, _)| n),
+    };
+    name.eq_ignore_ascii_case("localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
 /// Serves the console on `listener` until `shutdown` resolves; the
 /// sampler of the plots' history runs meanwhile.
 pub(crate) async fn serve(
@@ -409,4 +437,59 @@ pub(crate) async fn serve(
 pub fn url(addr: SocketAddr, tls: bool) -> String {
     let scheme = if tls { "https" } else { "http" };
     format!("{scheme}://{addr}/")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn host(h: &str) -> HeaderMap {
+        let mut m = HeaderMap::new();
+        m.insert(header::HOST, HeaderValue::from_str(h).expect("header"));
+        m
+    }
+
+    #[test]
+    fn only_loopback_host_names_pass_without_principals() {
+        for ok in [
+            "localhost",
+            "localhost:8025",
+            "127.0.0.1:8025",
+            "127.0.0.2",
+            "[::1]:8025",
+            "LOCALHOST",
+        ] {
+            assert!(loopback_host(&host(ok)), "{ok}");
+        }
+        for bad in [
+            "evil.example",
+            "evil.example:8025",
+            "10.0.0.1:8025",
+            "localhost.evil.example",
+            "[::2]:1",
+        ] {
+            assert!(!loopback_host(&host(bad)), "{bad}");
+        }
+        assert!(!loopback_host(&HeaderMap::new()));
+    }
+
+    #[test]
+    fn an_opaque_origin_passes_only_from_the_same_origin() {
+        let mut h = host("127.0.0.1:8025");
+        assert!(same_origin(&h), "no Origin: not a cross-site browser POST");
+        h.insert(
+            header::ORIGIN,
+            HeaderValue::from_static("http://127.0.0.1:8025"),
+        );
+        assert!(same_origin(&h));
+        h.insert(
+            header::ORIGIN,
+            HeaderValue::from_static("http://evil.example"),
+        );
+        assert!(!same_origin(&h));
+        h.insert(header::ORIGIN, HeaderValue::from_static("null"));
+        assert!(!same_origin(&h));
+        h.insert("sec-fetch-site", HeaderValue::from_static("same-origin"));
+        assert!(same_origin(&h));
+    }
 }

@@ -275,6 +275,20 @@ async fn every_change_needs_the_sessions_csrf_token_the_same_origin_and_a_typed_
         "{cookie}"
     );
     let csrf = page.csrf();
+    // A page of another site whose name resolves here (DNS rebinding)
+    // names its own host: nothing for it without principals.
+    let rebound = web
+        .http
+        .request(
+            Request::builder()
+                .uri(format!("http://{}/", web.addr))
+                .header("host", "evil.example:8025")
+                .body(Full::new(Bytes::new()))
+                .expect("request"),
+        )
+        .await
+        .expect("answer");
+    assert_eq!(rebound.status(), 403);
     // No token, a wrong one, another site: refused, nothing purged.
     let none = web
         .post("/queues/orders/purge", &[("confirm", "orders")])
