@@ -194,7 +194,7 @@ impl Txn {
     /// Negative control ([`Fault::NoDeliveryCount`]): a message's state
     /// kept in memory only (never logged), until a later transaction
     /// writes or deletes the key. Called only under that fault.
-    pub fn put_meta_unlogged(&mut self, qid: u32, pos: u64, rec: &MetaRecord) {
+    pub(crate) fn put_meta_unlogged(&mut self, qid: u32, pos: u64, rec: &MetaRecord) {
         self.volatile
             .push((Key::Meta(qid, pos).encode(), records::encode(rec)));
     }
@@ -967,7 +967,7 @@ impl Store {
     /// Negative controls ([`Fault::DlqTwoSteps`],
     /// [`Fault::ExchangeTwoSteps`]): blocks until `lsn` is durable. Called
     /// only under those faults.
-    pub fn wait_durable_blocking(&self, lsn: u64) -> bool {
+    pub(crate) fn wait_durable_blocking(&self, lsn: u64) -> bool {
         self.inner.wait_durable(lsn)
     }
 
