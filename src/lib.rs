@@ -15,6 +15,8 @@
 //!   API, an Admin and Stats subset) over the same engine.
 //! - [`auth`]: principals, credentials and grants (who may do what).
 //! - [`clock`]: wall-clock time, injectable for tests.
+//! - [`faults`]: the crash tests' negative controls, compiled out unless
+//!   the `fault-injection` feature is on.
 //! - [`client`]: the Rust client library (over [`pb`] only): calls,
 //!   batching publisher, subscriptions, the subscriber with its strategies,
 //!   ack modes and circuit breaker.
@@ -25,6 +27,7 @@ pub mod client;
 pub mod clock;
 pub mod config;
 pub mod console;
+pub mod faults;
 pub mod pb;
 pub mod queue;
 pub mod server;

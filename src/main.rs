@@ -7,7 +7,9 @@
 //! running (fail-stop: restart to recover from disk). `verify`: 0 sound,
 //! 1 damage found, 2 cannot check (not a data directory, unknown format,
 //! in use by a server). Client commands: 0 success, 1 refused by the
-//! server, 2 bad usage, 3 server unreachable.
+//! server, 2 bad usage, 3 server unreachable. A build with the
+//! `fault-injection` feature exits 2 at once when `LETTERBOX_FAULT` names
+//! no fault (src/faults.rs).
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -383,12 +385,28 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(e) => e.exit(),
     };
+    // Builds with the `fault-injection` feature only: the negative control
+    // named by LETTERBOX_FAULT, if any (src/faults.rs). Other builds read
+    // nothing.
+    let fault = match letterbox::faults::init() {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("letterbox: {e}");
+            return ExitCode::from(2);
+        }
+    };
     match cli.command {
         Command::Auth(cmd) => auth_command(&cmd),
         Command::Serve(args) => {
             if let Err(e) = init_logs(&args.log, args.log_format) {
                 eprintln!("letterbox: {e}");
                 return ExitCode::from(2);
+            }
+            if let Some(f) = fault {
+                tracing::warn!(
+                    fault = f.name(),
+                    "fault injection: this server breaks a durability rule on purpose"
+                );
             }
             no_transparent_huge_pages();
             let runtime = match tokio::runtime::Builder::new_multi_thread()

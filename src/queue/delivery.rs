@@ -7,6 +7,7 @@
 
 use std::time::{Duration, Instant};
 
+use crate::faults::{self, Fault};
 use crate::storage::Key;
 use crate::storage::records::LeaseRecord;
 
@@ -249,10 +250,11 @@ impl Broker {
             deadline,
             started: now,
         });
-        #[cfg(feature = "fault-no-delivery-count")]
-        change.txn.put_meta_unlogged(qid, pos, &meta);
-        #[cfg(not(feature = "fault-no-delivery-count"))]
-        change.txn.put_meta(qid, pos, &meta);
+        if faults::on(Fault::NoDeliveryCount) {
+            change.txn.put_meta_unlogged(qid, pos, &meta);
+        } else {
+            change.txn.put_meta(qid, pos, &meta);
+        }
         q.lease(pos, deadline, epoch, timers);
         Ok(Some(Picked {
             qid,

@@ -5,6 +5,7 @@
 //! history appended) enters the DLQ, sharing the same payload. At every
 //! instant the message is in exactly one queue, before and after a crash.
 
+use crate::faults::{self, Fault};
 use crate::storage::Key;
 use crate::storage::records::{DeadLetterRec, GroupRecord, MetaRecord};
 
@@ -32,8 +33,10 @@ impl Broker {
         change: &mut Change,
     ) -> Result<LeaseEnd> {
         let mut meta = self.meta(qid, pos)?;
-        #[cfg(not(feature = "fault-no-fifo-release"))]
-        self.release_followers(st, qid, pos, &meta, now, change)?;
+        // Negative control: the followers left leased.
+        if !faults::on(Fault::NoFifoRelease) {
+            self.release_followers(st, qid, pos, &meta, now, change)?;
+        }
         meta.lease = None;
         persist::push_attempt(&mut meta, now, outcome, reason);
         let q = st.queue(qid)?;
@@ -115,7 +118,6 @@ impl Broker {
     /// restarts. Without this a consumer could ack a later message while
     /// the earlier one waits for its redelivery, and order within the
     /// group would be lost. Only the group's leased messages are visited.
-    #[cfg_attr(feature = "fault-no-fifo-release", allow(dead_code))]
     fn release_followers(
         &self,
         st: &mut State,
@@ -256,8 +258,7 @@ impl Broker {
             pid,
             timers,
         );
-        #[cfg(feature = "fault-dlq-two-steps")]
-        {
+        if faults::on(Fault::DlqTwoSteps) {
             // Negative control: the copy first, durable, then the removal
             // in a later transaction.
             let mut copy = crate::storage::Txn::new();
@@ -266,9 +267,7 @@ impl Broker {
             self.store.wait_durable_blocking(c.lsn());
             std::thread::sleep(std::time::Duration::from_millis(100));
             change.txn.delete(Key::Meta(qid, pos));
-        }
-        #[cfg(not(feature = "fault-dlq-two-steps"))]
-        {
+        } else {
             change.txn.delete(Key::Meta(qid, pos));
             change.txn.put_new_meta(dlq_qid, new_pos, &meta);
         }

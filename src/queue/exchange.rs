@@ -12,6 +12,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use crate::faults::{self, Fault};
 use crate::storage::Key;
 use crate::storage::records::ExchangeRecord;
 
@@ -279,11 +280,11 @@ impl Broker {
             // Negative control: the copies into the first queue routed to
             // go in a transaction of their own, made durable 100 ms before
             // the rest (the crash tests must catch the split).
-            #[cfg(feature = "fault-exchange-two-steps")]
-            let split = (per_queue.len() > 1)
-                .then(|| routes.iter().flatten().next().copied())
-                .flatten();
-            #[cfg(feature = "fault-exchange-two-steps")]
+            let split = if faults::on(Fault::ExchangeTwoSteps) && per_queue.len() > 1 {
+                routes.iter().flatten().next().copied()
+            } else {
+                None
+            };
             let mut first = Change::default();
             let mut results = Vec::with_capacity(msgs.len());
             for (i, (m, payload)) in msgs.iter().zip(payloads).enumerate() {
@@ -296,14 +297,11 @@ impl Broker {
                     if dups.get(&(qid, i)).copied().unwrap_or(false) {
                         continue;
                     }
-                    #[cfg(feature = "fault-exchange-two-steps")]
                     let target = if split == Some(qid) {
                         &mut first
                     } else {
                         &mut change
                     };
-                    #[cfg(not(feature = "fault-exchange-two-steps"))]
-                    let target = &mut change;
                     store_new(
                         &mut st,
                         qid,
@@ -326,8 +324,9 @@ impl Broker {
                     routed_to,
                 });
             }
-            #[cfg(feature = "fault-exchange-two-steps")]
-            if let Some(c) = self.submit(&st, first) {
+            if split.is_some()
+                && let Some(c) = self.submit(&st, first)
+            {
                 self.store.wait_durable_blocking(c.lsn());
                 std::thread::sleep(std::time::Duration::from_millis(100));
             }

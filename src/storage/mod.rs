@@ -71,6 +71,8 @@ use records::{
 };
 pub use wal::Mutation;
 
+use crate::faults::{self, Fault};
+
 /// Tunables of the store.
 #[derive(Debug, Clone)]
 pub struct StoreOptions {
@@ -170,8 +172,8 @@ pub struct StoreStats {
 #[derive(Debug, Default)]
 pub struct Txn {
     muts: Vec<Mutation>,
-    /// Negative control: puts kept in memory only.
-    #[cfg(feature = "fault-no-delivery-count")]
+    /// Negative control ([`Fault::NoDeliveryCount`]): puts kept in memory
+    /// only. Always empty without that fault.
     volatile: Vec<(Bytes, Bytes)>,
 }
 
@@ -183,17 +185,16 @@ impl Txn {
 
     /// True when nothing was added.
     pub fn is_empty(&self) -> bool {
-        #[cfg(feature = "fault-no-delivery-count")]
-        if !self.volatile.is_empty() {
+        if faults::on(Fault::NoDeliveryCount) && !self.volatile.is_empty() {
             return false;
         }
         self.muts.is_empty()
     }
 
-    /// Negative control: a message's state kept in memory only (never
-    /// logged), until a later transaction writes or deletes the key.
-    #[cfg(feature = "fault-no-delivery-count")]
-    pub fn put_meta_unlogged(&mut self, qid: u32, pos: u64, rec: &MetaRecord) {
+    /// Negative control ([`Fault::NoDeliveryCount`]): a message's state
+    /// kept in memory only (never logged), until a later transaction
+    /// writes or deletes the key. Called only under that fault.
+    pub(crate) fn put_meta_unlogged(&mut self, qid: u32, pos: u64, rec: &MetaRecord) {
         self.volatile
             .push((Key::Meta(qid, pos).encode(), records::encode(rec)));
     }
@@ -547,8 +548,8 @@ struct Inner {
     relocated: AtomicU64,
     overtaken: AtomicU64,
     metrics: StoreMetrics,
-    /// Negative control: values kept in memory only.
-    #[cfg(feature = "fault-no-delivery-count")]
+    /// Negative control ([`Fault::NoDeliveryCount`]): values kept in
+    /// memory only. Always empty without that fault.
     volatile: Mutex<HashMap<Bytes, Bytes>>,
     /// Tests: run by the applier once a frozen generation is durable,
     /// before it takes the payload places (see [`Store::hold_applier`]).
@@ -746,8 +747,10 @@ impl Store {
         check_db_format(&db, &db_dir, fresh)?;
         let applied = read_sys(&db, SysKey::AppliedLsn, &db_dir)?.unwrap_or(0);
         let checkpoint = fsutil::read_checkpoint(dir)?;
-        #[cfg(not(feature = "fault-no-log-continuity"))]
-        if let Some(log) = checkpoint.log {
+        // Negative control: the check skipped.
+        if !faults::on(Fault::NoLogContinuity)
+            && let Some(log) = checkpoint.log
+        {
             wal::check_continuity(&wal_dir, checkpoint.applied, log, &checkpoint.sizes)?;
         }
         let (end, batch) = replay_into(&db, &wal_dir, applied, &db_dir)?;
@@ -906,7 +909,6 @@ impl Store {
             relocated: AtomicU64::new(0),
             overtaken: AtomicU64::new(0),
             metrics: StoreMetrics::new(),
-            #[cfg(feature = "fault-no-delivery-count")]
             volatile: Mutex::default(),
             #[cfg(test)]
             after_freeze: Mutex::default(),
@@ -962,9 +964,10 @@ impl Store {
         }));
     }
 
-    /// Negative control: blocks until `lsn` is durable.
-    #[cfg(any(feature = "fault-dlq-two-steps", feature = "fault-exchange-two-steps"))]
-    pub fn wait_durable_blocking(&self, lsn: u64) -> bool {
+    /// Negative controls ([`Fault::DlqTwoSteps`],
+    /// [`Fault::ExchangeTwoSteps`]): blocks until `lsn` is durable. Called
+    /// only under those faults.
+    pub(crate) fn wait_durable_blocking(&self, lsn: u64) -> bool {
         self.inner.wait_durable(lsn)
     }
 
@@ -983,8 +986,9 @@ impl Store {
     /// Reads a key as of the latest submitted transaction.
     pub fn get(&self, key: &Key<'_>) -> Result<Option<Bytes>> {
         let k = key.encode();
-        #[cfg(feature = "fault-no-delivery-count")]
-        if let Some(v) = lock(&self.inner.volatile).get(&k) {
+        if faults::on(Fault::NoDeliveryCount)
+            && let Some(v) = lock(&self.inner.volatile).get(&k)
+        {
             return Ok(Some(v.clone()));
         }
         let slot = {
@@ -1429,8 +1433,7 @@ impl Inner {
                 }
             }
         }
-        #[cfg(feature = "fault-no-delivery-count")]
-        {
+        if faults::on(Fault::NoDeliveryCount) {
             let mut v = lock(&self.volatile);
             for m in &txn.muts {
                 v.remove(&m.key);

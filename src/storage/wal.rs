@@ -45,6 +45,7 @@ use bytes::{Buf, Bytes};
 
 use super::error::{Result, StorageError};
 use super::fsutil;
+use crate::faults::{self, Fault};
 
 /// Size of a frame header.
 pub const HEADER: usize = 24;
@@ -873,8 +874,8 @@ fn preallocate_loop(pool: &Pool, shared: &(Mutex<Spare>, Condvar)) {
 pub struct Writer {
     current: Segment,
     offset: u64,
-    /// Negative control: the last batch's fdatasync, left to the next one.
-    #[cfg(feature = "fault-ack-before-fsync")]
+    /// Negative control ([`Fault::AckBeforeFsync`]): the last batch's
+    /// fdatasync, left to the next one. Never set without that fault.
     unsynced: bool,
     prealloc: Preallocator,
     /// (segment number, lsn of its first record) of every segment written
@@ -890,7 +891,6 @@ impl Writer {
         Ok(Writer {
             current,
             offset: 0,
-            #[cfg(feature = "fault-ack-before-fsync")]
             unsynced: false,
             prealloc,
             written: Arc::new(Mutex::new(Vec::new())),
@@ -905,8 +905,7 @@ impl Writer {
     pub fn write(&mut self, frames: &[u8], bounds: &[(usize, u64)]) -> Result<Vec<(u64, u64)>> {
         // Negative control: the batch before, answered long since, is
         // synced only now.
-        #[cfg(feature = "fault-ack-before-fsync")]
-        if std::mem::take(&mut self.unsynced) {
+        if faults::on(Fault::AckBeforeFsync) && std::mem::take(&mut self.unsynced) {
             self.current
                 .file
                 .sync_data()
@@ -946,15 +945,8 @@ impl Writer {
                 .map_err(|e| StorageError::io("write", &self.current.path, e))?;
             // Negative control: the last fdatasync is left to the next
             // batch; this one is answered without it.
-            #[cfg(feature = "fault-ack-before-fsync")]
-            let defer = j == bounds.len();
-            #[cfg(not(feature = "fault-ack-before-fsync"))]
-            let defer = false;
-            if defer {
-                #[cfg(feature = "fault-ack-before-fsync")]
-                {
-                    self.unsynced = true;
-                }
+            if faults::on(Fault::AckBeforeFsync) && j == bounds.len() {
+                self.unsynced = true;
             } else {
                 self.current
                     .file

@@ -1,0 +1,185 @@
+//! Fault injection: the negative controls of the crash tests
+//! (RELIABILITY.md, "Negative controls"; `tools/chaos-controls.sh`).
+//!
+//! Each [`Fault`] breaks one durability or ordering rule on purpose, so
+//! that the chaos tool can show it catches the break. The engine asks
+//! [`on`] at each place a fault changes what it does:
+//!
+//! ```ignore
+//! if faults::on(Fault::DlqTwoSteps) {
+//!     // the broken way
+//! } else {
+//!     // the real way
+//! }
+//! ```
+//!
+//! Without the cargo feature `fault-injection` (every real build), [`on`]
+//! is a `const fn` that returns `false` and is always inlined, so each
+//! fault branch is dead code the compiler removes; nothing reads the
+//! environment. The fault branches are still type-checked in every build,
+//! so they cannot rot unseen.
+//!
+//! With the feature, one fault (or none) is chosen when the process
+//! starts, by [`init`], from the environment variable [`ENV`]:
+//! `LETTERBOX_FAULT=dlq-two-steps letterbox serve ...`. Unset or empty
+//! means no fault; a name that is not one of [`Fault::ALL`] is refused, and
+//! the binary exits before doing anything else. A process that never calls
+//! [`init`] (a test using the library) runs with no fault.
+
+/// The environment variable that names the fault (builds with the
+/// `fault-injection` feature only).
+pub const ENV: &str = "LETTERBOX_FAULT";
+
+/// A rule broken on purpose.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// `ack-before-fsync`: a group commit answers after its log write but
+    /// without its fdatasync, which is left to the next group commit
+    /// (`storage/wal.rs`).
+    AckBeforeFsync,
+    /// `no-delivery-count`: the delivery count raised by a lease (and the
+    /// lease) is kept in memory only, until something else writes the
+    /// message's record (`queue/delivery.rs`, `storage/mod.rs`).
+    NoDeliveryCount,
+    /// `dlq-two-steps`: a dead-letter move writes the DLQ copy, waits for
+    /// it to be durable, and removes the source 100 ms later in another
+    /// transaction (`queue/dlq.rs`).
+    DlqTwoSteps,
+    /// `exchange-two-steps`: a publish through an exchange whose messages
+    /// go to more than one queue writes the first queue's copies in a
+    /// transaction of its own, waits for it to be durable, and the rest
+    /// 100 ms later (`queue/exchange.rs`).
+    ExchangeTwoSteps,
+    /// `no-fifo-release`: a failed FIFO message does not release the later
+    /// messages of its group leased with it (SPEC §3), so they can be acked
+    /// ahead of its redelivery (`queue/dlq.rs`).
+    NoFifoRelease,
+    /// `no-log-continuity`: the start does not check that the log goes on
+    /// where the last checkpoint says (a missing, zeroed or truncated
+    /// segment is not refused; `storage/mod.rs`).
+    NoLogContinuity,
+}
+
+impl Fault {
+    /// Every fault.
+    pub const ALL: [Fault; 6] = [
+        Fault::AckBeforeFsync,
+        Fault::NoDeliveryCount,
+        Fault::DlqTwoSteps,
+        Fault::ExchangeTwoSteps,
+        Fault::NoFifoRelease,
+        Fault::NoLogContinuity,
+    ];
+
+    /// The name [`ENV`] takes.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Fault::AckBeforeFsync => "ack-before-fsync",
+            Fault::NoDeliveryCount => "no-delivery-count",
+            Fault::DlqTwoSteps => "dlq-two-steps",
+            Fault::ExchangeTwoSteps => "exchange-two-steps",
+            Fault::NoFifoRelease => "no-fifo-release",
+            Fault::NoLogContinuity => "no-log-continuity",
+        }
+    }
+
+    /// Reads a value of [`ENV`]: `Ok(None)` for empty (no fault), an
+    /// error naming the known faults for anything else that is not one.
+    pub fn parse(value: &str) -> Result<Option<Fault>, String> {
+        if value.is_empty() {
+            return Ok(None);
+        }
+        Fault::ALL
+            .into_iter()
+            .find(|f| f.name() == value)
+            .map(Some)
+            .ok_or_else(|| {
+                let known: Vec<&str> = Fault::ALL.iter().map(|f| f.name()).collect();
+                format!(
+                    "{ENV}={value:?} is not a fault (known: {}; unset or empty for none)",
+                    known.join(", ")
+                )
+            })
+    }
+}
+
+/// Whether `fault` is on. Without the `fault-injection` feature: never,
+/// decided at compile time.
+#[cfg(not(feature = "fault-injection"))]
+#[inline(always)]
+pub const fn on(fault: Fault) -> bool {
+    let _ = fault;
+    false
+}
+
+/// Chooses the fault from [`ENV`]. Without the `fault-injection` feature
+/// it does nothing and reads nothing.
+///
+/// # Errors
+///
+/// Never without the feature.
+#[cfg(not(feature = "fault-injection"))]
+#[inline(always)]
+pub fn init() -> Result<Option<Fault>, String> {
+    Ok(None)
+}
+
+#[cfg(feature = "fault-injection")]
+static CHOSEN: std::sync::OnceLock<Option<Fault>> = std::sync::OnceLock::new();
+
+/// Whether `fault` is the one chosen at start (see [`init`]).
+#[cfg(feature = "fault-injection")]
+#[inline]
+pub fn on(fault: Fault) -> bool {
+    CHOSEN.get().copied().flatten() == Some(fault)
+}
+
+/// Chooses the fault from [`ENV`], once, before anything else runs;
+/// returns it. A later call returns the first choice.
+///
+/// # Errors
+///
+/// When [`ENV`] is not valid UTF-8 or names no fault: the caller must
+/// refuse to start.
+#[cfg(feature = "fault-injection")]
+pub fn init() -> Result<Option<Fault>, String> {
+    if let Some(f) = CHOSEN.get() {
+        return Ok(*f);
+    }
+    let chosen = match std::env::var(ENV) {
+        Ok(v) => Fault::parse(&v)?,
+        Err(std::env::VarError::NotPresent) => None,
+        Err(std::env::VarError::NotUnicode(v)) => {
+            return Err(format!("{ENV}={v:?} is not a fault (not UTF-8)"));
+        }
+    };
+    Ok(*CHOSEN.get_or_init(|| chosen))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_name_reads_back_and_others_are_refused() {
+        for f in Fault::ALL {
+            assert_eq!(Fault::parse(f.name()), Ok(Some(f)));
+        }
+        assert_eq!(Fault::parse(""), Ok(None));
+        let e = Fault::parse("dlq-two-step").expect_err("a near miss is refused");
+        assert!(e.contains("LETTERBOX_FAULT=\"dlq-two-step\""), "{e}");
+        assert!(
+            e.contains("dlq-two-steps"),
+            "the known names are listed: {e}"
+        );
+    }
+
+    #[test]
+    fn no_fault_is_on_unless_chosen() {
+        // The unit tests never call `init`, so even with the feature no
+        // fault is on.
+        for f in Fault::ALL {
+            assert!(!on(f));
+        }
+    }
+}
