@@ -3,6 +3,9 @@
 //! - [`chaos`]: crash-safety testing: a seeded workload against a server
 //!   that is killed (or loses power) over and over, and a checker of the
 //!   client-side history.
+//! - [`console_bench`]: what the web console costs: its pages' times at
+//!   10,000 queues, publish throughput with it off, on, and with a page
+//!   open.
 //! - [`loadgen`]: the load generator. It runs the same workloads against
 //!   Letterbox and against peer brokers (RabbitMQ, NATS JetStream; cargo
 //!   feature `peers`) and reports them side by side.
@@ -12,6 +15,7 @@
 //!   drain, reclaim, many queues.
 
 pub mod chaos;
+pub mod console_bench;
 pub mod loadgen;
 pub mod memory;
 pub mod scale;
