@@ -25,6 +25,8 @@ use crate::queue::redrive::{RedriveSink, RedriveSpec, RedriveStep};
 const ROWS: usize = 100;
 /// Messages read per request while looking for matching rows.
 const SCAN: usize = 5_000;
+/// Queue names suggested as a redrive's target.
+const TARGET_SUGGESTIONS: usize = 100;
 /// Messages read at most to turn a text filter into a selection.
 const SELECT_SCAN: usize = 100_000;
 
@@ -227,16 +229,19 @@ async fn render(
     allow(c, s, Action::Consume, name)?;
     let info = c.broker.get_queue(name)?;
     let (rows, next) = scan(c, name, filter, after, ROWS, SCAN).await?;
-    let targets: Vec<String> = c
-        .broker
-        .list_queues("", 1000, None)
-        .map(|(qs, _)| {
+    // Suggestions for the target (any queue of the same kind may be
+    // typed; the engine checks it): the queues that dead-letter here
+    // first, then others, at most TARGET_SUGGESTIONS.
+    let mut targets: Vec<String> = info.dead_letter_sources.clone();
+    if let Ok((qs, _)) = c.broker.list_queues("", 1000, None) {
+        targets.extend(
             qs.into_iter()
                 .filter(|q| q.name != name && q.config.kind == info.config.kind)
                 .map(|q| q.name)
-                .collect()
-        })
-        .unwrap_or_default();
+                .filter(|n| !info.dead_letter_sources.contains(n)),
+        );
+    }
+    targets.truncate(TARGET_SUGGESTIONS);
     let next_link = |n: &str| {
         let mut u = form_urlencoded::Serializer::new(String::new());
         for (k, v) in [
@@ -313,10 +318,10 @@ async fn render(
                     legend { "Redrive" }
                     div.row {
                         label.check { span { "Every message matching the filter, not only the ticked ones" } input #all-matching type="checkbox" name="all" value="1"; }
-                        label { "To" select name="target" {
-                            option value="" { "back to each message's source queue" }
-                            @for t in &targets { option value=(t) { (t) } }
-                        } }
+                        label { "To (empty: back to each message's source queue)"
+                            input type="text" name="target" list="redrive-targets" placeholder="its source queue";
+                        }
+                        datalist #redrive-targets { @for t in &targets { option value=(t) {} } }
                         label { "Rate (messages/s, 0: as fast as it goes)" input type="number" name="rate" min="0" value="0"; }
                         button #redrive-preview .primary type="submit" name="mode" value="preview" { "Preview" }
                     }

@@ -1,4 +1,4 @@
-//! The plots' memory: every few seconds (`--console-sample-every`, 5 s by
+//! The plots' memory: every few seconds (`--console-sample-interval`, 5 s by
 //! default) one pass over every queue's exact figures
 //! ([`Broker::all_stats`], one hold of the engine's lock), kept in memory
 //! for an hour: at the sampling step for the last 15 minutes, then one

@@ -66,7 +66,13 @@ pub(crate) async fn page(
     Extension(s): Extension<Arc<Session>>,
     Query(q): Query<HashMap<String, String>>,
 ) -> Response {
-    render(&c, &s, &q, None, StatusCode::OK)
+    // One pass over every queue under the engine's lock, and a read per
+    // shown queue: off the async workers.
+    tokio::task::spawn_blocking(move || render(&c, &s, &q, None, StatusCode::OK))
+        .await
+        .unwrap_or_else(|e| {
+            Failure::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response()
+        })
 }
 
 fn render(
@@ -278,21 +284,17 @@ pub(crate) async fn create_queue(
         s.audit_done("queue.create", &name, "from the console");
         Ok::<_, Failure>(created)
     };
-    match done.await {
-        Ok(true) => render(
-            &c,
-            &s,
-            &q,
-            Some(Flash::ok(format!("queue {name} created"))),
+    let (flash, status) = match done.await {
+        Ok(true) => (Flash::ok(format!("queue {name} created")), StatusCode::OK),
+        Ok(false) => (
+            Flash::ok(format!("queue {name} exists already, as asked")),
             StatusCode::OK,
         ),
-        Ok(false) => render(
-            &c,
-            &s,
-            &q,
-            Some(Flash::ok(format!("queue {name} exists already, as asked"))),
-            StatusCode::OK,
-        ),
-        Err(f) => render(&c, &s, &q, Some(Flash::error(f.text)), f.status),
-    }
+        Err(f) => (Flash::error(f.text), f.status),
+    };
+    tokio::task::spawn_blocking(move || render(&c, &s, &q, Some(flash), status))
+        .await
+        .unwrap_or_else(|e| {
+            Failure::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response()
+        })
 }

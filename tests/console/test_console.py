@@ -555,10 +555,10 @@ def scenario_c_redrive(w):
     if not box.is_selected():
         box.click()
     check(box.is_selected(), "the checkbox is ticked")
-    target = css(d, "form#redrive select[name=target]")
-    check(target is not None, "form#redrive has select[name=target]")
+    target = css(d, "form#redrive input[name=target]")
+    check(target is not None, "form#redrive has input[name=target]")
     check_eq(target.get_attribute("value"), "",
-             "select[name=target] defaults to '' (back to each message's source)")
+             "input[name=target] defaults to '' (back to each message's source)")
     check(css(d, "form#redrive input[name=rate]"), "form#redrive has input[name=rate]")
     check(css(d, "form#redrive input#all-matching[name=all]"),
           "form#redrive has input#all-matching (name=all)")

@@ -24,11 +24,11 @@
     return [json.t].concat(SERIES[kind].map((s) => json[s[0]]));
   }
 
+  // One plot per element; the plots of one source share its fetches.
   function makePlot(el) {
     const kind = el.dataset.plot;
-    const src = el.dataset.src;
     let plot = null;
-    function draw(json) {
+    return function draw(json) {
       const data = plotData(kind, json);
       if (plot) {
         plot.setData(data);
@@ -44,6 +44,7 @@
           ),
           axes: [{}, { size: 60 }],
           scales: {
+            // One point (a server just started): a minute before it.
             x: { time: true, range: (u, min, max) => (min === max ? [min - 60, max] : [min, max]) },
             y: { range: (u, min, max) => [0, Math.max(1, max)] },
           },
@@ -52,18 +53,19 @@
         el
       );
       el.dataset.drawn = "true";
-    }
+    };
+  }
+
+  function feed(src, els) {
+    const draws = els.map(makePlot);
     function refresh() {
       fetch(src, { credentials: "same-origin" })
         .then((r) => (r.ok ? r.json() : Promise.reject(r.status)))
-        .then(draw)
-        .catch((e) => {
-          el.dataset.error = String(e);
-        });
+        .then((json) => draws.forEach((d) => d(json)))
+        .catch((e) => els.forEach((el) => (el.dataset.error = String(e))));
     }
     refresh();
-    const every = Number(el.dataset.every || 5000);
-    setInterval(refresh, every);
+    setInterval(refresh, Number(els[0].dataset.every || 5000));
   }
 
   function selectPage(box) {
@@ -84,7 +86,13 @@
   }
 
   document.addEventListener("DOMContentLoaded", () => {
-    document.querySelectorAll("[data-plot]").forEach(makePlot);
+    const bySrc = new Map();
+    document.querySelectorAll("[data-plot]").forEach((el) => {
+      const list = bySrc.get(el.dataset.src) || [];
+      list.push(el);
+      bySrc.set(el.dataset.src, list);
+    });
+    bySrc.forEach((els, src) => feed(src, els));
     document.querySelectorAll("#select-page").forEach(selectPage);
     document.querySelectorAll("input[type=file][data-into]").forEach(filePicker);
   });
