@@ -147,26 +147,24 @@ async fn authorize(
             ));
         }
     }
-    // argon2 is slow on purpose: off the async workers.
-    let auth = Arc::clone(&api.auth);
-    let who = id.clone();
-    let principal = tokio::task::spawn_blocking(move || {
-        auth.authenticate(
+    // argon2 is slow on purpose: a secret not verified lately is checked
+    // on the blocking pool, off the async workers.
+    let principal = api
+        .auth
+        .authenticate_async(
             Credentials::ClientSecret {
-                id: &who,
+                id: &id,
                 secret: &secret,
             },
             None,
         )
-    })
-    .await
-    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
-    .map_err(|e| {
-        super::audit_who(&format!("client id {id}"), |who| {
-            crate::server::audit::refused(who, "authenticate", "-", &e.to_string());
-        });
-        ApiError::new(StatusCode::UNAUTHORIZED, e.to_string())
-    })?;
+        .await
+        .map_err(|e| {
+            super::audit_who(&format!("client id {id}"), |who| {
+                crate::server::audit::refused(who, "authenticate", "-", &e.to_string());
+            });
+            ApiError::new(StatusCode::UNAUTHORIZED, e.to_string())
+        })?;
     let token = api.tokens.issue(&id, principal, api.now());
     Ok(json_response(
         StatusCode::OK,
