@@ -147,26 +147,24 @@ async fn authorize(
             ));
         }
     }
-    // argon2 is slow on purpose: off the async workers.
-    let auth = Arc::clone(&api.auth);
-    let who = id.clone();
-    let principal = tokio::task::spawn_blocking(move || {
-        auth.authenticate(
+    // argon2 is slow on purpose: a secret not verified lately is checked
+    // on the blocking pool, off the async workers.
+    let principal = api
+        .auth
+        .authenticate_async(
             Credentials::ClientSecret {
-                id: &who,
+                id: &id,
                 secret: &secret,
             },
             None,
         )
-    })
-    .await
-    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
-    .map_err(|e| {
-        super::audit_who(&format!("client id {id}"), |who| {
-            crate::server::audit::refused(who, "authenticate", "-", &e.to_string());
-        });
-        ApiError::new(StatusCode::UNAUTHORIZED, e.to_string())
-    })?;
+        .await
+        .map_err(|e| {
+            super::audit_who(&format!("client id {id}"), |who| {
+                crate::server::audit::refused(who, "authenticate", "-", &e.to_string());
+            });
+            ApiError::new(StatusCode::UNAUTHORIZED, e.to_string())
+        })?;
     let token = api.tokens.issue(&id, principal, api.now());
     Ok(json_response(
         StatusCode::OK,
@@ -195,30 +193,26 @@ impl Api {
         if !queue.as_ref().is_some_and(|q| q.config.kind.is_fifo()) {
             msgs.iter_mut().for_each(message::ungroup);
         }
-        // The engine's own size check, first, so that a body too large is
-        // answered 413 (the engine refuses it as RESOURCE_EXHAUSTED, like
-        // a full queue).
-        for (i, m) in msgs.iter().enumerate() {
-            if let Err(e) = validate::message(i, m, self.broker.options().max_message_size) {
-                return Err(match e {
-                    QueueError::ResourceExhausted(why) => {
-                        ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, why)
-                    }
-                    QueueError::InvalidArgument { ref field, .. }
-                        if *field == format!("messages[{i}].properties") =>
-                    {
-                        meta_overflow(i, m).unwrap_or_else(|| ApiError::from_queue(e))
-                    }
-                    other => ApiError::from_queue(other),
-                });
-            }
-        }
+        // Letterbox's own property (META_PROPERTY) can push a message over
+        // the property limits; if the engine refuses that message's
+        // properties, the answer explains it. Computed before the messages
+        // move into the engine; None for nearly all messages.
+        let overflow: Vec<Option<ApiError>> = msgs
+            .iter()
+            .enumerate()
+            .map(|(i, m)| meta_overflow(i, m))
+            .collect();
+        let from_queue = |e: QueueError| match e {
+            QueueError::InvalidArgument { ref field, .. } => overflow
+                .iter()
+                .enumerate()
+                .find(|(i, o)| o.is_some() && *field == format!("messages[{i}].properties"))
+                .and_then(|(_, o)| o.clone())
+                .unwrap_or_else(|| ApiError::from_queue(e)),
+            other => ApiError::from_queue(other),
+        };
         if queue.is_some() {
-            return self
-                .broker
-                .publish(dest, msgs)
-                .await
-                .map_err(ApiError::from_queue);
+            return self.broker.publish(dest, msgs).await.map_err(from_queue);
         }
         self.broker
             .publish_to_exchange(dest, msgs)
@@ -230,7 +224,7 @@ impl Api {
                     StatusCode::NOT_FOUND,
                     format!("Destination not found: {dest}"),
                 ),
-                other => ApiError::from_queue(other),
+                other => from_queue(other),
             })
     }
 }

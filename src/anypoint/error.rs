@@ -9,7 +9,7 @@ use serde_json::json;
 
 use super::json_response;
 use crate::auth::AuthError;
-use crate::queue::QueueError;
+use crate::queue::{Exhausted, QueueError};
 use crate::storage::StorageError;
 
 /// Which API's error shape to use.
@@ -78,7 +78,8 @@ impl ApiError {
 }
 
 /// The HTTP status of an engine error, for every HTTP door (this facade,
-/// the console).
+/// the console). A message over the size limit is 413, as the Anypoint MQ
+/// API answers it; the other limits are 429.
 pub(crate) fn http_status(e: &QueueError) -> StatusCode {
     match e {
         QueueError::InvalidArgument { .. } | QueueError::FailedPrecondition(_) => {
@@ -86,7 +87,12 @@ pub(crate) fn http_status(e: &QueueError) -> StatusCode {
         }
         QueueError::NotFound { .. } => StatusCode::NOT_FOUND,
         QueueError::AlreadyExists { .. } => StatusCode::CONFLICT,
-        QueueError::ResourceExhausted(_) => StatusCode::TOO_MANY_REQUESTS,
+        QueueError::ResourceExhausted { kind, .. } => match kind {
+            Exhausted::MessageTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Exhausted::QueueFull | Exhausted::DiskLow | Exhausted::DiskFloor => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
+        },
         QueueError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
         QueueError::DataLoss(_) => StatusCode::INTERNAL_SERVER_ERROR,
         QueueError::Storage(s) => storage_status(s),
@@ -172,5 +178,31 @@ mod tests {
         let e = ApiError::from_queue(QueueError::no_queue("orders"));
         assert_eq!(e.status, StatusCode::NOT_FOUND);
         assert!(e.message.starts_with("Destination not found: orders"));
+    }
+
+    #[test]
+    fn limits_are_told_apart_by_kind_not_text() {
+        // The same text for every kind: the status follows the kind.
+        let status = |kind: Exhausted| http_status(&kind.error("over a limit"));
+        assert_eq!(
+            status(Exhausted::MessageTooLarge),
+            StatusCode::PAYLOAD_TOO_LARGE
+        );
+        for kind in [
+            Exhausted::QueueFull,
+            Exhausted::DiskLow,
+            Exhausted::DiskFloor,
+        ] {
+            assert_eq!(status(kind), StatusCode::TOO_MANY_REQUESTS, "{kind}");
+        }
+        let e = ApiError::from_queue(
+            Exhausted::MessageTooLarge
+                .error("messages[0].body is 11 bytes, more than the limit of 10 bytes"),
+        );
+        assert_eq!(e.status, StatusCode::PAYLOAD_TOO_LARGE);
+        assert_eq!(
+            e.message,
+            "messages[0].body is 11 bytes, more than the limit of 10 bytes"
+        );
     }
 }

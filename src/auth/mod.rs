@@ -15,7 +15,10 @@
 //! [`Credentials`] from its transport and asks [`Authenticator`].
 
 use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
 use serde::Deserialize;
@@ -280,15 +283,32 @@ struct ClientEntry {
     principal: Arc<Principal>,
 }
 
+/// How long a client secret, once verified with argon2, is taken on its
+/// SHA-256 alone. A restart forgets every verification; with a
+/// configuration that could change while the server runs, this would be
+/// the longest a removed or changed secret still works.
+pub const VERIFIED_TTL: Duration = Duration::from_secs(5 * 60);
+
+/// The monotonic time the secret cache reads (tests move it).
+type Now = Box<dyn Fn() -> Instant + Send + Sync>;
+
 /// Checks credentials against the configured principals.
 pub struct Authenticator {
     enabled: bool,
     clients: HashMap<String, ClientEntry>,
     tokens: HashMap<Digest32, Arc<Principal>>,
     certs: HashMap<Digest32, Arc<Principal>>,
-    /// Verified (client id, SHA-256 of the secret) pairs: argon2 is slow on
-    /// purpose, and a client presents the same secret on every call.
-    verified: Mutex<HashSet<(String, Digest32)>>,
+    /// Per configured client id, the SHA-256 of the secret last verified
+    /// with argon2 and when: argon2 is slow on purpose, and a client
+    /// presents the same secret on every call. Entries older than
+    /// [`VERIFIED_TTL`] are verified again. Only a configured client id
+    /// with its right secret gets an entry, so the map holds at most one
+    /// entry per configured client whatever callers send.
+    verified: Mutex<HashMap<String, (Digest32, Instant)>>,
+    /// Now, for the cache.
+    now: Now,
+    /// How many secrets were verified with argon2.
+    argon2_runs: AtomicU64,
     anonymous: Arc<Principal>,
 }
 
@@ -311,7 +331,9 @@ impl Authenticator {
             clients: HashMap::new(),
             tokens: HashMap::new(),
             certs: HashMap::new(),
-            verified: Mutex::new(HashSet::new()),
+            verified: Mutex::new(HashMap::new()),
+            now: Box::new(Instant::now),
+            argon2_runs: AtomicU64::new(0),
             anonymous: Principal::anonymous(),
         }
     }
@@ -415,22 +437,88 @@ impl Authenticator {
         !self.certs.is_empty()
     }
 
+    /// How many client secrets were checked with argon2 (the checks the
+    /// cache did not answer), since the start.
+    pub fn argon2_runs(&self) -> u64 {
+        self.argon2_runs.load(Ordering::Relaxed)
+    }
+
     /// Who presents these credentials (and, if any, this client
     /// certificate, DER). With authentication off, the anonymous
     /// principal. A certificate of a known principal is enough; otherwise
     /// the credentials must be valid.
+    ///
+    /// A client secret not verified in the last [`VERIFIED_TTL`] costs an
+    /// argon2 verification (tens of milliseconds of CPU): async callers
+    /// use [`Authenticator::authenticate_async`].
     pub fn authenticate(
         &self,
         creds: Credentials<'_>,
         certificate: Option<&[u8]>,
     ) -> Result<Arc<Principal>, AuthError> {
+        match self.quick(creds, certificate) {
+            Some(answer) => answer,
+            None => match creds {
+                Credentials::ClientSecret { id, secret } => self.verify_secret(id, secret),
+                Credentials::None | Credentials::Bearer(_) => {
+                    unreachable!("only a client secret needs argon2")
+                }
+            },
+        }
+    }
+
+    /// [`Authenticator::authenticate`] for async callers: the answer is
+    /// immediate (the future is ready when first polled) unless a client
+    /// secret must be verified with argon2, which then runs on the blocking
+    /// pool, off the async workers. The future borrows nothing.
+    pub fn authenticate_async(
+        self: &Arc<Self>,
+        creds: Credentials<'_>,
+        certificate: Option<&[u8]>,
+    ) -> impl Future<Output = Result<Arc<Principal>, AuthError>> + Send + use<> {
+        let slow = match self.quick(creds, certificate) {
+            Some(answer) => Err(answer),
+            None => match creds {
+                Credentials::ClientSecret { id, secret } => {
+                    Ok((Arc::clone(self), id.to_string(), secret.to_string()))
+                }
+                Credentials::None | Credentials::Bearer(_) => {
+                    unreachable!("only a client secret needs argon2")
+                }
+            },
+        };
+        async move {
+            let (auth, id, secret) = match slow {
+                Err(answer) => return answer,
+                Ok(job) => job,
+            };
+            let shown = id.clone();
+            match tokio::task::spawn_blocking(move || auth.verify_secret(&id, &secret)).await {
+                Ok(answer) => answer,
+                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                // Cancelled: the runtime is shutting down.
+                Err(e) => Err(AuthError::Unauthenticated(format!(
+                    "the secret of client id {shown:?} could not be checked: {e}"
+                ))),
+            }
+        }
+    }
+
+    /// The answer for these credentials if it needs no argon2
+    /// verification; `None` for a configured client id whose secret is not
+    /// in the cache (or was verified too long ago).
+    fn quick(
+        &self,
+        creds: Credentials<'_>,
+        certificate: Option<&[u8]>,
+    ) -> Option<Result<Arc<Principal>, AuthError>> {
         if !self.enabled {
-            return Ok(Arc::clone(&self.anonymous));
+            return Some(Ok(Arc::clone(&self.anonymous)));
         }
         if let Some(p) = certificate.and_then(|der| self.certs.get(&sha256(der))) {
-            return Ok(Arc::clone(p));
+            return Some(Ok(Arc::clone(p)));
         }
-        match creds {
+        Some(match creds {
             Credentials::None => Err(AuthError::Unauthenticated(
                 "credentials required: a bearer token or a client id and secret in the authorization header".into(),
             )),
@@ -439,31 +527,46 @@ impl Authenticator {
                 .get(&sha256(token.as_bytes()))
                 .cloned()
                 .ok_or_else(|| AuthError::Unauthenticated("unknown bearer token".into())),
-            Credentials::ClientSecret { id, secret } => self.client(id, secret),
-        }
+            Credentials::ClientSecret { id, secret } => {
+                let Some(entry) = self.clients.get(id) else {
+                    return Some(Err(refused(id)));
+                };
+                let digest = sha256(secret.as_bytes());
+                let now = (self.now)();
+                let mut verified = self.verified.lock().unwrap_or_else(|e| e.into_inner());
+                match verified.get(id) {
+                    Some((d, at)) if *d == digest && now.saturating_duration_since(*at) < VERIFIED_TTL => {
+                        Ok(Arc::clone(&entry.principal))
+                    }
+                    Some((_, at)) if now.saturating_duration_since(*at) >= VERIFIED_TTL => {
+                        verified.remove(id);
+                        return None;
+                    }
+                    _ => return None,
+                }
+            }
+        })
     }
 
-    fn client(&self, id: &str, secret: &str) -> Result<Arc<Principal>, AuthError> {
-        let refused = || AuthError::Unauthenticated(format!("bad client id or secret for {id:?}"));
-        let entry = self.clients.get(id).ok_or_else(refused)?;
-        let key = (id.to_string(), sha256(secret.as_bytes()));
-        let cached = self
-            .verified
+    /// Checks a client secret with argon2 and, when right, caches it.
+    fn verify_secret(&self, id: &str, secret: &str) -> Result<Arc<Principal>, AuthError> {
+        let entry = self.clients.get(id).ok_or_else(|| refused(id))?;
+        let hash = PasswordHash::new(&entry.phc).map_err(|_| refused(id))?;
+        self.argon2_runs.fetch_add(1, Ordering::Relaxed);
+        argon2::Argon2::default()
+            .verify_password(secret.as_bytes(), &hash)
+            .map_err(|_| refused(id))?;
+        let now = (self.now)();
+        self.verified
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .contains(&key);
-        if !cached {
-            let hash = PasswordHash::new(&entry.phc).map_err(|_| refused())?;
-            argon2::Argon2::default()
-                .verify_password(secret.as_bytes(), &hash)
-                .map_err(|_| refused())?;
-            self.verified
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(key);
-        }
+            .insert(id.to_string(), (sha256(secret.as_bytes()), now));
         Ok(Arc::clone(&entry.principal))
     }
+}
+
+fn refused(id: &str) -> AuthError {
+    AuthError::Unauthenticated(format!("bad client id or secret for {id:?}"))
 }
 
 #[cfg(test)]
@@ -567,6 +670,120 @@ mod tests {
             a.authenticate(Credentials::Bearer("nope"), None),
             Err(AuthError::Unauthenticated(_))
         ));
+    }
+
+    /// An authenticator with one client ("app-id", secret "s3cret") whose
+    /// cache reads the time from the returned offset (milliseconds).
+    fn with_client_and_time() -> (Arc<Authenticator>, Arc<AtomicU64>) {
+        let mut c = principal("app");
+        c.client_id = Some("app-id".into());
+        c.secret_hash = Some(hash_secret("s3cret").unwrap());
+        let mut a = Authenticator::new(&[c]).unwrap();
+        let start = Instant::now();
+        let offset = Arc::new(AtomicU64::new(0));
+        let read = Arc::clone(&offset);
+        a.now = Box::new(move || start + Duration::from_millis(read.load(Ordering::SeqCst)));
+        (Arc::new(a), offset)
+    }
+
+    fn secret(secret: &str) -> Credentials<'_> {
+        Credentials::ClientSecret {
+            id: "app-id",
+            secret,
+        }
+    }
+
+    fn poll_once<F: Future + Unpin>(f: &mut F) -> std::task::Poll<F::Output> {
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        std::pin::Pin::new(f).poll(&mut cx)
+    }
+
+    #[test]
+    fn a_verified_secret_is_cached_for_the_ttl_then_verified_again() {
+        let (a, offset) = with_client_and_time();
+        let ttl = VERIFIED_TTL.as_secs() * 1_000;
+        assert_eq!(
+            a.authenticate(secret("s3cret"), None).unwrap().name(),
+            "app"
+        );
+        assert_eq!(a.argon2_runs(), 1);
+        // From the cache, without argon2, until the TTL is over.
+        for at in [0, 1_000, ttl - 1] {
+            offset.store(at, Ordering::SeqCst);
+            assert_eq!(
+                a.authenticate(secret("s3cret"), None).unwrap().name(),
+                "app"
+            );
+        }
+        assert_eq!(a.argon2_runs(), 1, "answered from the cache");
+        // A wrong secret is verified (and refused) every time, and does not
+        // displace the right one.
+        assert!(a.authenticate(secret("wrong"), None).is_err());
+        assert!(a.authenticate(secret("wrong"), None).is_err());
+        assert_eq!(a.argon2_runs(), 3);
+        assert!(a.authenticate(secret("s3cret"), None).is_ok());
+        assert_eq!(a.argon2_runs(), 3);
+        // Expired: verified again, then cached again from then on.
+        offset.store(ttl, Ordering::SeqCst);
+        assert!(a.authenticate(secret("s3cret"), None).is_ok());
+        assert_eq!(a.argon2_runs(), 4, "verified again once expired");
+        offset.store(ttl + 1_000, Ordering::SeqCst);
+        assert!(a.authenticate(secret("s3cret"), None).is_ok());
+        assert_eq!(a.argon2_runs(), 4);
+    }
+
+    #[test]
+    fn the_cache_holds_at_most_one_entry_per_configured_client() {
+        let (a, offset) = with_client_and_time();
+        for s in ["wrong", "s3cret", "s3cret", "also wrong"] {
+            let _ = a.authenticate(secret(s), None);
+        }
+        for id in ["other", "third"] {
+            let _ = a.authenticate(
+                Credentials::ClientSecret {
+                    id,
+                    secret: "s3cret",
+                },
+                None,
+            );
+        }
+        assert_eq!(a.verified.lock().unwrap().len(), 1);
+        // An expired entry is dropped when looked up.
+        offset.store(VERIFIED_TTL.as_secs() * 1_000, Ordering::SeqCst);
+        assert!(a.quick(secret("s3cret"), None).is_none(), "needs argon2");
+        assert!(a.verified.lock().unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn async_callers_run_argon2_on_the_blocking_pool_and_not_a_cached_check() {
+        let (a, _) = with_client_and_time();
+        // Not cached: the future waits for the blocking pool.
+        let mut first = std::pin::pin!(a.authenticate_async(secret("s3cret"), None));
+        assert!(poll_once(&mut first).is_pending(), "argon2 runs elsewhere");
+        assert_eq!(first.await.unwrap().name(), "app");
+        assert_eq!(a.argon2_runs(), 1);
+        // Cached: ready when first polled.
+        let mut again = std::pin::pin!(a.authenticate_async(secret("s3cret"), None));
+        match poll_once(&mut again) {
+            std::task::Poll::Ready(p) => assert_eq!(p.unwrap().name(), "app"),
+            std::task::Poll::Pending => panic!("a cached secret needs no wait"),
+        }
+        assert_eq!(a.argon2_runs(), 1);
+        // Refusals that need no argon2 are immediate too.
+        let mut unknown = std::pin::pin!(a.authenticate_async(
+            Credentials::ClientSecret {
+                id: "other",
+                secret: "x",
+            },
+            None,
+        ));
+        assert!(matches!(
+            poll_once(&mut unknown),
+            std::task::Poll::Ready(Err(AuthError::Unauthenticated(_)))
+        ));
+        let wrong = a.authenticate_async(secret("wrong"), None).await;
+        assert!(matches!(wrong, Err(AuthError::Unauthenticated(_))));
+        assert_eq!(a.argon2_runs(), 2);
     }
 
     #[test]

@@ -38,9 +38,15 @@ pub enum QueueError {
     /// The system is not in a state that allows the call.
     #[error("{0}")]
     FailedPrecondition(String),
-    /// A limit or the disk is full.
-    #[error("{0}")]
-    ResourceExhausted(String),
+    /// A limit or the disk is full; `kind` says which, so that an adapter
+    /// need not read `detail` to choose its answer.
+    #[error("{detail}")]
+    ResourceExhausted {
+        /// Which limit.
+        kind: Exhausted,
+        /// What happened, for people.
+        detail: String,
+    },
     /// The server is shutting down or stopped after a storage failure.
     #[error("unavailable: {0}")]
     Unavailable(String),
@@ -78,12 +84,73 @@ impl QueueError {
         }
     }
 
-    /// True when retrying the same call later may succeed.
+    /// Which limit was hit, when this is a [`QueueError::ResourceExhausted`].
+    pub fn exhausted_kind(&self) -> Option<Exhausted> {
+        match self {
+            QueueError::ResourceExhausted { kind, .. } => Some(*kind),
+            _ => None,
+        }
+    }
+
+    /// True when retrying the same call later may succeed (not for a
+    /// message too large, which never will be taken).
     pub fn is_retryable(&self) -> bool {
-        matches!(
-            self,
-            QueueError::Unavailable(_) | QueueError::ResourceExhausted(_)
-        )
+        match self {
+            QueueError::Unavailable(_) => true,
+            QueueError::ResourceExhausted { kind, .. } => *kind != Exhausted::MessageTooLarge,
+            _ => false,
+        }
+    }
+}
+
+/// Which limit a [`QueueError::ResourceExhausted`] hit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Exhausted {
+    /// A message's body is over the largest message size: sending it again
+    /// will never succeed.
+    MessageTooLarge,
+    /// A queue holds as many messages as its `max_length` allows.
+    QueueFull,
+    /// Free disk space is below the configured minimum: publishes are
+    /// refused.
+    DiskLow,
+    /// Free disk space is below the hard floor (a quarter of the minimum):
+    /// acks, nacks and receives are refused too.
+    DiskFloor,
+}
+
+impl Exhausted {
+    /// The error of hitting this limit, `detail` saying how.
+    pub fn error(self, detail: impl Into<String>) -> QueueError {
+        QueueError::ResourceExhausted {
+            kind: self,
+            detail: detail.into(),
+        }
+    }
+
+    /// Every kind.
+    pub const ALL: [Exhausted; 4] = [
+        Exhausted::MessageTooLarge,
+        Exhausted::QueueFull,
+        Exhausted::DiskLow,
+        Exhausted::DiskFloor,
+    ];
+
+    /// The kind's stable upper-case name, as error details carry it (the
+    /// `reason` of a gRPC `ErrorInfo`).
+    pub fn reason(self) -> &'static str {
+        match self {
+            Exhausted::MessageTooLarge => "MESSAGE_TOO_LARGE",
+            Exhausted::QueueFull => "QUEUE_FULL",
+            Exhausted::DiskLow => "DISK_LOW",
+            Exhausted::DiskFloor => "DISK_FLOOR",
+        }
+    }
+}
+
+impl std::fmt::Display for Exhausted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.reason())
     }
 }
 

@@ -16,7 +16,7 @@ use crate::faults::{self, Fault};
 use crate::storage::Key;
 use crate::storage::records::ExchangeRecord;
 
-use super::error::{QueueError, Result};
+use super::error::{Exhausted, QueueError, Result};
 use super::model::{NewMessage, Published};
 use super::publish::{Dup, Publishing, encode_all, find_duplicates, new_message_id, store_new};
 use super::{Broker, Change, State, durable, validate};
@@ -241,7 +241,7 @@ impl Broker {
                 .collect();
             // Check every copy against its queue before changing anything.
             if !self.store.has_space() {
-                return Err(QueueError::ResourceExhausted(format!(
+                return Err(Exhausted::DiskLow.error(format!(
                     "disk full: free space in {} is below the configured minimum; publishes are refused until space is freed",
                     self.store.dir().display()
                 )));
@@ -269,7 +269,7 @@ impl Broker {
                 if let Some(max) = q.config.max_length {
                     let len = q.msgs.len() as u64;
                     if len + new > max {
-                        return Err(QueueError::ResourceExhausted(format!(
+                        return Err(Exhausted::QueueFull.error(format!(
                             "queue {:?} (bound to exchange {exchange:?}) is full: it holds {len} of at most {max} messages and the batch adds {new}",
                             q.name
                         )));

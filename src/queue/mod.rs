@@ -51,7 +51,7 @@ use crate::clock::Clock;
 use crate::storage::records::MetaRecord;
 use crate::storage::{OpenReport, Store, StoreOptions, SysKey, Txn};
 
-pub use error::{QueueError, Result};
+pub use error::{Exhausted, QueueError, Result};
 use state::{QueueState, Timers};
 
 /// Positions are reserved in blocks of this size; after a crash the rest
@@ -272,7 +272,7 @@ impl Broker {
         if self.store.above_floor() {
             return Ok(());
         }
-        Err(QueueError::ResourceExhausted(format!(
+        Err(Exhausted::DiskFloor.error(format!(
             "disk full: free space in {} is below a quarter of the configured minimum (the hard floor); acks, nacks and receives are refused too until space is freed",
             self.store.dir().display()
         )))

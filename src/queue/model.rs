@@ -30,6 +30,26 @@ impl QueueKind {
     pub fn is_fifo(self) -> bool {
         self == QueueKind::Fifo
     }
+
+    /// The kind's number in a stored queue record
+    /// (`storage::records::QueueRecord::kind`): 1 standard, 2 FIFO. The
+    /// one definition of that encoding, for the engine and `verify`.
+    pub const fn code(self) -> u8 {
+        match self {
+            QueueKind::Standard => 1,
+            QueueKind::Fifo => 2,
+        }
+    }
+
+    /// The kind a stored record's number means: FIFO's number is FIFO,
+    /// anything else standard (as a start has always read it).
+    pub const fn from_code(code: u8) -> QueueKind {
+        if code == QueueKind::Fifo.code() {
+            QueueKind::Fifo
+        } else {
+            QueueKind::Standard
+        }
+    }
 }
 
 impl std::fmt::Display for QueueKind {

@@ -17,10 +17,7 @@ pub(crate) fn queue_record(qid: u32, created_at: u64, c: &QueueConfig) -> QueueR
     QueueRecord {
         qid,
         created_at,
-        kind: match c.kind {
-            QueueKind::Standard => 1,
-            QueueKind::Fifo => 2,
-        },
+        kind: c.kind.code(),
         message_ttl: c.message_ttl,
         ack_timeout: c.ack_timeout,
         delivery_delay: c.delivery_delay,
@@ -43,11 +40,7 @@ pub(crate) fn queue_record(qid: u32, created_at: u64, c: &QueueConfig) -> QueueR
 
 pub(crate) fn queue_config(r: &QueueRecord) -> QueueConfig {
     QueueConfig {
-        kind: if r.kind == 2 {
-            QueueKind::Fifo
-        } else {
-            QueueKind::Standard
-        },
+        kind: QueueKind::from_code(r.kind),
         message_ttl: r.message_ttl,
         ack_timeout: r.ack_timeout,
         delivery_delay: r.delivery_delay,
@@ -187,5 +180,33 @@ pub(crate) fn push_dead_letter(m: &mut MetaRecord, rec: DeadLetterRec) {
     if m.dead_letters.len() > HISTORY_LIMIT {
         let extra = m.dead_letters.len() - HISTORY_LIMIT;
         m.dead_letters.drain(..extra);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::queue::model::QueueConfigInput;
+    use crate::queue::validate::new_config;
+
+    #[test]
+    fn queue_kinds_are_stored_as_their_codes_and_read_back() {
+        // The stored numbers are a format: they never change.
+        assert_eq!(QueueKind::Standard.code(), 1);
+        assert_eq!(QueueKind::Fifo.code(), 2);
+        for kind in [QueueKind::Standard, QueueKind::Fifo] {
+            assert_eq!(QueueKind::from_code(kind.code()), kind);
+            let config = new_config(&QueueConfigInput {
+                kind: Some(kind),
+                ..QueueConfigInput::default()
+            })
+            .expect("valid");
+            let record = queue_record(7, 0, &config);
+            assert_eq!(record.kind, kind.code());
+            assert_eq!(queue_config(&record).kind, kind);
+        }
+        // Any other number reads as standard, as a start always took it.
+        assert_eq!(QueueKind::from_code(0), QueueKind::Standard);
+        assert_eq!(QueueKind::from_code(9), QueueKind::Standard);
     }
 }

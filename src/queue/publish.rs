@@ -10,7 +10,7 @@ use sha2::{Digest, Sha256};
 use crate::storage::encode_payload;
 use crate::storage::records::{DedupRecord, MetaRecord, PayloadRecord};
 
-use super::error::{QueueError, Result};
+use super::error::{Exhausted, QueueError, Result};
 use super::model::{NewMessage, Published, QueueKind};
 use super::state::{Entry, EntryState, QueueState};
 use super::{Broker, Change, State, durable, validate};
@@ -86,7 +86,7 @@ impl Broker {
                 vec![Vec::new(); msgs.len()]
             };
             if !self.store.has_space() {
-                return Err(QueueError::ResourceExhausted(format!(
+                return Err(Exhausted::DiskLow.error(format!(
                     "disk full: free space in {} is below the configured minimum; publishes are refused until space is freed",
                     self.store.dir().display()
                 )));
@@ -96,7 +96,7 @@ impl Broker {
             if let Some(max) = q.config.max_length {
                 let len = q.msgs.len() as u64;
                 if len + new_count > max {
-                    return Err(QueueError::ResourceExhausted(format!(
+                    return Err(Exhausted::QueueFull.error(format!(
                         "queue {queue:?} is full: it holds {len} of at most {max} messages (max_length) and the batch adds {new_count}"
                     )));
                 }

@@ -442,7 +442,16 @@ async fn max_length_client_ids_and_auto_ack() {
         "an id already in the queue is not stored twice"
     );
     let err = env.b().publish("q", vec![m("c")]).await.expect_err("full");
-    assert!(matches!(err, QueueError::ResourceExhausted(_)), "{err}");
+    assert!(
+        matches!(
+            err,
+            QueueError::ResourceExhausted {
+                kind: crate::queue::Exhausted::QueueFull,
+                ..
+            }
+        ),
+        "{err}"
+    );
     let got = env
         .b()
         .receive(

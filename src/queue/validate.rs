@@ -2,7 +2,7 @@
 //! before anything is changed, and every failure names the field (as the
 //! API spells it) and the value.
 
-use super::error::{QueueError, Result};
+use super::error::{Exhausted, QueueError, Result};
 use super::model::{
     DAY, DeadLetterPolicy, HOUR, MINUTE, NewMessage, PoisonPolicy, QueueConfig, QueueConfigInput,
     QueueKind, QueueRemovals, SECOND,
@@ -374,7 +374,7 @@ pub fn message(i: usize, m: &NewMessage, max_body: usize) -> Result<()> {
         }
     }
     if m.body.len() > max_body {
-        return Err(QueueError::ResourceExhausted(format!(
+        return Err(Exhausted::MessageTooLarge.error(format!(
             "messages[{i}].body is {} bytes, more than the limit of {max_body} bytes",
             m.body.len()
         )));
@@ -481,6 +481,22 @@ mod tests {
         check_name("a b", false);
         check_name("a/b", false);
         check_name("café", false);
+    }
+
+    #[test]
+    fn a_body_over_the_limit_is_message_too_large() {
+        let m = NewMessage {
+            body: bytes::Bytes::from_static(b"0123456789x"),
+            ..NewMessage::default()
+        };
+        let e = message(3, &m, 10).expect_err("over the limit");
+        assert_eq!(e.exhausted_kind(), Some(Exhausted::MessageTooLarge), "{e}");
+        assert_eq!(
+            e.to_string(),
+            "messages[3].body is 11 bytes, more than the limit of 10 bytes"
+        );
+        assert!(!e.is_retryable(), "it will never fit");
+        message(3, &m, 11).expect("at the limit");
     }
 
     #[test]

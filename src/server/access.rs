@@ -92,10 +92,17 @@ impl Caller {
 }
 
 /// Who is calling: the principal for the request's credentials. Refused
-/// credentials are recorded in the audit log.
-pub(crate) fn caller<T>(auth: &Authenticator, req: &Request<T>) -> Result<Caller, Status> {
+/// credentials are recorded in the audit log. The credentials are read
+/// from the request before the returned future, which borrows nothing; it
+/// is ready at once unless a client secret must be verified with argon2,
+/// which then runs on the blocking pool (see
+/// [`Authenticator::authenticate_async`]).
+pub(crate) fn caller<T>(
+    auth: &Arc<Authenticator>,
+    req: &Request<T>,
+) -> impl Future<Output = Result<Caller, Status>> + Send + use<T> {
     let peer = req.remote_addr();
-    let refused = |e: AuthError, presented: &str| {
+    let refused = move |e: AuthError, presented: &str| {
         audit::refused(
             audit::Who {
                 principal: presented,
@@ -107,42 +114,50 @@ pub(crate) fn caller<T>(auth: &Authenticator, req: &Request<T>) -> Result<Caller
         );
         auth_status(e)
     };
-    if !auth.is_enabled() {
-        let principal = auth
-            .authenticate(Credentials::None, None)
-            .map_err(|e| refused(e, "-"))?;
-        return Ok(Caller { principal, peer });
-    }
-    let certs = req.peer_certs();
-    let leaf = certs.as_ref().and_then(|c| c.first()).map(|c| c.as_ref());
-    let p = match presented(req.metadata()) {
-        Ok(p) => p,
-        Err(s) => {
-            audit::refused(
-                audit::Who {
-                    principal: "-",
-                    peer,
-                },
-                "authenticate",
-                "-",
-                s.message(),
-            );
-            return Err(s);
+    // What to wait for: the principal, or the refusal, and who was shown.
+    let enabled = auth.is_enabled();
+    let checked = if enabled {
+        let certs = req.peer_certs();
+        let leaf = certs.as_ref().and_then(|c| c.first()).map(|c| c.as_ref());
+        match presented(req.metadata()) {
+            Ok(p) => {
+                let (creds, shown) = match &p {
+                    Presented::None => (Credentials::None, "(none)".to_string()),
+                    Presented::Bearer(t) => (Credentials::Bearer(t), "(bearer token)".to_string()),
+                    Presented::Basic(id, secret) => (
+                        Credentials::ClientSecret { id, secret },
+                        format!("client id {id}"),
+                    ),
+                };
+                Ok((auth.authenticate_async(creds, leaf), shown))
+            }
+            Err(s) => {
+                audit::refused(
+                    audit::Who {
+                        principal: "-",
+                        peer,
+                    },
+                    "authenticate",
+                    "-",
+                    s.message(),
+                );
+                Err(s)
+            }
         }
+    } else {
+        Ok((
+            auth.authenticate_async(Credentials::None, None),
+            "-".to_string(),
+        ))
     };
-    let (creds, shown) = match &p {
-        Presented::None => (Credentials::None, "(none)".to_string()),
-        Presented::Bearer(t) => (Credentials::Bearer(t), "(bearer token)".to_string()),
-        Presented::Basic(id, secret) => (
-            Credentials::ClientSecret { id, secret },
-            format!("client id {id}"),
-        ),
-    };
-    let principal = auth
-        .authenticate(creds, leaf)
-        .map_err(|e| refused(e, &shown))?;
-    tracing::Span::current().record("principal", principal.name());
-    Ok(Caller { principal, peer })
+    async move {
+        let (principal, shown) = checked?;
+        let principal = principal.await.map_err(|e| refused(e, &shown))?;
+        if enabled {
+            tracing::Span::current().record("principal", principal.name());
+        }
+        Ok(Caller { principal, peer })
+    }
 }
 
 /// `action` on `name`, or PERMISSION_DENIED (recorded in the audit log).
@@ -210,5 +225,44 @@ mod tests {
             let e = presented(&meta(bad)).err().unwrap();
             assert_eq!(e.code(), tonic::Code::Unauthenticated, "{bad}");
         }
+    }
+
+    #[tokio::test]
+    async fn a_client_secret_is_verified_off_the_worker_once_then_from_the_cache() {
+        let auth = Arc::new(
+            Authenticator::new(&[crate::auth::PrincipalConfig {
+                name: "app".into(),
+                client_id: Some("app-id".into()),
+                secret_hash: Some(crate::auth::hash_secret("s3cret").unwrap()),
+                ..Default::default()
+            }])
+            .unwrap(),
+        );
+        let request = |secret: &str| {
+            let basic =
+                base64::engine::general_purpose::STANDARD.encode(format!("app-id:{secret}"));
+            let mut r = Request::new(());
+            *r.metadata_mut() = meta(&format!("Basic {basic}"));
+            r
+        };
+        let poll_once = |f: std::pin::Pin<&mut dyn Future<Output = Result<Caller, Status>>>| {
+            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+            f.poll(&mut cx)
+        };
+        let mut first = std::pin::pin!(caller(&auth, &request("s3cret")));
+        assert!(
+            poll_once(first.as_mut()).is_pending(),
+            "argon2 runs on the blocking pool"
+        );
+        assert_eq!(first.await.unwrap().name(), "app");
+        let mut again = std::pin::pin!(caller(&auth, &request("s3cret")));
+        match poll_once(again.as_mut()) {
+            std::task::Poll::Ready(c) => assert_eq!(c.unwrap().name(), "app"),
+            std::task::Poll::Pending => panic!("a cached secret needs no wait"),
+        }
+        assert_eq!(auth.argon2_runs(), 1);
+        let wrong = caller(&auth, &request("wrong")).await.unwrap_err();
+        assert_eq!(wrong.code(), tonic::Code::Unauthenticated);
+        assert_eq!(auth.argon2_runs(), 2);
     }
 }

@@ -49,7 +49,10 @@ impl Service {
         &self.consumers
     }
 
-    fn caller<T>(&self, req: &Request<T>) -> Result<Caller, Status> {
+    fn caller<T>(
+        &self,
+        req: &Request<T>,
+    ) -> impl Future<Output = Result<Caller, Status>> + Send + use<T> {
         caller(&self.auth, req)
     }
 }
@@ -76,7 +79,7 @@ impl AdminService for Service {
         &self,
         req: Request<pb::CreateQueueRequest>,
     ) -> Rpc<pb::CreateQueueResponse> {
-        let p = self.caller(&req)?;
+        let p = self.caller(&req).await?;
         let r = req.into_inner();
         allow(&p, Action::Admin, &r.name)?;
         let input = convert::config_input(r.config).map_err(to_status)?;
@@ -95,7 +98,7 @@ impl AdminService for Service {
     }
 
     async fn get_queue(&self, req: Request<pb::GetQueueRequest>) -> Rpc<pb::GetQueueResponse> {
-        let p = self.caller(&req)?;
+        let p = self.caller(&req).await?;
         let name = req.into_inner().name;
         allow_any(&p, &name)?;
         let q = self.broker.get_queue(&name).map_err(to_status)?;
@@ -108,7 +111,7 @@ impl AdminService for Service {
         &self,
         req: Request<pb::ListQueuesRequest>,
     ) -> Rpc<pb::ListQueuesResponse> {
-        let p = self.caller(&req)?;
+        let p = self.caller(&req).await?;
         let r = req.into_inner();
         let (queues, next) = self
             .broker
@@ -128,7 +131,7 @@ impl AdminService for Service {
         &self,
         req: Request<pb::UpdateQueueRequest>,
     ) -> Rpc<pb::UpdateQueueResponse> {
-        let p = self.caller(&req)?;
+        let p = self.caller(&req).await?;
         let r = req.into_inner();
         allow(&p, Action::Admin, &r.name)?;
         let input = convert::config_input(r.config).map_err(to_status)?;
@@ -152,7 +155,7 @@ impl AdminService for Service {
         &self,
         req: Request<pb::DeleteQueueRequest>,
     ) -> Rpc<pb::DeleteQueueResponse> {
-        let p = self.caller(&req)?;
+        let p = self.caller(&req).await?;
         let r = req.into_inner();
         allow(&p, Action::Admin, &r.name)?;
         let n = self
@@ -174,7 +177,7 @@ impl AdminService for Service {
         &self,
         req: Request<pb::PurgeQueueRequest>,
     ) -> Rpc<pb::PurgeQueueResponse> {
-        let p = self.caller(&req)?;
+        let p = self.caller(&req).await?;
         let r = req.into_inner();
         allow(&p, Action::Admin, &r.name)?;
         let n = self.broker.purge_queue(&r.name).await.map_err(to_status)?;
@@ -188,7 +191,7 @@ impl AdminService for Service {
         &self,
         req: Request<pb::GetQueueStatsRequest>,
     ) -> Rpc<pb::GetQueueStatsResponse> {
-        let p = self.caller(&req)?;
+        let p = self.caller(&req).await?;
         let name = req.into_inner().name;
         allow_any(&p, &name)?;
         let s = self.broker.stats(&name).map_err(to_status)?;
@@ -199,7 +202,7 @@ impl AdminService for Service {
     }
 
     async fn browse(&self, req: Request<pb::BrowseRequest>) -> Rpc<pb::BrowseResponse> {
-        let p = self.caller(&req)?;
+        let p = self.caller(&req).await?;
         let r = req.into_inner();
         allow(&p, Action::Consume, &r.queue)?;
         let page = self
@@ -216,7 +219,7 @@ impl AdminService for Service {
         &self,
         req: Request<pb::ListGroupsRequest>,
     ) -> Rpc<pb::ListGroupsResponse> {
-        let p = self.caller(&req)?;
+        let p = self.caller(&req).await?;
         let r = req.into_inner();
         allow_any(&p, &r.queue)?;
         let only = convert::group_state_from("state", r.state).map_err(to_status)?;
@@ -231,7 +234,7 @@ impl AdminService for Service {
     }
 
     async fn skip_head(&self, req: Request<pb::SkipHeadRequest>) -> Rpc<pb::SkipHeadResponse> {
-        let p = self.caller(&req)?;
+        let p = self.caller(&req).await?;
         let r = req.into_inner();
         allow(&p, Action::Admin, &r.queue)?;
         let id = self
@@ -251,7 +254,7 @@ impl AdminService for Service {
         &self,
         req: Request<pb::CreateExchangeRequest>,
     ) -> Rpc<pb::CreateExchangeResponse> {
-        let p = self.caller(&req)?;
+        let p = self.caller(&req).await?;
         let name = req.into_inner().name;
         allow(&p, Action::Admin, &name)?;
         let (x, created) = self
@@ -272,7 +275,7 @@ impl AdminService for Service {
         &self,
         req: Request<pb::GetExchangeRequest>,
     ) -> Rpc<pb::GetExchangeResponse> {
-        let p = self.caller(&req)?;
+        let p = self.caller(&req).await?;
         let name = req.into_inner().name;
         allow_any(&p, &name)?;
         let x = self.broker.get_exchange(&name).map_err(to_status)?;
@@ -285,7 +288,7 @@ impl AdminService for Service {
         &self,
         req: Request<pb::ListExchangesRequest>,
     ) -> Rpc<pb::ListExchangesResponse> {
-        let p = self.caller(&req)?;
+        let p = self.caller(&req).await?;
         let r = req.into_inner();
         let (xs, next) = self
             .broker
@@ -305,7 +308,7 @@ impl AdminService for Service {
         &self,
         req: Request<pb::DeleteExchangeRequest>,
     ) -> Rpc<pb::DeleteExchangeResponse> {
-        let p = self.caller(&req)?;
+        let p = self.caller(&req).await?;
         let name = req.into_inner().name;
         allow(&p, Action::Admin, &name)?;
         self.broker
@@ -317,7 +320,7 @@ impl AdminService for Service {
     }
 
     async fn bind(&self, req: Request<pb::BindRequest>) -> Rpc<pb::BindResponse> {
-        let p = self.caller(&req)?;
+        let p = self.caller(&req).await?;
         let r = req.into_inner();
         let b = r.binding.unwrap_or_default();
         allow(&p, Action::Admin, &r.exchange)?;
@@ -334,7 +337,7 @@ impl AdminService for Service {
     }
 
     async fn unbind(&self, req: Request<pb::UnbindRequest>) -> Rpc<pb::UnbindResponse> {
-        let p = self.caller(&req)?;
+        let p = self.caller(&req).await?;
         let r = req.into_inner();
         allow(&p, Action::Admin, &r.exchange)?;
         allow(&p, Action::Admin, &r.queue)?;
@@ -356,7 +359,7 @@ impl AdminService for Service {
     type RedriveStream = ReceiverStream<Result<pb::RedriveResponse, Status>>;
 
     async fn redrive(&self, req: Request<pb::RedriveRequest>) -> Rpc<Self::RedriveStream> {
-        let p = self.caller(&req)?;
+        let p = self.caller(&req).await?;
         let r = req.into_inner();
         allow(&p, Action::Admin, &r.queue)?;
         if r.target.is_empty() {
@@ -375,7 +378,7 @@ impl AdminService for Service {
         &self,
         req: Request<pb::ExportDefinitionsRequest>,
     ) -> Rpc<pb::ExportDefinitionsResponse> {
-        let p = self.caller(&req)?;
+        let p = self.caller(&req).await?;
         if !p.allows_all(Action::Admin) {
             return Err(Status::permission_denied(format!(
                 "principal {:?} needs admin on \"*\" to export definitions",
@@ -392,7 +395,7 @@ impl AdminService for Service {
         &self,
         req: Request<pb::ImportDefinitionsRequest>,
     ) -> Rpc<pb::ImportDefinitionsResponse> {
-        let p = self.caller(&req)?;
+        let p = self.caller(&req).await?;
         if !p.allows_all(Action::Admin) {
             return Err(Status::permission_denied(format!(
                 "principal {:?} needs admin on \"*\" to import definitions",
@@ -423,7 +426,7 @@ impl AdminService for Service {
         &self,
         req: Request<pb::ReleaseGroupRequest>,
     ) -> Rpc<pb::ReleaseGroupResponse> {
-        let p = self.caller(&req)?;
+        let p = self.caller(&req).await?;
         let r = req.into_inner();
         allow(&p, Action::Admin, &r.queue)?;
         let id = self
@@ -491,7 +494,7 @@ impl MessagingService for Service {
         &self,
         req: Request<Streaming<pb::PublishStreamRequest>>,
     ) -> Rpc<Self::PublishStreamStream> {
-        let p = self.caller(&req)?;
+        let p = self.caller(&req).await?;
         let (tx, rx) = mpsc::channel(64);
         self.sessions.spawn(
             publish_stream::session(Arc::clone(&self.broker), p, req.into_inner(), tx)
@@ -506,7 +509,7 @@ impl MessagingService for Service {
         &self,
         req: Request<Streaming<pb::SubscribeRequest>>,
     ) -> Rpc<Self::SubscribeStream> {
-        let p = self.caller(&req)?;
+        let p = self.caller(&req).await?;
         let mut inbound = req.into_inner();
         let first = inbound
             .message()
@@ -533,7 +536,7 @@ impl MessagingService for Service {
     }
 
     async fn publish(&self, req: Request<pb::PublishRequest>) -> Rpc<pb::PublishResponse> {
-        let p = self.caller(&req)?;
+        let p = self.caller(&req).await?;
         let r = req.into_inner();
         allow(&p, Action::Publish, publish_target(&r))?;
         tracing::debug!(queue = %r.queue, messages = r.messages.len(), "publish");
@@ -565,7 +568,7 @@ impl MessagingService for Service {
     }
 
     async fn receive(&self, req: Request<pb::ReceiveRequest>) -> Rpc<pb::ReceiveResponse> {
-        let p = self.caller(&req)?;
+        let p = self.caller(&req).await?;
         let peer = req.remote_addr();
         let r = req.into_inner();
         allow(&p, Action::Consume, &r.queue)?;
@@ -604,7 +607,7 @@ impl MessagingService for Service {
     }
 
     async fn ack(&self, req: Request<pb::AckRequest>) -> Rpc<pb::AckResponse> {
-        let p = self.caller(&req)?;
+        let p = self.caller(&req).await?;
         let tokens = req.into_inner().ack_tokens;
         allow_tokens(&p, &self.broker, tokens.iter().map(String::as_str))?;
         let results = self.broker.ack(&tokens).await.map_err(to_status)?;
@@ -618,7 +621,7 @@ impl MessagingService for Service {
     }
 
     async fn nack(&self, req: Request<pb::NackRequest>) -> Rpc<pb::NackResponse> {
-        let p = self.caller(&req)?;
+        let p = self.caller(&req).await?;
         let items: Vec<Nack> = req
             .into_inner()
             .items
@@ -650,7 +653,7 @@ impl MessagingService for Service {
         &self,
         req: Request<pb::ExtendLeaseRequest>,
     ) -> Rpc<pb::ExtendLeaseResponse> {
-        let p = self.caller(&req)?;
+        let p = self.caller(&req).await?;
         let items: Vec<(String, u64)> = req
             .into_inner()
             .items

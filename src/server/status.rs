@@ -1,14 +1,22 @@
 //! The one mapping from engine errors to gRPC statuses. The match is
 //! exhaustive with no catch-all arm, so a new error cannot ship unmapped.
 
+use std::collections::HashMap;
+
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
 use crate::queue::QueueError;
 use crate::storage::StorageError;
 
+/// The `domain` of the `ErrorInfo` details this server attaches.
+pub(crate) const ERROR_DOMAIN: &str = "letterbox";
+
 /// Converts an engine error to the status a client sees. Field errors
-/// carry a `BadRequest` field violation naming the field.
+/// carry a `BadRequest` field violation naming the field; a limit hit
+/// carries an `ErrorInfo` whose `reason` names the limit
+/// ([`crate::queue::Exhausted::reason`]: `MESSAGE_TOO_LARGE`, `QUEUE_FULL`,
+/// `DISK_LOW`, `DISK_FLOOR`), so that a client need not read the message.
 pub(crate) fn to_status(e: QueueError) -> Status {
     let message = e.to_string();
     match e {
@@ -20,7 +28,11 @@ pub(crate) fn to_status(e: QueueError) -> Status {
         QueueError::NotFound { .. } => Status::not_found(message),
         QueueError::AlreadyExists { .. } => Status::already_exists(message),
         QueueError::FailedPrecondition(_) => Status::failed_precondition(message),
-        QueueError::ResourceExhausted(_) => Status::resource_exhausted(message),
+        QueueError::ResourceExhausted { kind, .. } => Status::with_error_details(
+            Code::ResourceExhausted,
+            message,
+            ErrorDetails::with_error_info(kind.reason(), ERROR_DOMAIN, HashMap::new()),
+        ),
         QueueError::Unavailable(_) => Status::unavailable(message),
         QueueError::DataLoss(_) => Status::data_loss(message),
         QueueError::Storage(s) => storage_status(&s, message),
@@ -45,6 +57,7 @@ fn storage_status(e: &StorageError, message: String) -> Status {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::queue::Exhausted;
 
     #[test]
     fn field_errors_name_the_field() {
@@ -54,6 +67,19 @@ mod tests {
         let details = s.get_error_details();
         let br = details.bad_request().expect("bad request details");
         assert_eq!(br.field_violations[0].field, "messages[2].ttl_ms");
+    }
+
+    #[test]
+    fn limits_name_their_kind() {
+        for kind in Exhausted::ALL {
+            let s = to_status(kind.error("the detail"));
+            assert_eq!(s.code(), Code::ResourceExhausted);
+            assert_eq!(s.message(), "the detail", "the message is the engine's");
+            let details = s.get_error_details();
+            let info = details.error_info().expect("error info details");
+            assert_eq!(info.reason, kind.reason());
+            assert_eq!(info.domain, ERROR_DOMAIN);
+        }
     }
 
     #[test]

@@ -36,6 +36,7 @@ use super::records::{
     QueueRecord,
 };
 use super::{SysKey, fsutil, payloads, wal};
+use crate::queue::model::QueueKind;
 
 /// Options of a check.
 #[derive(Debug, Clone, Default)]
@@ -435,7 +436,7 @@ fn check_relations(
                 m.delivery_count, m.leases
             ));
         }
-        if m.group.is_some() && q.kind != 2 {
+        if m.group.is_some() && !QueueKind::from_code(q.kind).is_fifo() {
             r.problem(format!("{what}: has a group but its queue is not FIFO"));
         }
     }
@@ -458,7 +459,7 @@ fn check_relations(
     }
     for (qid, g) in groups {
         match by_qid.get(qid) {
-            Some((_, q)) if q.kind == 2 => {}
+            Some((_, q)) if QueueKind::from_code(q.kind).is_fifo() => {}
             Some((name, _)) => r.problem(format!(
                 "group {g:?} stored for the standard queue {name:?}"
             )),

@@ -438,6 +438,37 @@ async fn bad_input_is_refused_naming_the_value_and_changes_nothing() {
 }
 
 #[tokio::test]
+async fn a_test_message_over_the_size_limit_is_413_and_a_full_queue_429() {
+    let server = InProc::start_with(|c| {
+        c.console_listen = Some(ConsoleAt::Exactly("127.0.0.1:0".parse().expect("addr")));
+        c.broker.max_message_size = 16;
+    })
+    .await;
+    let mut c = server.clients().await;
+    let mut full = config();
+    full.max_length = Some(1);
+    c.create("orders", full).await;
+    let mut web = Web::new(server.console.expect("console on"));
+    let csrf = web.get("/queues/orders").await.csrf();
+    let large = web
+        .post(
+            "/queues/orders/publish",
+            &[("csrf", &csrf), ("body", "seventeen bytes!!")],
+        )
+        .await;
+    assert_eq!(large.status, 413, "{}", large.body);
+    large.has("more than the limit of 16 bytes");
+    let fits = [("csrf", csrf.as_str()), ("body", "fits")];
+    let ok = web.post("/queues/orders/publish", &fits).await;
+    assert_eq!(ok.status, 200, "{}", ok.body);
+    let full = web.post("/queues/orders/publish", &fits).await;
+    assert_eq!(full.status, 429, "{}", full.body);
+    full.has("is full");
+    assert_eq!(c.stats("orders").await.total, 1);
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn with_principals_the_console_asks_for_credentials_and_applies_the_grants() {
     let all = vec!["*".to_string()];
     let principals = vec![

@@ -4,7 +4,8 @@ use std::path::Path;
 use std::process::Command;
 
 use letterbox::pb;
-use letterbox::storage::records::{MetaRecord, PayloadRecord, QueueRecord};
+use letterbox::queue::model::QueueKind;
+use letterbox::storage::records::{GroupRecord, MetaRecord, PayloadRecord, QueueRecord};
 use letterbox::storage::verify::{VerifyOptions, verify};
 use letterbox::storage::{Store, StoreOptions, Txn};
 
@@ -146,7 +147,7 @@ async fn inconsistent_records_are_reported() {
         &QueueRecord {
             qid: 7,
             created_at: 0,
-            kind: 1,
+            kind: QueueKind::Standard.code(),
             message_ttl: 60_000,
             ack_timeout: 1000,
             delivery_delay: 0,
@@ -160,9 +161,25 @@ async fn inconsistent_records_are_reported() {
             content_based_dedup: false,
         },
     );
-    // A message with its payload; a message without one; a payload
-    // without a message; no counters; a DLQ that does not exist.
-    txn.put_meta(7, 1, &meta(1, 3));
+    // A message with its payload (and a group, on a standard queue); a
+    // message without one; a payload without a message; no counters; a
+    // DLQ that does not exist; a group record of the standard queue.
+    txn.put_meta(
+        7,
+        1,
+        &MetaRecord {
+            group: Some("g".into()),
+            ..meta(1, 3)
+        },
+    );
+    txn.put_group(
+        7,
+        "g",
+        &GroupRecord {
+            parked_at: 1,
+            reason: "test".into(),
+        },
+    );
     txn.put_payload(
         1,
         letterbox::storage::encode_payload(&PayloadRecord::new(0, Vec::new(), "abc".into())),
@@ -199,6 +216,14 @@ async fn inconsistent_records_are_reported() {
         "{text}"
     );
     assert!(text.contains("\"gone\" does not exist"), "{text}");
+    assert!(
+        text.contains("message m1 (7/1): has a group but its queue is not FIFO"),
+        "{text}"
+    );
+    assert!(
+        text.contains("group \"g\" stored for the standard queue \"q\""),
+        "{text}"
+    );
     assert!(!report.is_sound());
     // The same through the command.
     let (code, out) = run_verify(&data);
