@@ -95,11 +95,7 @@ pub(crate) async fn import(
             "queues_created={} exchanges_created={} bindings_changed={}",
             r.queues_created, r.exchanges_created, r.bindings_changed
         );
-        s.audit_done(
-            "definitions.import",
-            "*",
-            &format!("{detail} (from the console)"),
-        );
+        s.audit_done("definitions.import", "*", &detail);
         Ok(format!(
             "imported: {} queues created, {} exchanges created, {} bindings created or changed",
             r.queues_created, r.exchanges_created, r.bindings_changed

@@ -526,7 +526,7 @@ async fn redrive_inner(
             "redrive.start",
             name,
             &format!(
-                "target={} dry_run=false limit=0 rate={} (from the console)",
+                "target={} dry_run=false limit=0 rate={}",
                 sel.spec.target.as_deref().unwrap_or("(sources)"),
                 sel.rate
             ),

@@ -108,7 +108,7 @@ pub(crate) async fn create(
     let done = async {
         allow(&c, &s, Action::Admin, &name)?;
         let (_, created) = c.broker.create_exchange(&name).await?;
-        s.audit_done("exchange.create", &name, "from the console");
+        s.audit_done("exchange.create", &name, "");
         Ok(if created {
             format!("exchange {name} created")
         } else {
@@ -148,11 +148,7 @@ pub(crate) async fn bind(
         allow(&c, &s, Action::Admin, &queue)?;
         let f = filter(form.text("filter"))?;
         c.broker.bind(&name, &queue, f).await?;
-        s.audit_done(
-            "exchange.bind",
-            &name,
-            &format!("queue={queue} (from the console)"),
-        );
+        s.audit_done("exchange.bind", &name, &format!("queue={queue}"));
         Ok(format!("{queue} bound to {name}"))
     };
     outcome(&c, &s, done.await)
@@ -170,11 +166,7 @@ pub(crate) async fn unbind(
         allow(&c, &s, Action::Admin, &name)?;
         allow(&c, &s, Action::Admin, &queue)?;
         c.broker.unbind(&name, &queue).await?;
-        s.audit_done(
-            "exchange.unbind",
-            &name,
-            &format!("queue={queue} (from the console)"),
-        );
+        s.audit_done("exchange.unbind", &name, &format!("queue={queue}"));
         Ok(format!("{queue} unbound from {name}"))
     };
     outcome(&c, &s, done.await)
@@ -190,7 +182,7 @@ pub(crate) async fn delete(
     let done = async {
         allow(&c, &s, Action::Admin, &name)?;
         c.broker.delete_exchange(&name).await?;
-        s.audit_done("exchange.delete", &name, "from the console");
+        s.audit_done("exchange.delete", &name, "");
         Ok(format!("exchange {name} deleted"))
     };
     outcome(&c, &s, done.await)

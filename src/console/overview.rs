@@ -281,7 +281,7 @@ pub(crate) async fn create_queue(
             input.dead_letter = Some((dlq.to_string(), max));
         }
         let (_, created) = c.broker.create_queue(&name, &input).await?;
-        s.audit_done("queue.create", &name, "from the console");
+        s.audit_done("queue.create", &name, "");
         Ok::<_, Failure>(created)
     };
     let (flash, status) = match done.await {

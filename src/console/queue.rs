@@ -382,11 +382,7 @@ pub(crate) async fn purge(
         allow(&c, &s, Action::Admin, &name)?;
         confirm(&form, &name, "purge")?;
         let n = c.broker.purge_queue(&name).await?;
-        s.audit_done(
-            "queue.purge",
-            &name,
-            &format!("deleted={n} (from the console)"),
-        );
+        s.audit_done("queue.purge", &name, &format!("deleted={n}"));
         Ok(format!(
             "purged {name}: {n} message{} deleted",
             if n == 1 { "" } else { "s" }
@@ -420,11 +416,7 @@ pub(crate) async fn delete(
         allow(&c, &s, Action::Admin, &name)?;
         confirm(&form, &name, "delete")?;
         let n = c.broker.delete_queue(&name, true).await?;
-        s.audit_done(
-            "queue.delete",
-            &name,
-            &format!("messages={n} (from the console)"),
-        );
+        s.audit_done("queue.delete", &name, &format!("messages={n}"));
         Ok(format!("deleted queue {name} and its {n} messages"))
     };
     match done.await {
@@ -486,7 +478,7 @@ pub(crate) async fn update_config(
             }
         }
         c.broker.update_queue(&name, &input, removals).await?;
-        s.audit_done("queue.update", &name, "from the console");
+        s.audit_done("queue.update", &name, "");
         Ok(format!("configuration of {name} saved"))
     };
     act(&c, &s, &name, done.await).await
@@ -683,11 +675,7 @@ pub(crate) async fn release_group(
     let done = async {
         allow(&c, &s, Action::Admin, &name)?;
         let r = c.broker.release_group(&name, &group).await?;
-        s.audit_done(
-            "group.release",
-            &name,
-            &format!("group={group:?} (from the console)"),
-        );
+        s.audit_done("group.release", &name, &format!("group={group:?}"));
         Ok::<_, Failure>(format!(
             "group {group:?} released: its head {r} is deliverable again"
         ))
@@ -709,7 +697,7 @@ pub(crate) async fn skip_head(
         s.audit_done(
             "group.skip_head",
             &name,
-            &format!("group={group:?} message={id} (from the console)"),
+            &format!("group={group:?} message={id}"),
         );
         Ok::<_, Failure>(format!("skipped message {id}, the head of group {group:?}"))
     };

@@ -62,9 +62,15 @@ impl Session {
         }
     }
 
-    /// Audits an act done through this session.
+    /// Audits an act done through this session; the detail says it came
+    /// through the console.
     pub(crate) fn audit_done(&self, action: &str, name: &str, detail: &str) {
-        audit::done(self.who(), action, name, detail);
+        let detail = if detail.is_empty() {
+            "from the console".to_string()
+        } else {
+            format!("{detail} (from the console)")
+        };
+        audit::done(self.who(), action, name, &detail);
     }
 }
 
