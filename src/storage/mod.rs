@@ -47,6 +47,7 @@ mod error;
 pub mod fsutil;
 pub mod keys;
 mod payloads;
+pub mod pg;
 pub mod records;
 mod rewrite;
 pub mod verify;

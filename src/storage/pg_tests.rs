@@ -1,0 +1,487 @@
+//! Tests of the PostgreSQL state against a real PostgreSQL, started for
+//! each test in a temporary directory on a loopback port (as the
+//! `postgres` user when run as root: PostgreSQL refuses to run as root).
+//! Without PostgreSQL's programs (Debian's `postgresql` package) they
+//! skip, unless LETTERBOX_REQUIRE_ECOSYSTEM=1, when they fail.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use super::{Outcome, PgError, PgState, SCHEMA_VERSION};
+use crate::storage::keys::{Key, Space, SysKey};
+
+/// A PostgreSQL server of its own, stopped (immediately) on drop.
+struct LocalPg {
+    bin: PathBuf,
+    data: PathBuf,
+    port: u16,
+    owner: Option<(u32, u32)>,
+    _dir: tempfile::TempDir,
+}
+
+fn pg_bin() -> Option<PathBuf> {
+    let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .ok()?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path().join("bin"))
+        .filter(|b| b.join("initdb").exists() && b.join("pg_ctl").exists())
+        .collect();
+    found.sort();
+    found.pop()
+}
+
+/// The uid and gid of the `postgres` user, from /etc/passwd.
+fn postgres_user() -> Option<(u32, u32)> {
+    let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
+    passwd.lines().find_map(|l| {
+        let f: Vec<&str> = l.split(':').collect();
+        (f.first() == Some(&"postgres") && f.len() > 3)
+            .then(|| Some((f[2].parse().ok()?, f[3].parse().ok()?)))
+            .flatten()
+    })
+}
+
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr").port()
+}
+
+impl LocalPg {
+    fn start(test: &str) -> Option<LocalPg> {
+        let Some(bin) = pg_bin() else {
+            let why =
+                "no PostgreSQL programs under /usr/lib/postgresql (apt-get install postgresql)";
+            assert!(
+                std::env::var("LETTERBOX_REQUIRE_ECOSYSTEM").as_deref() != Ok("1"),
+                "{test}: {why}"
+            );
+            eprintln!("SKIP {test}: {why}");
+            return None;
+        };
+        let root = rustix::process::geteuid().is_root();
+        let owner = if root {
+            Some(postgres_user().expect("running as root needs the postgres user"))
+        } else {
+            None
+        };
+        let dir = tempfile::tempdir().expect("tempdir");
+        if let Some((uid, gid)) = owner {
+            std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid)).expect("chown");
+        }
+        let data = dir.path().join("data");
+        let pg = LocalPg {
+            bin,
+            data,
+            port: free_port(),
+            owner,
+            _dir: dir,
+        };
+        pg.run(
+            "initdb",
+            &[
+                "-D",
+                &pg.data.display().to_string(),
+                "-A",
+                "trust",
+                "-U",
+                "postgres",
+                "--no-sync",
+            ],
+        );
+        let opts = format!(
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=on -c max_connections=20",
+            pg.port,
+            pg._dir.path().display()
+        );
+        pg.run(
+            "pg_ctl",
+            &[
+                "-D",
+                &pg.data.display().to_string(),
+                "-o",
+                &opts,
+                "-l",
+                &pg._dir.path().join("log").display().to_string(),
+                "-w",
+                "start",
+            ],
+        );
+        Some(pg)
+    }
+
+    fn command(&self, program: &str) -> Command {
+        let path = self.bin.join(program);
+        match self.owner {
+            Some(_) => {
+                let mut c = Command::new("runuser");
+                c.args(["-u", "postgres", "--"]).arg(path);
+                c
+            }
+            None => Command::new(path),
+        }
+    }
+
+    fn run(&self, program: &str, args: &[&str]) {
+        let out = self
+            .command(program)
+            .args(args)
+            .current_dir(self._dir.path())
+            .output()
+            .expect("run a PostgreSQL program");
+        assert!(
+            out.status.success(),
+            "{program} {args:?}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    fn dir(&self) -> &Path {
+        self._dir.path()
+    }
+}
+
+impl Drop for LocalPg {
+    fn drop(&mut self) {
+        let _ = self
+            .command("pg_ctl")
+            .args([
+                "-D",
+                &self.data.display().to_string(),
+                "-m",
+                "immediate",
+                "stop",
+            ])
+            .current_dir(self.dir())
+            .output();
+    }
+}
+
+fn b(s: &[u8]) -> Bytes {
+    Bytes::copy_from_slice(s)
+}
+
+fn put(k: Key<'_>, v: &[u8]) -> (Bytes, Option<Bytes>) {
+    (k.encode(), Some(b(v)))
+}
+
+fn del(k: Key<'_>) -> (Bytes, Option<Bytes>) {
+    (k.encode(), None)
+}
+
+const TTL: Duration = Duration::from_secs(30);
+
+#[tokio::test]
+async fn commits_reads_and_scans_in_key_order() {
+    let Some(pg) = LocalPg::start("commits_reads_and_scans_in_key_order") else {
+        return;
+    };
+    let mut s = PgState::connect(&pg.url(), 1).await.expect("connect");
+    let fence = s.acquire("a", TTL).await.expect("acquire").expect("free");
+    assert_eq!(fence.epoch, 1);
+    let batch = vec![
+        put(Key::Meta(1, 2), b"m12"),
+        put(Key::Meta(1, 1), b"m11"),
+        put(Key::Meta(2, 1), b"m21"),
+        put(Key::Payload(7), b"body"),
+        put(Key::Counters(1), b"c1"),
+        put(Key::Sys(SysKey::AppliedLsn), b"x"),
+        // Put then deleted in the same batch: absent.
+        put(Key::Meta(1, 3), b"gone"),
+        del(Key::Meta(1, 3)),
+        // Deleted then put: present with the last value.
+        del(Key::Payload(8)),
+        put(Key::Payload(8), b"eight"),
+    ];
+    s.commit(&fence, &batch, 5).await.expect("commit");
+    assert_eq!(s.committed_lsn().await.expect("marker"), 5);
+    assert_eq!(s.get(&Key::Meta(1, 3).encode()).await.expect("get"), None);
+    assert_eq!(
+        s.get(&Key::Payload(8).encode()).await.expect("get"),
+        Some(b(b"eight"))
+    );
+    assert_eq!(
+        s.get(&Key::Counters(1).encode()).await.expect("get"),
+        Some(b(b"c1"))
+    );
+
+    let all = s
+        .scan(&Space::Metas.prefix(), None, 100)
+        .await
+        .expect("scan");
+    let keys: Vec<Bytes> = all.iter().map(|(k, _)| k.clone()).collect();
+    assert_eq!(
+        keys,
+        vec![
+            Key::Meta(1, 1).encode(),
+            Key::Meta(1, 2).encode(),
+            Key::Meta(2, 1).encode()
+        ]
+    );
+    // Paging: after the first key, one at a time; a narrower prefix.
+    let page = s
+        .scan(&Space::Metas.prefix(), Some(&keys[0]), 1)
+        .await
+        .expect("scan");
+    assert_eq!(page, vec![(keys[1].clone(), b(b"m12"))]);
+    let of1 = s
+        .scan(&Space::MetasOf(1).prefix(), None, 100)
+        .await
+        .expect("scan");
+    assert_eq!(of1.len(), 2);
+
+    // A later batch deletes and overwrites.
+    s.commit(
+        &fence,
+        &[del(Key::Meta(1, 1)), put(Key::Meta(1, 2), b"again")],
+        6,
+    )
+    .await
+    .expect("commit");
+    let of1 = s
+        .scan(&Space::MetasOf(1).prefix(), None, 100)
+        .await
+        .expect("scan");
+    assert_eq!(of1, vec![(Key::Meta(1, 2).encode(), b(b"again"))]);
+    assert_eq!(s.resolve(6).await.expect("resolve"), Outcome::Committed);
+    assert_eq!(s.resolve(7).await.expect("resolve"), Outcome::NotCommitted);
+
+    // Shards do not see each other's keys.
+    let other = PgState::connect(&pg.url(), 2).await.expect("connect");
+    assert_eq!(
+        other
+            .scan(&Space::Metas.prefix(), None, 100)
+            .await
+            .expect("scan"),
+        vec![]
+    );
+    assert_eq!(other.committed_lsn().await.expect("marker"), 0);
+}
+
+#[tokio::test]
+async fn a_lapsed_lease_is_taken_over_and_the_old_owner_is_fenced() {
+    let Some(pg) = LocalPg::start("a_lapsed_lease_is_taken_over_and_the_old_owner_is_fenced")
+    else {
+        return;
+    };
+    let mut a = PgState::connect(&pg.url(), 1).await.expect("connect");
+    let mut b_ = PgState::connect(&pg.url(), 1).await.expect("connect");
+    let short = Duration::from_millis(300);
+    let fa = a.acquire("a", short).await.expect("acquire").expect("free");
+    // Held: the other node is told by whom and for how long.
+    let held = b_
+        .acquire("b", TTL)
+        .await
+        .expect("acquire")
+        .expect_err("held");
+    assert_eq!((held.node.as_str(), held.epoch), ("a", fa.epoch));
+    assert!(held.remaining <= short);
+    a.commit(&fa, &[put(Key::Counters(1), b"a1")], 1)
+        .await
+        .expect("owner commits");
+
+    tokio::time::sleep(short + Duration::from_millis(100)).await;
+    let fb = b_
+        .acquire("b", TTL)
+        .await
+        .expect("acquire")
+        .expect("lapsed");
+    assert_eq!(fb.epoch, fa.epoch + 1);
+
+    // The old owner can neither write nor renew: nothing it sends lands.
+    let err = a
+        .commit(&fa, &[put(Key::Counters(1), b"stale")], 2)
+        .await
+        .expect_err("fenced");
+    assert!(
+        matches!(err, PgError::Fenced { mine, current, .. } if mine == fa.epoch && current == fb.epoch),
+        "{err}"
+    );
+    assert!(matches!(
+        a.renew(&fa, TTL).await,
+        Err(PgError::Fenced { .. })
+    ));
+    assert_eq!(
+        b_.get(&Key::Counters(1).encode()).await.expect("get"),
+        Some(b(b"a1"))
+    );
+    assert_eq!(b_.committed_lsn().await.expect("marker"), 1);
+    b_.commit(&fb, &[put(Key::Counters(1), b"b2")], 2)
+        .await
+        .expect("new owner commits");
+
+    // A restart under the same name takes its own lease back at once.
+    let fb2 = a
+        .acquire("b", TTL)
+        .await
+        .expect("acquire")
+        .expect("same node");
+    assert_eq!(fb2.epoch, fb.epoch + 1);
+    // Release lets another node in without waiting.
+    a.release(&fb2).await.expect("release");
+    let fc = b_
+        .acquire("c", TTL)
+        .await
+        .expect("acquire")
+        .expect("released");
+    assert_eq!(fc.epoch, fb2.epoch + 1);
+}
+
+#[tokio::test]
+async fn a_takeover_waits_for_a_commit_in_flight_and_fences_the_next() {
+    let Some(pg) = LocalPg::start("a_takeover_waits_for_a_commit_in_flight_and_fences_the_next")
+    else {
+        return;
+    };
+    let url = pg.url();
+    let mut a = PgState::connect(&url, 1).await.expect("connect");
+    let fa = a
+        .acquire("a", Duration::from_millis(200))
+        .await
+        .expect("acquire")
+        .expect("free");
+    // A blocker holds a payload row so that a's commit stops after its
+    // fence check, holding the owner row FOR SHARE: a commit in flight.
+    let (blocker, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(conn);
+    // pg_stat_activity is read outside the blocker's transaction (a
+    // transaction sees one snapshot of it).
+    let (monitor, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(conn);
+    a.commit(&fa, &[put(Key::Payload(1), b"v0")], 1)
+        .await
+        .expect("commit");
+    blocker
+        .batch_execute(
+            "BEGIN; SELECT v FROM lb_payload WHERE k = '\\x050000000000000001' FOR UPDATE",
+        )
+        .await
+        .expect("lock");
+    let a = Arc::new(tokio::sync::Mutex::new(a));
+    let in_flight = {
+        let a = a.clone();
+        tokio::spawn(async move {
+            let mut a = a.lock().await;
+            a.commit(&fa, &[put(Key::Payload(1), b"v1")], 2).await
+        })
+    };
+    waiting_for_locks(&monitor, 1).await;
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    // a's lease has lapsed; b takes over, and must wait for a's commit.
+    let b_ = PgState::connect(&url, 1).await.expect("connect");
+    let takeover = tokio::spawn(async move {
+        let f = b_.acquire("b", TTL).await;
+        (b_, f)
+    });
+    waiting_for_locks(&monitor, 2).await;
+    assert!(
+        !takeover.is_finished(),
+        "the takeover did not wait for the commit in flight"
+    );
+    blocker.batch_execute("COMMIT").await.expect("unlock");
+    in_flight
+        .await
+        .expect("join")
+        .expect("the commit in flight lands");
+    let (b_, fb) = takeover.await.expect("join");
+    let fb = fb.expect("acquire").expect("lapsed");
+    // The new owner sees the commit that was in flight; the old owner's
+    // next commit is refused.
+    assert_eq!(
+        b_.get(&Key::Payload(1).encode()).await.expect("get"),
+        Some(b(b"v1"))
+    );
+    let err = a
+        .lock()
+        .await
+        .commit(&fa, &[put(Key::Payload(1), b"v2")], 3)
+        .await
+        .expect_err("fenced");
+    assert!(
+        matches!(err, PgError::Fenced { current, .. } if current == fb.epoch),
+        "{err}"
+    );
+    assert_eq!(b_.committed_lsn().await.expect("marker"), 2);
+}
+
+/// Waits until `n` sessions wait for a lock (or fails after 20 s).
+async fn waiting_for_locks(c: &tokio_postgres::Client, n: i64) {
+    for _ in 0..400 {
+        let waiting: i64 = c
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'",
+                &[],
+            )
+            .await
+            .expect("pg_stat_activity")
+            .get(0);
+        if waiting >= n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let activity: Vec<String> = c
+        .query(
+            "SELECT coalesce(wait_event_type, '-') || ' ' || coalesce(wait_event, '-') || ' ' || state || ': ' || query
+             FROM pg_stat_activity WHERE backend_type = 'client backend'",
+            &[],
+        )
+        .await
+        .expect("pg_stat_activity")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    panic!("{n} sessions never waited for a lock: {activity:#?}");
+}
+
+#[tokio::test]
+async fn the_schema_is_created_once_and_a_newer_one_refused() {
+    let Some(pg) = LocalPg::start("the_schema_is_created_once_and_a_newer_one_refused") else {
+        return;
+    };
+    let url = pg.url();
+    // Two servers creating it at once: one schema, both connected.
+    let (x, y) = tokio::join!(PgState::connect(&url, 1), PgState::connect(&url, 1));
+    x.expect("first");
+    y.expect("second");
+    let (c, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(conn);
+    let versions: Vec<i32> = c
+        .query("SELECT version FROM lb_schema", &[])
+        .await
+        .expect("versions")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(versions, vec![SCHEMA_VERSION]);
+    c.execute(
+        "INSERT INTO lb_schema VALUES ($1)",
+        &[&(SCHEMA_VERSION + 1)],
+    )
+    .await
+    .expect("newer");
+    let err = PgState::connect(&url, 1).await.expect_err("newer schema");
+    assert!(
+        matches!(err, PgError::NewerSchema { found, .. } if found == SCHEMA_VERSION + 1),
+        "{err}"
+    );
+    // An unreachable database names where it looked.
+    let err = PgState::connect("postgres://postgres@127.0.0.1:1/nowhere", 1)
+        .await
+        .expect_err("unreachable");
+    assert!(err.to_string().contains("127.0.0.1:1/nowhere"), "{err}");
+}
