@@ -485,3 +485,137 @@ async fn the_schema_is_created_once_and_a_newer_one_refused() {
         .expect_err("unreachable");
     assert!(err.to_string().contains("127.0.0.1:1/nowhere"), "{err}");
 }
+
+/// The pid of the session running a statement that starts with `sql`,
+/// once it waits for `event` (or fails after 20 s).
+async fn session_waiting(c: &tokio_postgres::Client, sql: &str, event: &str) -> i32 {
+    for _ in 0..400 {
+        let row = c
+            .query_opt(
+                "SELECT pid FROM pg_stat_activity
+                 WHERE wait_event = $1 AND starts_with(query, $2) LIMIT 1",
+                &[&event, &sql],
+            )
+            .await
+            .expect("pg_stat_activity");
+        if let Some(row) = row {
+            return row.get(0);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("no session ran {sql:?} waiting for {event}");
+}
+
+/// Sets `synchronous_standby_names` and reloads the configuration.
+async fn set_sync_standby(c: &tokio_postgres::Client, url: &str, names: &str) {
+    c.batch_execute(&format!(
+        "ALTER SYSTEM SET synchronous_standby_names = {names}"
+    ))
+    .await
+    .expect("alter system");
+    c.batch_execute("SELECT pg_reload_conf()")
+        .await
+        .expect("reload");
+    // Sessions take the new value at their next statement, once the
+    // postmaster has passed the signal on: wait until a fresh one sees it.
+    let want = names.trim_matches('\'');
+    for _ in 0..400 {
+        let (fresh, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+            .await
+            .expect("connect");
+        tokio::spawn(conn);
+        let now: String = fresh
+            .query_one("SHOW synchronous_standby_names", &[])
+            .await
+            .expect("show")
+            .get(0);
+        if now == want {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("synchronous_standby_names never became {names}");
+}
+
+#[tokio::test]
+async fn an_unknown_commit_outcome_is_settled_by_the_marker() {
+    let Some(pg) = LocalPg::start("an_unknown_commit_outcome_is_settled_by_the_marker") else {
+        return;
+    };
+    let url = pg.url();
+    let (monitor, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(conn);
+    let mut a = PgState::connect(&url, 1).await.expect("connect");
+    let fa = a.acquire("a", TTL).await.expect("acquire").expect("free");
+    a.commit(&fa, &[put(Key::Counters(1), b"one")], 1)
+        .await
+        .expect("commit");
+
+    // A synchronous standby that never answers: COMMIT is done locally and
+    // waits for it. The session is then cut off, as when a primary dies or
+    // the network drops during COMMIT: its outcome is unknown to the
+    // committer, and the marker tells.
+    set_sync_standby(&monitor, &url, "'nobody'").await;
+    let committing = tokio::spawn(async move {
+        let r = a.commit(&fa, &[put(Key::Counters(1), b"two")], 2).await;
+        (a, r)
+    });
+    let pid = session_waiting(&monitor, "COMMIT", "SyncRep").await;
+    monitor
+        .execute("SELECT pg_terminate_backend($1)", &[&pid])
+        .await
+        .expect("terminate");
+    let (_, r) = committing.await.expect("join");
+    let err = r.expect_err("cut off during COMMIT");
+    assert!(matches!(err, PgError::Unknown { lsn: 2, .. }), "{err}");
+    set_sync_standby(&monitor, &url, "''").await;
+    let mut fresh = PgState::connect(&url, 1).await.expect("connect");
+    assert_eq!(fresh.resolve(2).await.expect("resolve"), Outcome::Committed);
+    assert_eq!(
+        fresh.get(&Key::Counters(1).encode()).await.expect("get"),
+        Some(b(b"two"))
+    );
+
+    // Cut off before COMMIT (waiting for a row another session holds):
+    // an error that is not "unknown", and the marker says not committed.
+    let fa = fresh
+        .acquire("a", TTL)
+        .await
+        .expect("acquire")
+        .expect("same node");
+    monitor
+        .batch_execute("BEGIN; SELECT * FROM lb_small FOR UPDATE")
+        .await
+        .expect("lock");
+    let committing = tokio::spawn(async move {
+        let r = fresh
+            .commit(&fa, &[put(Key::Counters(1), b"three")], 3)
+            .await;
+        (fresh, r)
+    });
+    let (watcher, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(conn);
+    let pid = session_waiting(&watcher, "INSERT INTO lb_small", "transactionid").await;
+    watcher
+        .execute("SELECT pg_terminate_backend($1)", &[&pid])
+        .await
+        .expect("terminate");
+    let (_, r) = committing.await.expect("join");
+    let err = r.expect_err("cut off before COMMIT");
+    assert!(matches!(err, PgError::Db(_)), "{err}");
+    monitor.batch_execute("COMMIT").await.expect("unlock");
+    let mut again = PgState::connect(&url, 1).await.expect("connect");
+    assert_eq!(
+        again.resolve(3).await.expect("resolve"),
+        Outcome::NotCommitted
+    );
+    assert_eq!(
+        again.get(&Key::Counters(1).encode()).await.expect("get"),
+        Some(b(b"two"))
+    );
+}
