@@ -471,8 +471,8 @@ impl Broker {
 
     /// Acknowledges deliveries: each message is deleted for good.
     pub async fn ack(&self, tokens: &[String]) -> Result<Vec<Settled>> {
-        let (results, commit) = self.ack_begin(tokens)?;
-        durable(commit).await?;
+        let (results, pending) = self.ack_begin(tokens)?;
+        pending.durable().await?;
         Ok(results)
     }
 
@@ -480,10 +480,7 @@ impl Broker {
     /// durable: the caller waits for the commit before it answers. A
     /// subscription uses it to lease its next message before that wait, so
     /// that the ack and the lease share one `fdatasync`.
-    pub(crate) fn ack_begin(
-        &self,
-        tokens: &[String],
-    ) -> Result<(Vec<Settled>, Option<crate::storage::Commit>)> {
+    pub fn ack_begin(&self, tokens: &[String]) -> Result<(Vec<Settled>, super::Pending)> {
         validate::batch("ack_tokens", tokens.len())?;
         let parsed = parse_tokens("ack_tokens", tokens.iter().map(String::as_str))?;
         self.check_floor()?;
@@ -492,7 +489,7 @@ impl Broker {
         let mut change = Change::default();
         let results = self.ack_in(&mut st, &parsed, tokens, now, &mut change)?;
         let commit = self.submit(&st, change);
-        Ok((results, commit))
+        Ok((results, super::Pending::new(commit)))
     }
 
     /// Acknowledges the deliveries of `parsed` (whose texts are `tokens`)

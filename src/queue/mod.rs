@@ -37,6 +37,7 @@ pub use publish::Publishing;
 mod recovery;
 pub mod redrive;
 mod state;
+pub mod subscription;
 mod timers;
 pub mod token;
 pub mod validate;
@@ -344,6 +345,24 @@ impl Broker {
     pub(crate) fn submit(&self, st: &State, change: Change) -> Option<crate::storage::Commit> {
         let txn = change.finish(st);
         (!txn.is_empty()).then(|| self.store.submit(txn))
+    }
+}
+
+/// A change the engine decided and logged, pending until it is durable:
+/// what it hands to adapters that answer only once the change is on disk
+/// (the storage's own commit stays inside the engine).
+#[derive(Debug, Default)]
+#[must_use = "a change is answered only once it is durable"]
+pub struct Pending(Option<crate::storage::Commit>);
+
+impl Pending {
+    pub(crate) fn new(commit: Option<crate::storage::Commit>) -> Pending {
+        Pending(commit)
+    }
+
+    /// Waits until the change is durable.
+    pub async fn durable(self) -> Result<()> {
+        durable(self.0).await
     }
 }
 

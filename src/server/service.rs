@@ -521,10 +521,10 @@ impl MessagingService for Service {
             ));
         };
         allow(&p, Action::Consume, &open.queue)?;
-        subscribe::check_open(&self.broker, &open).map_err(to_status)?;
+        let sub = subscribe::open(&self.broker, &open).map_err(to_status)?;
         let (tx, rx) = mpsc::channel(4);
         let consumer = self.consumers.subscribed(&open.queue);
-        let session = subscribe::session(Arc::clone(&self.broker), p, open, inbound, tx);
+        let session = subscribe::session(Arc::clone(&self.broker), p, sub, inbound, tx);
         self.sessions.spawn(
             async move {
                 session.await;
