@@ -5,11 +5,12 @@
 //! delivery count at the grant); a settle call whose token is not the
 //! current, unexpired lease fails for that token and changes nothing.
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use crate::faults::{self, Fault};
 use crate::storage::Key;
-use crate::storage::records::LeaseRecord;
+use crate::storage::records::{LeaseRecord, PayloadRecord};
 
 use super::error::{QueueError, Result};
 use super::model::{
@@ -34,6 +35,21 @@ struct Picked {
     deadline: u64,
     /// Auto-ack: the payload, read before it was deleted.
     payload: Option<crate::storage::records::PayloadRecord>,
+}
+
+/// Auto-ack: the bodies of the messages a receive is about to take, read
+/// before it takes the lock (payload number → the body, or what is wrong
+/// with it), so that no payload is read under the lock.
+type PreRead = HashMap<u64, std::result::Result<Option<PayloadRecord>, String>>;
+
+/// What became of one message a receive chose.
+enum Taken {
+    /// Leased, or auto-acked with its body.
+    Leased(Box<Picked>),
+    /// Auto-ack: its body is damaged; set aside.
+    SetAside,
+    /// Auto-ack: its body was not read beforehand; left ready.
+    NotRead,
 }
 
 impl Broker {
@@ -84,8 +100,17 @@ impl Broker {
         }
         let give_up = Instant::now() + Duration::from_millis(opts.wait);
         let mut acked = None;
+        // Auto-ack turns in a row that found only messages not read
+        // beforehand; past a few, wait for a change like any empty turn.
+        const MAX_MISSES: u32 = 16;
+        let mut misses = 0;
         loop {
-            let (picked, commit, mut wake) = {
+            let mut preread = if opts.auto_ack {
+                self.pre_read(queue, max, &opts)?
+            } else {
+                PreRead::new()
+            };
+            let (picked, missed, commit, mut wake) = {
                 let mut st = self.lock();
                 let qid = st.qid(queue)?;
                 let q = st.queue(qid)?;
@@ -110,8 +135,9 @@ impl Broker {
                     parsed.clear();
                     acked = self.submit(&st, std::mem::take(&mut change));
                 }
-                let picked = self.pick(&mut st, qid, max, &opts, timeout, &mut change)?;
-                (picked, self.submit(&st, change), wake)
+                let (picked, missed) =
+                    self.pick(&mut st, qid, max, &opts, timeout, &mut preread, &mut change)?;
+                (picked, missed, self.submit(&st, change), wake)
             };
             durable(acked.take()).await?;
             if !picked.is_empty() {
@@ -124,6 +150,14 @@ impl Broker {
                 continue;
             }
             durable(commit).await?;
+            if missed && misses < MAX_MISSES {
+                // Auto-ack: ready messages whose bodies were not read
+                // beforehand (they became ready meanwhile); read and pick
+                // again.
+                misses += 1;
+                continue;
+            }
+            misses = 0;
             let left = give_up.saturating_duration_since(Instant::now());
             if left.is_zero() || self.is_closing() {
                 return Ok((settled, Vec::new()));
@@ -139,6 +173,7 @@ impl Broker {
     /// Chooses and leases messages under the lock. Expired candidates are
     /// expired instead of delivered, and the choice is made again past
     /// them (in a FIFO group the next message becomes the head).
+    #[allow(clippy::too_many_arguments)]
     fn pick(
         &self,
         st: &mut State,
@@ -146,8 +181,9 @@ impl Broker {
         max: u32,
         opts: &ReceiveOptions,
         timeout: u64,
+        preread: &mut PreRead,
         change: &mut Change,
-    ) -> Result<Vec<Picked>> {
+    ) -> Result<(Vec<Picked>, bool)> {
         let now = self.now();
         let max = usize::try_from(max).unwrap_or(10);
         let per_group = usize::try_from(opts.max_per_group).unwrap_or(usize::MAX);
@@ -157,6 +193,8 @@ impl Broker {
         // FIFO groups whose message was set aside (a damaged body, auto-ack
         // only): the rest of the group waits behind it.
         let mut blocked: Vec<u32> = Vec::new();
+        // Auto-ack: a ready message whose body was not read beforehand.
+        let mut missed = false;
         loop {
             let q = st.queue(qid)?;
             let budget = self.opts.max_response_bytes.saturating_sub(used);
@@ -182,20 +220,59 @@ impl Broker {
                     continue;
                 }
                 used += u64::from(e.size()) + DELIVERY_OVERHEAD;
-                match self.lease_one(st, qid, pos, now, timeout, auto_ack, change)? {
-                    Some(p) => picked.push(p),
-                    None => blocked.push(group),
+                let read = if auto_ack { Some(&mut *preread) } else { None };
+                match self.lease_one(st, qid, pos, now, timeout, read, change)? {
+                    Taken::Leased(p) => picked.push(*p),
+                    Taken::SetAside => blocked.push(group),
+                    Taken::NotRead => {
+                        missed = true;
+                        blocked.push(group);
+                    }
                 }
             }
             if !expired_any || picked.len() >= max {
                 break;
             }
         }
-        Ok(picked)
+        Ok((picked, missed))
     }
 
-    /// Leases (or auto-acks) one ready message. `None` when an auto-ack
-    /// found its body damaged: it was set aside instead ([`Broker::set_aside`]).
+    /// Auto-ack: reads the bodies of the messages a pick would take now,
+    /// outside the lock (the positions are chosen under it, the records
+    /// and bodies read after). What the pick then takes uses these; a
+    /// message it finds without one is left for the next turn.
+    fn pre_read(&self, queue: &str, max: u32, opts: &ReceiveOptions) -> Result<PreRead> {
+        let max = usize::try_from(max).unwrap_or(10);
+        let per_group = usize::try_from(opts.max_per_group).unwrap_or(usize::MAX);
+        let (qid, positions) = {
+            let mut st = self.lock();
+            let qid = st.qid(queue)?;
+            let q = st.queue(qid)?;
+            let budget = self.opts.max_response_bytes;
+            (
+                qid,
+                q.deliverable(max, budget, DELIVERY_OVERHEAD, per_group),
+            )
+        };
+        let mut read = PreRead::new();
+        for pos in positions {
+            let Some(meta) = self.store.get_meta(qid, pos)? else {
+                continue;
+            };
+            let body = match self.store.get_payload(meta.pid) {
+                Ok(p) => Ok(p),
+                Err(e) if e.is_corrupt() => Err(e.to_string()),
+                Err(e) => return Err(e.into()),
+            };
+            read.insert(meta.pid, body);
+        }
+        Ok(read)
+    }
+
+    /// Leases one ready message, or auto-acks it when given the bodies
+    /// read beforehand: an auto-ack whose body is damaged sets it aside
+    /// instead ([`Broker::set_aside`]); one whose body was not read leaves
+    /// it as it is.
     #[allow(clippy::too_many_arguments)]
     fn lease_one(
         &self,
@@ -204,10 +281,17 @@ impl Broker {
         pos: u64,
         now: u64,
         timeout: u64,
-        auto_ack: bool,
+        preread: Option<&mut PreRead>,
         change: &mut Change,
-    ) -> Result<Option<Picked>> {
+    ) -> Result<Taken> {
         let mut meta = self.meta(qid, pos)?;
+        let body = match preread {
+            Some(read) => match read.remove(&meta.pid) {
+                Some(body) => Some(body),
+                None => return Ok(Taken::NotRead),
+            },
+            None => None,
+        };
         meta.delivery_count += 1;
         meta.leases += 1;
         if meta.first_delivered_at == 0 {
@@ -218,14 +302,13 @@ impl Broker {
             .get_mut(&qid)
             .ok_or_else(|| QueueError::Unavailable(format!("queue number {qid} vanished")))?;
         let fifo = q.fifo.is_some();
-        if auto_ack {
-            let payload = match self.store.get_payload(meta.pid) {
+        if let Some(body) = body {
+            let payload = match body {
                 Ok(p) => p,
-                Err(e) if e.is_corrupt() => {
-                    self.set_aside(st, qid, pos, &e.to_string(), now, change)?;
-                    return Ok(None);
+                Err(why) => {
+                    self.set_aside(st, qid, pos, &why, now, change)?;
+                    return Ok(Taken::SetAside);
                 }
-                Err(e) => return Err(e.into()),
             };
             q.remove(pos, timers);
             forget_client_id(q, &meta);
@@ -233,7 +316,7 @@ impl Broker {
             change.txn.delete(Key::Payload(meta.pid));
             q.counters.acked += 1;
             change.touch(qid);
-            return Ok(Some(Picked {
+            return Ok(Taken::Leased(Box::new(Picked {
                 qid,
                 fifo,
                 pid: meta.pid,
@@ -241,7 +324,7 @@ impl Broker {
                 meta,
                 deadline: 0,
                 payload,
-            }));
+            })));
         }
         let deadline = now + timeout;
         let epoch = meta.leases;
@@ -256,7 +339,7 @@ impl Broker {
             change.txn.put_meta(qid, pos, &meta);
         }
         q.lease(pos, deadline, epoch, timers);
-        Ok(Some(Picked {
+        Ok(Taken::Leased(Box::new(Picked {
             qid,
             fifo,
             pid: meta.pid,
@@ -264,7 +347,7 @@ impl Broker {
             meta,
             deadline,
             payload: None,
-        }))
+        })))
     }
 
     /// Reads the payloads of picked messages and waits for durability.

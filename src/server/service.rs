@@ -205,10 +205,15 @@ impl AdminService for Service {
         let p = self.caller(&req).await?;
         let r = req.into_inner();
         allow(&p, Action::Consume, &r.queue)?;
-        let page = self
-            .broker
-            .browse(&r.queue, r.max_messages, &r.page_token)
-            .map_err(to_status)?;
+        // Browse reads records and bodies from the store: off the async
+        // workers.
+        let broker = Arc::clone(&self.broker);
+        let page = tokio::task::spawn_blocking(move || {
+            broker.browse(&r.queue, r.max_messages, &r.page_token)
+        })
+        .await
+        .map_err(|e| Status::internal(format!("browse stopped: {e}")))?
+        .map_err(to_status)?;
         Ok(Response::new(pb::BrowseResponse {
             messages: page.messages.into_iter().map(convert::browsed_pb).collect(),
             next_page_token: page.next.unwrap_or_default(),
