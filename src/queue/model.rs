@@ -467,25 +467,14 @@ pub struct QueueStats {
     pub total: u64,
     /// Age of the oldest message in the queue.
     pub oldest_age: u64,
-    /// Published, ever.
-    pub published: u64,
-    /// Acknowledged.
-    pub acked: u64,
-    /// Failed attempts.
-    pub nacked: u64,
-    /// Expired.
-    pub expired: u64,
-    /// Moved to the DLQ.
-    pub dead_lettered: u64,
-    /// Moved in from sources.
-    pub dead_letters_received: u64,
-    /// Deleted by purges.
-    pub purged: u64,
-    /// Moved out by redrives.
-    pub redriven: u64,
-    /// Moved in by redrives.
-    pub redrive_received: u64,
+    /// Its counters since it was created.
+    pub counters: QueueCounters,
 }
+
+/// A queue's counters since it was created, as the engine keeps them and
+/// as they are stored (one record per queue, written with the change
+/// that moved them): the one declaration of the counters.
+pub use crate::storage::records::CountersRecord as QueueCounters;
 
 /// Where a message stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

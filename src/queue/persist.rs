@@ -1,14 +1,11 @@
 //! Translation between the engine's model and the storage records.
 
-use crate::storage::records::{
-    AttemptRecord, CountersRecord, DeadLetterRec, MetaRecord, QueueRecord,
-};
+use crate::storage::records::{AttemptRecord, DeadLetterRec, MetaRecord, QueueRecord};
 
 use super::model::{
     Attempt, AttemptOutcome, DeadLetter, DeadLetterPolicy, DeadLetterReason, PoisonPolicy,
     QueueConfig, QueueKind, RetryBackoff,
 };
-use super::state::Counters;
 
 /// Most attempts kept per message, and most dead-letter records.
 pub(crate) const HISTORY_LIMIT: usize = 16;
@@ -65,34 +62,6 @@ pub(crate) fn queue_config(r: &QueueRecord) -> QueueConfig {
             PoisonPolicy::DeadLetterAndContinue
         },
         content_based_dedup: r.content_based_dedup,
-    }
-}
-
-pub(crate) fn counters_record(c: &Counters) -> CountersRecord {
-    CountersRecord {
-        published: c.published,
-        acked: c.acked,
-        nacked: c.nacked,
-        expired: c.expired,
-        dead_lettered: c.dead_lettered,
-        dead_letters_received: c.dead_letters_received,
-        purged: c.purged,
-        redriven: c.redriven,
-        redrive_received: c.redrive_received,
-    }
-}
-
-pub(crate) fn counters(r: &CountersRecord) -> Counters {
-    Counters {
-        published: r.published,
-        acked: r.acked,
-        nacked: r.nacked,
-        expired: r.expired,
-        dead_lettered: r.dead_lettered,
-        dead_letters_received: r.dead_letters_received,
-        purged: r.purged,
-        redriven: r.redriven,
-        redrive_received: r.redrive_received,
     }
 }
 
