@@ -1,10 +1,14 @@
 //! The engine's own types: queue configurations, messages, deliveries,
-//! dead-letter records, figures. No protobuf or storage type appears here;
-//! `server/convert.rs` and the engine's persistence code translate.
+//! dead-letter records, figures. No protobuf type appears here, and one
+//! storage type, the queue counters' record ([`QueueCounters`]), which the
+//! engine keeps as it is stored; `server/convert.rs` and the engine's
+//! persistence code translate the rest.
 //!
 //! Durations and instants are milliseconds (instants since the Unix epoch).
 
 use bytes::Bytes;
+
+use super::error::QueueError;
 
 /// Milliseconds in a second, a minute, an hour, a day.
 pub const SECOND: u64 = 1_000;
@@ -208,6 +212,40 @@ pub struct NewMessage {
     pub group_id: Option<String>,
     /// FIFO dedup id.
     pub dedup_id: Option<String>,
+}
+
+/// Where a publish goes: a queue, or an exchange that copies each message
+/// into its bound queues.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Destination {
+    /// The queue of this name.
+    Queue(String),
+    /// The exchange of this name.
+    Exchange(String),
+}
+
+impl Destination {
+    /// Its name.
+    pub fn name(&self) -> &str {
+        match self {
+            Destination::Queue(n) | Destination::Exchange(n) => n,
+        }
+    }
+
+    /// The destination of a request with a queue and an exchange field,
+    /// exactly one of them set (the other empty); `field` names the queue
+    /// field in the error.
+    pub fn of(queue: &str, exchange: &str, field: &str) -> Result<Destination, QueueError> {
+        match (queue.is_empty(), exchange.is_empty()) {
+            (false, true) => Ok(Destination::Queue(queue.to_string())),
+            (true, false) => Ok(Destination::Exchange(exchange.to_string())),
+            _ => Err(QueueError::invalid(
+                field,
+                format!("queue {queue:?}, exchange {exchange:?}"),
+                "set exactly one of queue and exchange",
+            )),
+        }
+    }
 }
 
 /// The outcome of one published message.

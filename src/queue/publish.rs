@@ -11,7 +11,7 @@ use crate::storage::encode_payload;
 use crate::storage::records::{DedupRecord, MetaRecord, PayloadRecord};
 
 use super::error::{Exhausted, QueueError, Result};
-use super::model::{NewMessage, Published, QueueKind};
+use super::model::{Destination, NewMessage, Published, QueueKind};
 use super::state::{Entry, EntryState, QueueState};
 use super::{Broker, Change, State, durable, validate};
 
@@ -51,6 +51,25 @@ impl Broker {
     pub async fn publish(&self, queue: &str, msgs: Vec<NewMessage>) -> Result<Vec<Published>> {
         self.publish_room().await;
         self.begin_publish(queue, msgs)?.done().await
+    }
+
+    /// Publishes a batch into a queue or through an exchange: [`Broker::publish`]
+    /// or [`Broker::publish_to_exchange`].
+    pub async fn publish_to(
+        &self,
+        to: &Destination,
+        msgs: Vec<NewMessage>,
+    ) -> Result<Vec<Published>> {
+        self.publish_room().await;
+        self.begin_publish_to(to, msgs)?.done().await
+    }
+
+    /// The deciding half of [`Broker::publish_to`].
+    pub fn begin_publish_to(&self, to: &Destination, msgs: Vec<NewMessage>) -> Result<Publishing> {
+        match to {
+            Destination::Queue(q) => self.begin_publish(q, msgs),
+            Destination::Exchange(x) => self.begin_publish_to_exchange(x, msgs),
+        }
     }
 
     /// Waits while the database is too far behind the log to take more
