@@ -56,12 +56,27 @@ impl QueueKind {
     }
 }
 
-impl std::fmt::Display for QueueKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
+impl QueueKind {
+    /// Its name in the definitions document and the REST and text
+    /// interfaces: `STANDARD` or `FIFO`.
+    pub const fn name(self) -> &'static str {
+        match self {
             QueueKind::Standard => "STANDARD",
             QueueKind::Fifo => "FIFO",
-        })
+        }
+    }
+
+    /// The kind of that [`QueueKind::name`].
+    pub fn from_name(name: &str) -> Option<QueueKind> {
+        [QueueKind::Standard, QueueKind::Fifo]
+            .into_iter()
+            .find(|k| k.name() == name)
+    }
+}
+
+impl std::fmt::Display for QueueKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
     }
 }
 
@@ -73,6 +88,44 @@ pub enum PoisonPolicy {
     DeadLetterAndContinue,
     /// Hold the group until an operator acts.
     ParkGroup,
+}
+
+impl PoisonPolicy {
+    /// Its name in the definitions document: `DEAD_LETTER_AND_CONTINUE`
+    /// or `PARK_GROUP`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            PoisonPolicy::DeadLetterAndContinue => "DEAD_LETTER_AND_CONTINUE",
+            PoisonPolicy::ParkGroup => "PARK_GROUP",
+        }
+    }
+
+    /// The policy of that [`PoisonPolicy::name`].
+    pub fn from_name(name: &str) -> Option<PoisonPolicy> {
+        [PoisonPolicy::DeadLetterAndContinue, PoisonPolicy::ParkGroup]
+            .into_iter()
+            .find(|p| p.name() == name)
+    }
+
+    /// Its number in a stored queue record: the one definition of that
+    /// encoding.
+    pub const fn code(self) -> u8 {
+        match self {
+            PoisonPolicy::DeadLetterAndContinue => 1,
+            PoisonPolicy::ParkGroup => 2,
+        }
+    }
+
+    /// The policy a stored record's number means: PARK_GROUP's number is
+    /// PARK_GROUP, anything else DEAD_LETTER_AND_CONTINUE (as a start has
+    /// always read it).
+    pub const fn from_code(code: u8) -> PoisonPolicy {
+        if code == PoisonPolicy::ParkGroup.code() {
+            PoisonPolicy::ParkGroup
+        } else {
+            PoisonPolicy::DeadLetterAndContinue
+        }
+    }
 }
 
 /// Where messages go after too many failed deliveries.

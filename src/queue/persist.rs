@@ -27,10 +27,7 @@ pub(crate) fn queue_record(qid: u32, created_at: u64, c: &QueueConfig) -> QueueR
         max_length: c.max_length,
         max_lease_total: c.max_lease_total,
         dedup_window: c.dedup_window,
-        on_poison: match c.on_poison {
-            PoisonPolicy::DeadLetterAndContinue => 1,
-            PoisonPolicy::ParkGroup => 2,
-        },
+        on_poison: c.on_poison.code(),
         content_based_dedup: c.content_based_dedup,
     }
 }
@@ -56,11 +53,7 @@ pub(crate) fn queue_config(r: &QueueRecord) -> QueueConfig {
         max_length: r.max_length,
         max_lease_total: r.max_lease_total,
         dedup_window: r.dedup_window,
-        on_poison: if r.on_poison == 2 {
-            PoisonPolicy::ParkGroup
-        } else {
-            PoisonPolicy::DeadLetterAndContinue
-        },
+        on_poison: PoisonPolicy::from_code(r.on_poison),
         content_based_dedup: r.content_based_dedup,
     }
 }
