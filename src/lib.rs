@@ -17,6 +17,9 @@
 //! - [`clock`]: wall-clock time, injectable for tests.
 //! - [`faults`]: the crash tests' negative controls, compiled out unless
 //!   the `fault-injection` feature is on.
+//! - [`launch`]: `letterbox serve` as a child process: the lines it
+//!   announces its listeners with, and the one way tests and tools start
+//!   it and wait for them.
 //! - [`client`]: the Rust client library (over [`pb`] only): calls,
 //!   batching publisher, subscriptions, the subscriber with its strategies,
 //!   ack modes and circuit breaker.
@@ -28,6 +31,7 @@ pub mod clock;
 pub mod config;
 pub mod console;
 pub mod faults;
+pub mod launch;
 pub mod pb;
 pub mod queue;
 pub mod server;

@@ -18,6 +18,7 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use letterbox::cli;
 use letterbox::clock::SystemClock;
 use letterbox::config::{LogFormat, ServeArgs, read_config_file};
+use letterbox::launch::{ANYPOINT_PREFIX, CONSOLE_PREFIX, GRPC_PREFIX, METRICS_PREFIX};
 use letterbox::server::{Server, ServerError};
 use tracing_subscriber::EnvFilter;
 
@@ -338,11 +339,11 @@ async fn serve(args: ServeArgs) -> ExitCode {
     );
     // The first line of standard output is the bound address: scripts and
     // tests started with port 0 read it.
-    announce(&format!("letterbox listening on {}", server.local_addr()));
+    announce(&format!("{GRPC_PREFIX}{}", server.local_addr()));
     tracing::info!(addr = %server.local_addr(), "serving gRPC");
     // With the Anypoint MQ facade on, its address is the second line.
     if let Some(addr) = server.anypoint_addr() {
-        announce(&format!("letterbox anypoint listening on {addr}"));
+        announce(&format!("{ANYPOINT_PREFIX}{addr}"));
         tracing::info!(%addr, "serving the Anypoint MQ REST API");
     }
     if let Some(m) = server.metrics_addr() {
@@ -351,7 +352,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
         } else {
             "http"
         };
-        announce(&format!("letterbox metrics on {scheme}://{m}/metrics"));
+        announce(&format!("{METRICS_PREFIX}{scheme}://{m}/metrics"));
         tracing::info!(
             addr = %m,
             tls = config.tls.is_some(),
@@ -361,7 +362,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
     }
     if let Some(at) = server.console_addr() {
         let url = letterbox::console::url(at, config.tls.is_some());
-        announce(&format!("letterbox console at {url}"));
+        announce(&format!("{CONSOLE_PREFIX}{url}"));
         tracing::info!(%url, "serving the web console");
     }
     match server.serve(shutdown).await {

@@ -28,7 +28,7 @@ use super::{Api, ENV_ID, LockTtlUnit, ORG_ID, body_bytes, json_body, json_respon
 use crate::auth::{Action, Credentials};
 use crate::queue::QueueError;
 use crate::queue::model::{
-    DeadLetterReason, LeaseEnd, Nack, NewMessage, Published, ReceiveOptions, Settled,
+    DeadLetterReason, Destination, LeaseEnd, Nack, NewMessage, Published, ReceiveOptions, Settled,
 };
 use crate::queue::validate::{self, limits};
 
@@ -185,12 +185,14 @@ impl Api {
         dest: &str,
         mut msgs: Vec<NewMessage>,
     ) -> Result<Vec<Published>, ApiError> {
-        let queue = match self.broker.get_queue(dest) {
-            Ok(q) => Some(q),
-            Err(QueueError::NotFound { .. }) => None,
+        // Queues and exchanges share one namespace of destinations: the
+        // queue of that name, else the exchange.
+        let (to, fifo) = match self.broker.get_queue(dest) {
+            Ok(q) => (Destination::Queue(q.name), q.config.kind.is_fifo()),
+            Err(QueueError::NotFound { .. }) => (Destination::Exchange(dest.to_string()), false),
             Err(e) => return Err(ApiError::from_queue(e)),
         };
-        if !queue.as_ref().is_some_and(|q| q.config.kind.is_fifo()) {
+        if !fifo {
             msgs.iter_mut().for_each(message::ungroup);
         }
         // Letterbox's own property (META_PROPERTY) can push a message over
@@ -211,11 +213,8 @@ impl Api {
                 .unwrap_or_else(|| ApiError::from_queue(e)),
             other => ApiError::from_queue(other),
         };
-        if queue.is_some() {
-            return self.broker.publish(dest, msgs).await.map_err(from_queue);
-        }
         self.broker
-            .publish_to_exchange(dest, msgs)
+            .publish_to(&to, msgs)
             .await
             .map_err(|e| match e {
                 QueueError::NotFound {

@@ -46,10 +46,10 @@ impl Sample {
             in_flight: s.in_flight,
             delayed: s.delayed,
             parked: s.parked,
-            published: s.published,
-            acked: s.acked,
-            nacked: s.nacked,
-            dead_lettered: s.dead_lettered,
+            published: s.counters.published,
+            acked: s.counters.acked,
+            nacked: s.counters.nacked,
+            dead_lettered: s.counters.dead_lettered,
         }
     }
 }
@@ -304,6 +304,7 @@ pub(crate) async fn sample(console: Arc<Console>, stop: tokio::sync::oneshot::Re
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::queue::model::QueueCounters;
 
     fn s(ready: u64, published: u64) -> Sample {
         Sample {
@@ -336,7 +337,10 @@ mod tests {
     fn rates_come_from_the_counters_over_the_last_minute() {
         let h = History::new(Duration::from_secs(5));
         let stats = |published| QueueStats {
-            published,
+            counters: QueueCounters {
+                published,
+                ..QueueCounters::default()
+            },
             ..QueueStats::default()
         };
         h.record(0, &[("q".into(), None, stats(0))], StoreStats::default());

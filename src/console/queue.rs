@@ -114,7 +114,7 @@ async fn body(
         h1 { "Queue " (name) @if fifo { " " span.muted { "FIFO" } } }
         p.tabs {
             a.on href=(format!("/queues/{name}")) { "Overview" }
-            @if !info.dead_letter_sources.is_empty() || stats.dead_letters_received > 0 {
+            @if !info.dead_letter_sources.is_empty() || stats.counters.dead_letters_received > 0 {
                 a #dead-letters-link href=(format!("/queues/{name}/dead-letters")) { "Dead letters" }
             }
             @if fifo { a href=(format!("/queues/{name}/groups")) { "Groups" } }
@@ -126,12 +126,12 @@ async fn body(
             dt { "parked" } dd data-stat="parked" { (stats.parked) }
             dt { "total" } dd data-stat="total" { (stats.total) }
             dt { "oldest" } dd data-stat="oldest_age" { (age(stats.oldest_age)) }
-            dt { "published" } dd { (stats.published) }
-            dt { "acked" } dd { (stats.acked) }
-            dt { "nacked" } dd { (stats.nacked) }
-            dt { "dead-lettered" } dd { (stats.dead_lettered) }
-            dt { "expired" } dd { (stats.expired) }
-            dt { "redriven out / in" } dd { (stats.redriven) " / " (stats.redrive_received) }
+            dt { "published" } dd { (stats.counters.published) }
+            dt { "acked" } dd { (stats.counters.acked) }
+            dt { "nacked" } dd { (stats.counters.nacked) }
+            dt { "dead-lettered" } dd { (stats.counters.dead_lettered) }
+            dt { "expired" } dd { (stats.counters.expired) }
+            dt { "redriven out / in" } dd { (stats.counters.redriven) " / " (stats.counters.redrive_received) }
         }
         (config_view(&info))
         h2 { "Depth and rates "

@@ -505,7 +505,6 @@ fn describe_difference(old: &QueueConfig, new: &QueueConfig) -> String {
 /// A queue's counts and counters, oldest age left at 0.
 fn figures(q: &super::state::QueueState) -> QueueStats {
     let parked = q.fifo.as_ref().map_or(0, |f| f.parked_messages(&q.msgs));
-    let c = q.counters;
     QueueStats {
         ready: q.ready_count(),
         in_flight: q.leased,
@@ -513,14 +512,6 @@ fn figures(q: &super::state::QueueState) -> QueueStats {
         parked,
         total: q.msgs.len() as u64,
         oldest_age: 0,
-        published: c.published,
-        acked: c.acked,
-        nacked: c.nacked,
-        expired: c.expired,
-        dead_lettered: c.dead_lettered,
-        dead_letters_received: c.dead_letters_received,
-        purged: c.purged,
-        redriven: c.redriven,
-        redrive_received: c.redrive_received,
+        counters: q.counters,
     }
 }

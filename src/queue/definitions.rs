@@ -155,43 +155,33 @@ fn queue_def(name: &str, c: &QueueConfig) -> QueueDef {
         max_length: c.max_length,
         max_lease_total_ms: Some(c.max_lease_total),
         dedup_window_ms: c.kind.is_fifo().then_some(c.dedup_window),
-        on_poison: c.kind.is_fifo().then(|| {
-            match c.on_poison {
-                PoisonPolicy::DeadLetterAndContinue => "DEAD_LETTER_AND_CONTINUE",
-                PoisonPolicy::ParkGroup => "PARK_GROUP",
-            }
-            .to_string()
-        }),
+        on_poison: c.kind.is_fifo().then(|| c.on_poison.name().to_string()),
         content_based_dedup: c.kind.is_fifo().then_some(c.content_based_dedup),
     }
 }
 
 fn input(i: usize, d: &QueueDef) -> Result<QueueConfigInput> {
     let kind = match d.kind.as_deref() {
-        None | Some("STANDARD") => Some(QueueKind::Standard),
-        Some("FIFO") => Some(QueueKind::Fifo),
-        Some(other) => {
-            return Err(QueueError::invalid(
-                format!("queues[{i}].kind"),
-                other,
-                "must be STANDARD or FIFO",
-            ));
-        }
+        None => QueueKind::Standard,
+        Some(k) => QueueKind::from_name(k).ok_or_else(|| {
+            QueueError::invalid(format!("queues[{i}].kind"), k, "must be STANDARD or FIFO")
+        })?,
     };
-    let on_poison = match d.on_poison.as_deref() {
-        None => None,
-        Some("DEAD_LETTER_AND_CONTINUE") => Some(PoisonPolicy::DeadLetterAndContinue),
-        Some("PARK_GROUP") => Some(PoisonPolicy::ParkGroup),
-        Some(other) => {
-            return Err(QueueError::invalid(
-                format!("queues[{i}].on_poison"),
-                other,
-                "must be DEAD_LETTER_AND_CONTINUE or PARK_GROUP",
-            ));
-        }
-    };
+    let on_poison = d
+        .on_poison
+        .as_deref()
+        .map(|p| {
+            PoisonPolicy::from_name(p).ok_or_else(|| {
+                QueueError::invalid(
+                    format!("queues[{i}].on_poison"),
+                    p,
+                    "must be DEAD_LETTER_AND_CONTINUE or PARK_GROUP",
+                )
+            })
+        })
+        .transpose()?;
     Ok(QueueConfigInput {
-        kind,
+        kind: Some(kind),
         message_ttl: d.message_ttl_ms,
         ack_timeout: d.ack_timeout_ms,
         delivery_delay: d.delivery_delay_ms,

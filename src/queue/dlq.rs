@@ -11,7 +11,9 @@ use crate::storage::records::{DeadLetterRec, GroupRecord, MetaRecord};
 
 use super::delivery::forget_client_id;
 use super::error::{QueueError, Result};
-use super::model::{AttemptOutcome, DeadLetterReason, LeaseEnd, PoisonPolicy, Released};
+use super::model::{
+    AttemptOutcome, DeadLetterReason, LeaseEnd, PoisonPolicy, QueueCounters, Released,
+};
 use super::state::{Entry, EntryState};
 use super::token::AckToken;
 use super::{Broker, Change, State, persist};
@@ -202,16 +204,6 @@ impl Broker {
                 dl.queue
             ))
         })?;
-        let new_pos = st.alloc_pos(&mut change.txn);
-        let State { queues, timers, .. } = st;
-        let q = queues
-            .get_mut(&qid)
-            .ok_or_else(|| QueueError::Unavailable(format!("queue number {qid} vanished")))?;
-        let Some((old, pid)) = q.remove(pos, timers) else {
-            return Ok(());
-        };
-        forget_client_id(q, &meta);
-        q.counters.dead_lettered += 1;
         let last_nack_reason = meta
             .attempts
             .iter()
@@ -228,36 +220,18 @@ impl Broker {
             note: note.to_string(),
         };
         persist::push_dead_letter(&mut meta, record);
-        let dlq = queues
-            .get_mut(&dlq_qid)
-            .ok_or_else(|| QueueError::Unavailable(format!("queue number {dlq_qid} vanished")))?;
-        // A new life in the DLQ: counts start again, TTL counts from now.
-        meta.delivery_count = 0;
-        meta.leases = 0;
-        meta.lease = None;
-        meta.first_delivered_at = 0;
-        meta.attempts.clear();
-        meta.enqueued_at = now;
-        meta.expires_at = now + dlq.config.message_ttl;
-        meta.visible_at = now;
-        meta.own_ttl = false;
-        if !dlq.config.kind.is_fifo() {
-            meta.group = None;
-        }
-        let group = match &mut dlq.fifo {
-            Some(f) => f.group_index(meta.group.as_deref().unwrap_or("")),
-            None => 0,
+        // A new life in the DLQ, visible at once.
+        let moves = Moving {
+            from: qid,
+            pos,
+            to: dlq_qid,
+            delay: Some(0),
+            out: |c| &mut c.dead_lettered,
+            into: |c| &mut c.dead_letters_received,
         };
-        dlq.counters.dead_letters_received += 1;
-        if meta.client_id {
-            dlq.client_ids.insert(meta.message_id.clone(), new_pos);
-        }
-        dlq.add(
-            new_pos,
-            Entry::new(EntryState::Ready, 0, meta.expires_at, 0, old.size(), group),
-            pid,
-            timers,
-        );
+        let Some((new_pos, meta)) = move_message(st, &moves, meta, now, change)? else {
+            return Ok(());
+        };
         if faults::on(Fault::DlqTwoSteps) {
             // Negative control: the copy first, durable, then the removal
             // in a later transaction.
@@ -271,8 +245,6 @@ impl Broker {
             change.txn.delete(Key::Meta(qid, pos));
             change.txn.put_new_meta(dlq_qid, new_pos, &meta);
         }
-        change.touch(qid);
-        change.touch(dlq_qid);
         change.wake(qid);
         change.wake(dlq_qid);
         Ok(())
@@ -373,4 +345,87 @@ impl Broker {
         tracing::warn!(queue = %q.name, group = %group, message_id = %meta.message_id, "FIFO group parked");
         Ok(())
     }
+}
+
+/// A move of one message between queues: the one primitive of a move to
+/// a dead letter queue (a FIFO head skipped included) and of a redrive.
+pub(crate) struct Moving {
+    /// The queue it leaves.
+    pub from: u32,
+    /// Its position there.
+    pub pos: u64,
+    /// The queue it enters.
+    pub to: u32,
+    /// When it is visible there, after now: `None`, the target queue's
+    /// delivery delay.
+    pub delay: Option<u64>,
+    /// The counter of `from` the move adds one to.
+    pub out: fn(&mut QueueCounters) -> &mut u64,
+    /// The counter of `to` the move adds one to.
+    pub into: fn(&mut QueueCounters) -> &mut u64,
+}
+
+/// Moves a message (its record `meta`, dead-letter history already
+/// appended) from one queue to another in memory: it leaves `from` and
+/// starts a new life at a new position of `to`, sharing its payload: no
+/// deliveries, no lease, no attempts, its time to live and delay counted
+/// from now, its client id moved, its group kept only into a FIFO queue.
+/// Counts the move and touches both queues. Returns the new position and
+/// the record to store there, for the caller to write with the removal
+/// of the old one; `None` (and nothing changed but a position spent) when
+/// it is no longer in `from`.
+pub(crate) fn move_message(
+    st: &mut State,
+    m: &Moving,
+    mut meta: MetaRecord,
+    now: u64,
+    change: &mut Change,
+) -> Result<Option<(u64, MetaRecord)>> {
+    let new_pos = st.alloc_pos(&mut change.txn);
+    let State { queues, timers, .. } = st;
+    let q = queues
+        .get_mut(&m.from)
+        .ok_or_else(|| QueueError::Unavailable(format!("queue number {} vanished", m.from)))?;
+    let Some((old, pid)) = q.remove(m.pos, timers) else {
+        return Ok(None);
+    };
+    forget_client_id(q, &meta);
+    *(m.out)(&mut q.counters) += 1;
+    let t = queues
+        .get_mut(&m.to)
+        .ok_or_else(|| QueueError::Unavailable(format!("queue number {} vanished", m.to)))?;
+    meta.delivery_count = 0;
+    meta.leases = 0;
+    meta.lease = None;
+    meta.first_delivered_at = 0;
+    meta.attempts.clear();
+    meta.enqueued_at = now;
+    meta.expires_at = now + t.config.message_ttl;
+    meta.visible_at = now + m.delay.unwrap_or(t.config.delivery_delay);
+    meta.own_ttl = false;
+    if !t.config.kind.is_fifo() {
+        meta.group = None;
+    }
+    let group = match &mut t.fifo {
+        Some(f) => f.group_index(meta.group.as_deref().unwrap_or("")),
+        None => 0,
+    };
+    *(m.into)(&mut t.counters) += 1;
+    if meta.client_id {
+        t.client_ids.insert(meta.message_id.clone(), new_pos);
+    }
+    let (state, due) = if meta.visible_at > now {
+        (EntryState::Delayed, meta.visible_at)
+    } else {
+        (EntryState::Ready, 0)
+    };
+    t.add(
+        new_pos,
+        Entry::new(state, due, meta.expires_at, 0, old.size(), group),
+        pid,
+        timers,
+    );
+    change.touch(m.from);
+    change.touch(m.to);
+    Ok(Some((new_pos, meta)))
 }

@@ -16,9 +16,9 @@ use crate::faults::{self, Fault};
 use crate::storage::Key;
 use crate::storage::records::ExchangeRecord;
 
-use super::error::{Exhausted, QueueError, Result};
+use super::error::{QueueError, Result};
 use super::model::{NewMessage, Published};
-use super::publish::{Dup, Publishing, encode_all, find_duplicates, new_message_id, store_new};
+use super::publish::{Publishing, encode_all, new_message_id, store_new};
 use super::{Broker, Change, State, durable, validate};
 
 /// An exchange in memory: bindings by queue name, each with its filter
@@ -216,10 +216,7 @@ impl Broker {
         exchange: &str,
         msgs: Vec<NewMessage>,
     ) -> Result<Publishing> {
-        validate::batch("messages", msgs.len())?;
-        for (i, m) in msgs.iter().enumerate() {
-            validate::message(i, m, self.opts.max_message_size)?;
-        }
+        self.admit_batch(&msgs)?;
         let now = self.now();
         let payloads = encode_all(&msgs, now);
         let (results, commit) = {
@@ -240,12 +237,7 @@ impl Broker {
                 })
                 .collect();
             // Check every copy against its queue before changing anything.
-            if !self.store.has_space() {
-                return Err(Exhausted::DiskLow.error(format!(
-                    "disk full: free space in {} is below the configured minimum; publishes are refused until space is freed",
-                    self.store.dir().display()
-                )));
-            }
+            self.admit_space()?;
             let mut per_queue: HashMap<u32, Vec<usize>> = HashMap::new();
             for (i, qids) in routes.iter().enumerate() {
                 for &qid in qids {
@@ -256,24 +248,10 @@ impl Broker {
             for (&qid, idxs) in &per_queue {
                 let q = st.queue(qid)?;
                 let sub: Vec<NewMessage> = idxs.iter().map(|&i| msgs[i].clone()).collect();
-                for (k, m) in idxs.iter().zip(&sub) {
-                    validate::message_for_queue(*k, m, &q.config)?;
-                }
-                let found = find_duplicates(q, &sub, &vec![Vec::new(); sub.len()], now);
-                let mut new = 0u64;
+                let no_keys = vec![Vec::new(); sub.len()];
+                let found = self.admit(q, &sub, idxs, &no_keys, now, Some(exchange))?;
                 for (k, d) in idxs.iter().zip(found) {
-                    let dup = matches!(d, Some(Dup::Stored(_) | Dup::Earlier(_)));
-                    new += u64::from(!dup);
-                    dups.insert((qid, *k), dup);
-                }
-                if let Some(max) = q.config.max_length {
-                    let len = q.msgs.len() as u64;
-                    if len + new > max {
-                        return Err(Exhausted::QueueFull.error(format!(
-                            "queue {:?} (bound to exchange {exchange:?}) is full: it holds {len} of at most {max} messages and the batch adds {new}",
-                            q.name
-                        )));
-                    }
+                    dups.insert((qid, *k), d.is_some());
                 }
             }
             let mut change = Change::default();

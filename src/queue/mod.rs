@@ -156,8 +156,7 @@ impl Change {
     pub(crate) fn finish(mut self, st: &State) -> Txn {
         for qid in &self.touched {
             if let Some(q) = st.queues.get(qid) {
-                self.txn
-                    .put_counters(*qid, &persist::counters_record(&q.counters));
+                self.txn.put_counters(*qid, &q.counters);
             }
         }
         for qid in &self.woken {

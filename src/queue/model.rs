@@ -1,10 +1,14 @@
 //! The engine's own types: queue configurations, messages, deliveries,
-//! dead-letter records, figures. No protobuf or storage type appears here;
-//! `server/convert.rs` and the engine's persistence code translate.
+//! dead-letter records, figures. No protobuf type appears here, and one
+//! storage type, the queue counters' record ([`QueueCounters`]), which the
+//! engine keeps as it is stored; `server/convert.rs` and the engine's
+//! persistence code translate the rest.
 //!
 //! Durations and instants are milliseconds (instants since the Unix epoch).
 
 use bytes::Bytes;
+
+use super::error::QueueError;
 
 /// Milliseconds in a second, a minute, an hour, a day.
 pub const SECOND: u64 = 1_000;
@@ -52,12 +56,27 @@ impl QueueKind {
     }
 }
 
-impl std::fmt::Display for QueueKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
+impl QueueKind {
+    /// Its name in the definitions document and the REST and text
+    /// interfaces: `STANDARD` or `FIFO`.
+    pub const fn name(self) -> &'static str {
+        match self {
             QueueKind::Standard => "STANDARD",
             QueueKind::Fifo => "FIFO",
-        })
+        }
+    }
+
+    /// The kind of that [`QueueKind::name`].
+    pub fn from_name(name: &str) -> Option<QueueKind> {
+        [QueueKind::Standard, QueueKind::Fifo]
+            .into_iter()
+            .find(|k| k.name() == name)
+    }
+}
+
+impl std::fmt::Display for QueueKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
     }
 }
 
@@ -69,6 +88,44 @@ pub enum PoisonPolicy {
     DeadLetterAndContinue,
     /// Hold the group until an operator acts.
     ParkGroup,
+}
+
+impl PoisonPolicy {
+    /// Its name in the definitions document: `DEAD_LETTER_AND_CONTINUE`
+    /// or `PARK_GROUP`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            PoisonPolicy::DeadLetterAndContinue => "DEAD_LETTER_AND_CONTINUE",
+            PoisonPolicy::ParkGroup => "PARK_GROUP",
+        }
+    }
+
+    /// The policy of that [`PoisonPolicy::name`].
+    pub fn from_name(name: &str) -> Option<PoisonPolicy> {
+        [PoisonPolicy::DeadLetterAndContinue, PoisonPolicy::ParkGroup]
+            .into_iter()
+            .find(|p| p.name() == name)
+    }
+
+    /// Its number in a stored queue record: the one definition of that
+    /// encoding.
+    pub const fn code(self) -> u8 {
+        match self {
+            PoisonPolicy::DeadLetterAndContinue => 1,
+            PoisonPolicy::ParkGroup => 2,
+        }
+    }
+
+    /// The policy a stored record's number means: PARK_GROUP's number is
+    /// PARK_GROUP, anything else DEAD_LETTER_AND_CONTINUE (as a start has
+    /// always read it).
+    pub const fn from_code(code: u8) -> PoisonPolicy {
+        if code == PoisonPolicy::ParkGroup.code() {
+            PoisonPolicy::ParkGroup
+        } else {
+            PoisonPolicy::DeadLetterAndContinue
+        }
+    }
 }
 
 /// Where messages go after too many failed deliveries.
@@ -208,6 +265,40 @@ pub struct NewMessage {
     pub group_id: Option<String>,
     /// FIFO dedup id.
     pub dedup_id: Option<String>,
+}
+
+/// Where a publish goes: a queue, or an exchange that copies each message
+/// into its bound queues.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Destination {
+    /// The queue of this name.
+    Queue(String),
+    /// The exchange of this name.
+    Exchange(String),
+}
+
+impl Destination {
+    /// Its name.
+    pub fn name(&self) -> &str {
+        match self {
+            Destination::Queue(n) | Destination::Exchange(n) => n,
+        }
+    }
+
+    /// The destination of a request with a queue and an exchange field,
+    /// exactly one of them set (the other empty); `field` names the queue
+    /// field in the error.
+    pub fn of(queue: &str, exchange: &str, field: &str) -> Result<Destination, QueueError> {
+        match (queue.is_empty(), exchange.is_empty()) {
+            (false, true) => Ok(Destination::Queue(queue.to_string())),
+            (true, false) => Ok(Destination::Exchange(exchange.to_string())),
+            _ => Err(QueueError::invalid(
+                field,
+                format!("queue {queue:?}, exchange {exchange:?}"),
+                "set exactly one of queue and exchange",
+            )),
+        }
+    }
 }
 
 /// The outcome of one published message.
@@ -467,25 +558,14 @@ pub struct QueueStats {
     pub total: u64,
     /// Age of the oldest message in the queue.
     pub oldest_age: u64,
-    /// Published, ever.
-    pub published: u64,
-    /// Acknowledged.
-    pub acked: u64,
-    /// Failed attempts.
-    pub nacked: u64,
-    /// Expired.
-    pub expired: u64,
-    /// Moved to the DLQ.
-    pub dead_lettered: u64,
-    /// Moved in from sources.
-    pub dead_letters_received: u64,
-    /// Deleted by purges.
-    pub purged: u64,
-    /// Moved out by redrives.
-    pub redriven: u64,
-    /// Moved in by redrives.
-    pub redrive_received: u64,
+    /// Its counters since it was created.
+    pub counters: QueueCounters,
 }
+
+/// A queue's counters since it was created, as the engine keeps them and
+/// as they are stored (one record per queue, written with the change
+/// that moved them): the one declaration of the counters.
+pub use crate::storage::records::CountersRecord as QueueCounters;
 
 /// Where a message stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,14 +1,11 @@
 //! Translation between the engine's model and the storage records.
 
-use crate::storage::records::{
-    AttemptRecord, CountersRecord, DeadLetterRec, MetaRecord, QueueRecord,
-};
+use crate::storage::records::{AttemptRecord, DeadLetterRec, MetaRecord, QueueRecord};
 
 use super::model::{
     Attempt, AttemptOutcome, DeadLetter, DeadLetterPolicy, DeadLetterReason, PoisonPolicy,
     QueueConfig, QueueKind, RetryBackoff,
 };
-use super::state::Counters;
 
 /// Most attempts kept per message, and most dead-letter records.
 pub(crate) const HISTORY_LIMIT: usize = 16;
@@ -30,10 +27,7 @@ pub(crate) fn queue_record(qid: u32, created_at: u64, c: &QueueConfig) -> QueueR
         max_length: c.max_length,
         max_lease_total: c.max_lease_total,
         dedup_window: c.dedup_window,
-        on_poison: match c.on_poison {
-            PoisonPolicy::DeadLetterAndContinue => 1,
-            PoisonPolicy::ParkGroup => 2,
-        },
+        on_poison: c.on_poison.code(),
         content_based_dedup: c.content_based_dedup,
     }
 }
@@ -59,40 +53,8 @@ pub(crate) fn queue_config(r: &QueueRecord) -> QueueConfig {
         max_length: r.max_length,
         max_lease_total: r.max_lease_total,
         dedup_window: r.dedup_window,
-        on_poison: if r.on_poison == 2 {
-            PoisonPolicy::ParkGroup
-        } else {
-            PoisonPolicy::DeadLetterAndContinue
-        },
+        on_poison: PoisonPolicy::from_code(r.on_poison),
         content_based_dedup: r.content_based_dedup,
-    }
-}
-
-pub(crate) fn counters_record(c: &Counters) -> CountersRecord {
-    CountersRecord {
-        published: c.published,
-        acked: c.acked,
-        nacked: c.nacked,
-        expired: c.expired,
-        dead_lettered: c.dead_lettered,
-        dead_letters_received: c.dead_letters_received,
-        purged: c.purged,
-        redriven: c.redriven,
-        redrive_received: c.redrive_received,
-    }
-}
-
-pub(crate) fn counters(r: &CountersRecord) -> Counters {
-    Counters {
-        published: r.published,
-        acked: r.acked,
-        nacked: r.nacked,
-        expired: r.expired,
-        dead_lettered: r.dead_lettered,
-        dead_letters_received: r.dead_letters_received,
-        purged: r.purged,
-        redriven: r.redriven,
-        redrive_received: r.redrive_received,
     }
 }
 

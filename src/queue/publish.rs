@@ -11,7 +11,7 @@ use crate::storage::encode_payload;
 use crate::storage::records::{DedupRecord, MetaRecord, PayloadRecord};
 
 use super::error::{Exhausted, QueueError, Result};
-use super::model::{NewMessage, Published, QueueKind};
+use super::model::{Destination, NewMessage, Published, QueueKind};
 use super::state::{Entry, EntryState, QueueState};
 use super::{Broker, Change, State, durable, validate};
 
@@ -53,6 +53,25 @@ impl Broker {
         self.begin_publish(queue, msgs)?.done().await
     }
 
+    /// Publishes a batch into a queue or through an exchange: [`Broker::publish`]
+    /// or [`Broker::publish_to_exchange`].
+    pub async fn publish_to(
+        &self,
+        to: &Destination,
+        msgs: Vec<NewMessage>,
+    ) -> Result<Vec<Published>> {
+        self.publish_room().await;
+        self.begin_publish_to(to, msgs)?.done().await
+    }
+
+    /// The deciding half of [`Broker::publish_to`].
+    pub fn begin_publish_to(&self, to: &Destination, msgs: Vec<NewMessage>) -> Result<Publishing> {
+        match to {
+            Destination::Queue(q) => self.begin_publish(q, msgs),
+            Destination::Exchange(x) => self.begin_publish_to_exchange(x, msgs),
+        }
+    }
+
     /// Waits while the database is too far behind the log to take more
     /// messages (see [`crate::storage::Store::room`]); every publish path
     /// calls it before [`Broker::begin_publish`].
@@ -64,10 +83,7 @@ impl Broker {
     /// the batch (so publishes begun one after the other are stored in that
     /// order) and returns without waiting for durability.
     pub fn begin_publish(&self, queue: &str, msgs: Vec<NewMessage>) -> Result<Publishing> {
-        validate::batch("messages", msgs.len())?;
-        for (i, m) in msgs.iter().enumerate() {
-            validate::message(i, m, self.opts.max_message_size)?;
-        }
+        self.admit_batch(&msgs)?;
         let now = self.now();
         // Encoding copies bodies: do it before taking the lock.
         let payloads = encode_all(&msgs, now);
@@ -75,9 +91,6 @@ impl Broker {
             let mut st = self.lock();
             let qid = st.qid(queue)?;
             let q = st.queue(qid)?;
-            for (i, m) in msgs.iter().enumerate() {
-                validate::message_for_queue(i, m, &q.config)?;
-            }
             let keys: Vec<Vec<Vec<u8>>> = if q.fifo.is_some() && q.config.dedup_window > 0 {
                 msgs.iter()
                     .map(|m| dedup_keys(m, q.config.content_based_dedup))
@@ -85,22 +98,9 @@ impl Broker {
             } else {
                 vec![Vec::new(); msgs.len()]
             };
-            if !self.store.has_space() {
-                return Err(Exhausted::DiskLow.error(format!(
-                    "disk full: free space in {} is below the configured minimum; publishes are refused until space is freed",
-                    self.store.dir().display()
-                )));
-            }
-            let dups = find_duplicates(q, &msgs, &keys, now);
+            let at: Vec<usize> = (0..msgs.len()).collect();
+            let dups = self.admit(q, &msgs, &at, &keys, now, None)?;
             let new_count = dups.iter().filter(|d| d.is_none()).count() as u64;
-            if let Some(max) = q.config.max_length {
-                let len = q.msgs.len() as u64;
-                if len + new_count > max {
-                    return Err(Exhausted::QueueFull.error(format!(
-                        "queue {queue:?} is full: it holds {len} of at most {max} messages (max_length) and the batch adds {new_count}"
-                    )));
-                }
-            }
             let mut change = Change::default();
             let mut results: Vec<Published> = Vec::with_capacity(msgs.len());
             for (i, (m, payload)) in msgs.iter().zip(payloads).enumerate() {
@@ -144,6 +144,61 @@ impl Broker {
             (results, self.submit(&st, change))
         };
         Ok(Publishing::new(results, commit))
+    }
+
+    /// Publish admission before the lock, the same into a queue and
+    /// through an exchange: the batch's size and each message on its own.
+    pub(crate) fn admit_batch(&self, msgs: &[NewMessage]) -> Result<()> {
+        validate::batch("messages", msgs.len())?;
+        for (i, m) in msgs.iter().enumerate() {
+            validate::message(i, m, self.opts.max_message_size)?;
+        }
+        Ok(())
+    }
+
+    /// Publishes are refused while free disk space is below the minimum.
+    pub(crate) fn admit_space(&self) -> Result<()> {
+        if self.store.has_space() {
+            return Ok(());
+        }
+        Err(Exhausted::DiskLow.error(format!(
+            "disk full: free space in {} is below the configured minimum; publishes are refused until space is freed",
+            self.store.dir().display()
+        )))
+    }
+
+    /// Publish admission into one queue, the same into a queue and through
+    /// an exchange (`via`): each message fits the queue's configuration
+    /// (`at[j]`, the index in the batch of `msgs[j]`, names a bad field),
+    /// the disk has room, and the messages that are not duplicates fit
+    /// under its `max_length`. Returns the duplicates (see
+    /// [`find_duplicates`]; `keys` are the FIFO dedup keys).
+    pub(crate) fn admit(
+        &self,
+        q: &QueueState,
+        msgs: &[NewMessage],
+        at: &[usize],
+        keys: &[Vec<Vec<u8>>],
+        now: u64,
+        via: Option<&str>,
+    ) -> Result<Vec<Option<Dup>>> {
+        for (m, &i) in msgs.iter().zip(at) {
+            validate::message_for_queue(i, m, &q.config)?;
+        }
+        self.admit_space()?;
+        let dups = find_duplicates(q, msgs, keys, now);
+        let new = dups.iter().filter(|d| d.is_none()).count() as u64;
+        if let Some(max) = q.config.max_length {
+            let len = q.msgs.len() as u64;
+            if len + new > max {
+                let via = via.map_or_else(String::new, |x| format!(" (bound to exchange {x:?})"));
+                return Err(Exhausted::QueueFull.error(format!(
+                    "queue {:?}{via} is full: it holds {len} of at most {max} messages (max_length) and the batch adds {new}",
+                    q.name
+                )));
+            }
+        }
+        Ok(dups)
     }
 }
 

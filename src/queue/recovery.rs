@@ -45,7 +45,7 @@ pub(crate) fn load(store: &Reader, now: u64) -> Result<(State, Txn)> {
         if let OwnedKey::Counters(qid) = key
             && let Some(q) = st.queues.get_mut(&qid)
         {
-            q.counters = persist::counters(&rec);
+            q.counters = rec;
         }
     }
     for item in store.scan::<ExchangeRecord>(Space::Exchanges) {

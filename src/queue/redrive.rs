@@ -17,10 +17,10 @@ use std::time::{Duration, Instant};
 
 use crate::storage::Key;
 
-use super::delivery::forget_client_id;
+use super::dlq::{Moving, move_message};
 use super::error::{QueueError, Result};
 use super::model::DeadLetterReason;
-use super::state::{Entry, EntryState};
+use super::state::EntryState;
 use super::{Broker, Change, State, durable, persist, validate};
 
 /// Which messages to move, and where.
@@ -324,55 +324,23 @@ fn move_back(
     qid: u32,
     pos: u64,
     tqid: u32,
-    mut meta: crate::storage::records::MetaRecord,
+    meta: crate::storage::records::MetaRecord,
     now: u64,
     change: &mut Change,
 ) -> Result<()> {
-    let new_pos = st.alloc_pos(&mut change.txn);
-    let State { queues, timers, .. } = st;
-    let q = queues
-        .get_mut(&qid)
-        .ok_or_else(|| QueueError::Unavailable(format!("queue number {qid} vanished")))?;
-    let Some((old, pid)) = q.remove(pos, timers) else {
+    let moves = Moving {
+        from: qid,
+        pos,
+        to: tqid,
+        delay: None,
+        out: |c| &mut c.redriven,
+        into: |c| &mut c.redrive_received,
+    };
+    let Some((new_pos, meta)) = move_message(st, &moves, meta, now, change)? else {
         return Ok(());
     };
-    forget_client_id(q, &meta);
-    q.counters.redriven += 1;
-    let t = queues
-        .get_mut(&tqid)
-        .ok_or_else(|| QueueError::Unavailable(format!("queue number {tqid} vanished")))?;
-    meta.delivery_count = 0;
-    meta.leases = 0;
-    meta.lease = None;
-    meta.first_delivered_at = 0;
-    meta.attempts.clear();
-    meta.enqueued_at = now;
-    meta.expires_at = now + t.config.message_ttl;
-    meta.visible_at = now + t.config.delivery_delay;
-    meta.own_ttl = false;
-    let group = match &mut t.fifo {
-        Some(f) => f.group_index(meta.group.as_deref().unwrap_or("")),
-        None => 0,
-    };
-    if meta.client_id {
-        t.client_ids.insert(meta.message_id.clone(), new_pos);
-    }
-    t.counters.redrive_received += 1;
-    let (state, due) = if meta.visible_at > now {
-        (EntryState::Delayed, meta.visible_at)
-    } else {
-        (EntryState::Ready, 0)
-    };
-    t.add(
-        new_pos,
-        Entry::new(state, due, meta.expires_at, 0, old.size(), group),
-        pid,
-        timers,
-    );
     change.txn.delete(Key::Meta(qid, pos));
     change.txn.put_new_meta(tqid, new_pos, &meta);
-    change.touch(qid);
-    change.touch(tqid);
     change.wake(tqid);
     Ok(())
 }

@@ -28,6 +28,7 @@ use tokio::sync::watch;
 
 use super::entries::EntryMap;
 use super::expiry::ExpiryOrder;
+use super::model::QueueCounters;
 use super::model::{QueueConfig, QueueKind};
 
 /// A message's hot fields, packed into 24 bytes (the entry map holds one
@@ -164,20 +165,6 @@ pub(crate) enum EntryState {
 /// Timers of all queues: (due, qid, pos) of every leased or delayed message.
 pub(crate) type Timers = BTreeSet<(u64, u32, u64)>;
 
-/// A queue's counters.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct Counters {
-    pub published: u64,
-    pub acked: u64,
-    pub nacked: u64,
-    pub expired: u64,
-    pub dead_lettered: u64,
-    pub dead_letters_received: u64,
-    pub purged: u64,
-    pub redriven: u64,
-    pub redrive_received: u64,
-}
-
 /// One FIFO message group.
 #[derive(Debug, Default)]
 pub(crate) struct Group {
@@ -277,7 +264,7 @@ pub(crate) struct QueueState {
     pub name: String,
     pub config: QueueConfig,
     pub created_at: u64,
-    pub counters: Counters,
+    pub counters: QueueCounters,
     /// Every message, by position.
     pub msgs: EntryMap,
     /// Payload numbers of the messages whose payload number is not their
@@ -306,7 +293,7 @@ impl QueueState {
             name,
             config,
             created_at,
-            counters: Counters::default(),
+            counters: QueueCounters::default(),
             msgs: EntryMap::new(),
             pids: HashMap::new(),
             ready: RoaringTreemap::new(),

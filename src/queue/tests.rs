@@ -150,7 +150,10 @@ async fn publish_receive_ack_then_the_message_is_gone() {
         "double ack fails"
     );
     let s = env.stats("q");
-    assert_eq!((s.in_flight, s.total, s.acked, s.published), (1, 1, 1, 2));
+    assert_eq!(
+        (s.in_flight, s.total, s.counters.acked, s.counters.published),
+        (1, 1, 1, 2)
+    );
     assert!(
         env.receive("q", 10).await.is_empty(),
         "leased messages are not redelivered"
@@ -171,7 +174,10 @@ async fn nack_redelivers_with_history_until_the_dlq() {
     }
     assert!(env.receive("q", 1).await.is_empty());
     let q = env.stats("q");
-    assert_eq!((q.total, q.nacked, q.dead_lettered), (0, 3, 1));
+    assert_eq!(
+        (q.total, q.counters.nacked, q.counters.dead_lettered),
+        (0, 3, 1)
+    );
     env.advance(5).await;
     let d = env.receive("dlq", 1).await.remove(0);
     assert_eq!(d.message_id, ids[0], "the id survives the move");
@@ -182,7 +188,7 @@ async fn nack_redelivers_with_history_until_the_dlq() {
     assert_eq!(rec.reason, DeadLetterReason::MaxDeliveries);
     assert_eq!(rec.delivery_count, 3);
     assert_eq!(rec.last_nack_reason, "fail 3");
-    assert_eq!(env.stats("dlq").dead_letters_received, 1);
+    assert_eq!(env.stats("dlq").counters.dead_letters_received, 1);
 }
 
 #[tokio::test]
@@ -329,13 +335,13 @@ async fn delays_and_ttl() {
     assert_eq!(env.stats("q").ready, 2);
     env.advance(3 * SECOND).await;
     let s = env.stats("q");
-    assert_eq!((s.total, s.expired), (1, 1), "own ttl ran out");
+    assert_eq!((s.total, s.counters.expired), (1, 1), "own ttl ran out");
     env.clock.advance(MINUTE);
     assert!(
         env.receive("q", 10).await.is_empty(),
         "never delivered after its ttl"
     );
-    assert_eq!(env.stats("q").expired, 2);
+    assert_eq!(env.stats("q").counters.expired, 2);
 }
 
 #[tokio::test]
@@ -403,7 +409,7 @@ async fn reject_moves_to_the_dlq_at_once_and_needs_one() {
     };
     let err = env.b().nack(&[n]).await.expect_err("no dlq");
     assert!(matches!(err, QueueError::FailedPrecondition(_)), "{err}");
-    assert_eq!(env.stats("plain").nacked, 0, "nothing changed");
+    assert_eq!(env.stats("plain").counters.nacked, 0, "nothing changed");
     assert_eq!(
         env.ack(&d).await,
         Settled::Ok { deadline: 0 },
@@ -467,7 +473,7 @@ async fn max_length_client_ids_and_auto_ack() {
     assert_eq!(got.len(), 2);
     assert!(got.iter().all(|d| d.ack_token.is_none()));
     let s = env.stats("q");
-    assert_eq!((s.total, s.acked), (0, 2));
+    assert_eq!((s.total, s.counters.acked), (0, 2));
     let r = env.b().publish("q", vec![m("a")]).await.expect("again");
     assert!(
         !r[0].duplicate,
@@ -564,7 +570,7 @@ async fn purge_and_browse_do_not_count_deliveries() {
     assert_eq!(d.delivery_count, 1, "browsing did not count");
     assert_eq!(env.b().purge_queue("q").await.expect("purge"), 3);
     let s = env.stats("q");
-    assert_eq!((s.total, s.purged, s.in_flight), (0, 3, 0));
+    assert_eq!((s.total, s.counters.purged, s.in_flight), (0, 3, 0));
     assert!(matches!(env.ack(&d).await, Settled::LeaseExpired(_)));
 }
 
@@ -767,7 +773,7 @@ async fn fifo_a_nack_releases_the_later_messages_of_its_group_leased_with_it() {
     assert_eq!(again[1].attempts[0].outcome, AttemptOutcome::Released);
     assert!(again[1].attempts[0].reason.contains(&got[1].message_id));
     let st = env.stats("f");
-    assert_eq!(st.nacked, 1, "only m2's failure counts");
+    assert_eq!(st.counters.nacked, 1, "only m2's failure counts");
     // The old token of m3 still names the release after m3 was leased
     // again.
     assert!(matches!(env.ack(&got[2]).await, Settled::Released(_)));
@@ -1203,7 +1209,7 @@ async fn a_damaged_body_goes_to_the_dlq_alone_and_uncounted() {
     assert!(dl[0].damaged.contains("checksum"), "browse marks it");
     assert!(dl[0].body.is_empty());
     let st = env.stats("q");
-    assert_eq!((st.in_flight, st.dead_lettered), (4, 1));
+    assert_eq!((st.in_flight, st.counters.dead_lettered), (4, 1));
 }
 
 #[tokio::test]
@@ -1246,7 +1252,7 @@ async fn an_auto_ack_receive_never_deletes_a_damaged_body() {
     let got = env.b().receive("q", opts).await.expect("receive");
     assert_eq!(got.iter().map(body).collect::<Vec<_>>(), ["m1", "m3"]);
     let st = env.stats("q");
-    assert_eq!((st.total, st.delayed, st.acked), (1, 1, 2));
+    assert_eq!((st.total, st.delayed, st.counters.acked), (1, 1, 2));
 }
 
 #[tokio::test]

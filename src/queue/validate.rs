@@ -183,11 +183,7 @@ fn fifo_only(kind: QueueKind, input: &QueueConfigInput) -> Result<()> {
     if let Some(p) = input.on_poison
         && p != PoisonPolicy::DeadLetterAndContinue
     {
-        return Err(QueueError::invalid(
-            "config.on_poison",
-            "PARK_GROUP",
-            reason,
-        ));
+        return Err(QueueError::invalid("config.on_poison", p.name(), reason));
     }
     if input.content_based_dedup == Some(true) {
         return Err(QueueError::invalid(

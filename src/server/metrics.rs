@@ -178,45 +178,45 @@ const QUEUE_COUNTERS: [(&str, &str, Pick); 9] = [
     (
         "letterbox_queue_published",
         "Messages published into the queue",
-        |s| s.published,
+        |s| s.counters.published,
     ),
     ("letterbox_queue_acked", "Messages acknowledged", |s| {
-        s.acked
+        s.counters.acked
     }),
     (
         "letterbox_queue_nacked",
         "Failed delivery attempts (nacks, lease expiries, closed streams)",
-        |s| s.nacked,
+        |s| s.counters.nacked,
     ),
     (
         "letterbox_queue_expired",
         "Messages whose time to live ran out",
-        |s| s.expired,
+        |s| s.counters.expired,
     ),
     (
         "letterbox_queue_dead_lettered",
         "Messages moved from the queue to its dead letter queue",
-        |s| s.dead_lettered,
+        |s| s.counters.dead_lettered,
     ),
     (
         "letterbox_queue_dead_letters_received",
         "Messages moved into the queue as a dead letter queue",
-        |s| s.dead_letters_received,
+        |s| s.counters.dead_letters_received,
     ),
     (
         "letterbox_queue_purged",
         "Messages deleted by purges",
-        |s| s.purged,
+        |s| s.counters.purged,
     ),
     (
         "letterbox_queue_redriven",
         "Messages moved out by redrives",
-        |s| s.redriven,
+        |s| s.counters.redriven,
     ),
     (
         "letterbox_queue_redrive_received",
         "Messages moved in by redrives",
-        |s| s.redrive_received,
+        |s| s.counters.redrive_received,
     ),
 ];
 

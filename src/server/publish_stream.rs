@@ -17,7 +17,7 @@ use super::service::publish_target;
 use super::status::to_status;
 use crate::auth::Action;
 use crate::pb;
-use crate::queue::model::Published;
+use crate::queue::model::{Destination, Published};
 use crate::queue::{Broker, Publishing, QueueError};
 
 /// Most publishes of one stream waiting for durability; beyond it the
@@ -29,15 +29,10 @@ type Tx = mpsc::Sender<Result<pb::PublishStreamResponse, Status>>;
 fn begin(broker: &Broker, p: Option<pb::PublishRequest>) -> Result<Publishing, QueueError> {
     let p = p.unwrap_or_default();
     let msgs = p.messages.into_iter().map(convert::new_message).collect();
-    match (p.queue.is_empty(), p.exchange.is_empty()) {
-        (false, true) => broker.begin_publish(&p.queue, msgs),
-        (true, false) => broker.begin_publish_to_exchange(&p.exchange, msgs),
-        _ => Err(QueueError::invalid(
-            "publish.queue",
-            format!("queue {:?}, exchange {:?}", p.queue, p.exchange),
-            "set exactly one of queue and exchange",
-        )),
-    }
+    broker.begin_publish_to(
+        &Destination::of(&p.queue, &p.exchange, "publish.queue")?,
+        msgs,
+    )
 }
 
 fn answer(

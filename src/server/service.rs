@@ -17,7 +17,7 @@ use crate::pb;
 use crate::pb::admin_service_server::AdminService;
 use crate::pb::messaging_service_server::MessagingService;
 use crate::queue::Broker;
-use crate::queue::model::{Nack, QueueRemovals, ReceiveOptions};
+use crate::queue::model::{Destination, Nack, QueueRemovals, ReceiveOptions};
 
 /// Both services over one engine.
 #[derive(Debug, Clone)]
@@ -546,16 +546,8 @@ impl MessagingService for Service {
         allow(&p, Action::Publish, publish_target(&r))?;
         tracing::debug!(queue = %r.queue, messages = r.messages.len(), "publish");
         let msgs = r.messages.into_iter().map(convert::new_message).collect();
-        let results = match (r.queue.is_empty(), r.exchange.is_empty()) {
-            (false, true) => self.broker.publish(&r.queue, msgs).await,
-            (true, false) => self.broker.publish_to_exchange(&r.exchange, msgs).await,
-            _ => Err(crate::queue::QueueError::invalid(
-                "queue",
-                format!("queue {:?}, exchange {:?}", r.queue, r.exchange),
-                "set exactly one of queue and exchange",
-            )),
-        }
-        .map_err(to_status)?;
+        let to = Destination::of(&r.queue, &r.exchange, "queue").map_err(to_status)?;
+        let results = self.broker.publish_to(&to, msgs).await.map_err(to_status)?;
         tracing::debug!(
             message_ids = ?results.iter().map(|p| p.message_id.as_str()).collect::<Vec<_>>(),
             "published"

@@ -39,14 +39,12 @@ Linux also by the kernel if the script dies. Waits are bounded
 """
 
 import os
-import queue
 import re
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import traceback
 from urllib.parse import urlparse
@@ -62,8 +60,16 @@ SHOTS = os.environ.get(
     "LETTERBOX_CONSOLE_SCREENSHOTS", os.path.join(ROOT, "target", "console-screenshots")
 )
 sys.path.insert(0, CLIENT_DIR)
+sys.path.insert(0, os.path.join(ROOT, "tests", "python"))
 
 import grpc  # noqa: E402
+from letterbox_server import (  # noqa: E402
+    STARTUP_TIMEOUT_S,
+    CheckFailed,
+    Server,
+    check,
+    check_eq,
+)
 from selenium import webdriver  # noqa: E402
 from selenium.common.exceptions import (  # noqa: E402
     JavascriptException,
@@ -85,9 +91,7 @@ except ImportError as e:
         "run tests/python/generate.sh first"
     )
 
-STARTUP_TIMEOUT_S = 60
 RPC_TIMEOUT_S = 15
-SHUTDOWN_TIMEOUT_S = 30
 WAIT_S = 10  # a page, an element, a swap
 JOB_WAIT_S = 30  # a redrive job to finish
 PLOT_WAIT_S = 10  # the depth plot to draw
@@ -98,21 +102,6 @@ READER_TOKEN = "console-reader-token-a4c27d86"
 NACK_REASON = "payment service said 503"
 
 
-class CheckFailed(Exception):
-    pass
-
-
-def check(cond, what):
-    """An assertion that `python -O` does not remove."""
-    if not cond:
-        raise CheckFailed(what)
-
-
-def check_eq(actual, expected, what):
-    if actual != expected:
-        raise CheckFailed(f"{what}: expected {expected!r}, got {actual!r}")
-
-
 def step(text):
     print(f"-- {text}", flush=True)
 
@@ -120,111 +109,30 @@ def step(text):
 # ---------------------------------------------------------------- the server
 
 
-def _parent_death_signal():
-    """On Linux, a function to run in the child between fork and exec that
-    makes the kernel SIGKILL the server if this script dies."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        import ctypes
-
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    PR_SET_PDEATHSIG = 1
-
-    def set_it():
-        prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
-
-    return set_it
-
-
-class Server:
-    """A `letterbox serve` child process with its gRPC and console listeners
-    on 127.0.0.1:0; `addr` is the gRPC address and `url` the console's base
-    URL (ending in `/`), both read from its standard output."""
-
-    GRPC_PREFIX = "letterbox listening on "
-    CONSOLE_PREFIX = "letterbox console at "
-
-    def __init__(self, tmp, name, extra_args=()):
-        data_dir = os.path.join(tmp, f"{name}-data")
-        self.log_path = os.path.join(tmp, f"{name}.log")
-        self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(
-            [
-                SERVER_BIN, "serve",
-                "--data-dir", data_dir,
-                "--listen", "127.0.0.1:0",
-                "--console-listen", "127.0.0.1:0",
-                # Samples every half second, so that the plots have a
-                # shape within the test's few seconds of traffic.
-                "--console-sample-interval", "500ms",
-                *extra_args,
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=self._log,
-            env=dict(os.environ, NO_COLOR="1"),
-            preexec_fn=_parent_death_signal(),
-        )
-        lines = queue.Queue()
-
-        def pump():  # every line to `lines`, so stdout never fills
-            for raw in self.proc.stdout:
-                lines.put(raw.decode(errors="replace").rstrip("\n"))
-            lines.put(None)
-
-        threading.Thread(target=pump, daemon=True).start()
-        self.addr = self.url = None
-        seen = []
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while self.addr is None or self.url is None:
-            try:
-                line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                line = None
-            if line is None:
-                self.kill()
-                raise CheckFailed(
-                    f"server {name} did not print both '{self.GRPC_PREFIX}ADDR' and "
-                    f"'{self.CONSOLE_PREFIX}URL' within {STARTUP_TIMEOUT_S}s "
-                    f"(exit code {self.proc.returncode}); its standard output: {seen!r}\n"
-                    f"--- log ---\n{self.log_tail()}"
-                )
-            seen.append(line)
-            if line.startswith(self.GRPC_PREFIX):
-                self.addr = line[len(self.GRPC_PREFIX):].strip()
-            elif line.startswith(self.CONSOLE_PREFIX):
-                self.url = line[len(self.CONSOLE_PREFIX):].strip()
-                check(
-                    re.fullmatch(r"https?://[^/\s]+/", self.url) is not None,
-                    f"the console URL {self.url!r} is http(s)://HOST:PORT/",
-                )
-        print(f"server {name} (pid {self.proc.pid}): gRPC {self.addr}, console {self.url}",
-              flush=True)
-
-    def kill(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-
-    def terminate(self):
-        """SIGTERM, then the exit code."""
-        self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout=SHUTDOWN_TIMEOUT_S)
-
-    def close(self):
-        self.kill()
-        self._log.close()
-
-    def log_tail(self, lines=40):
-        try:
-            with open(self.log_path, "rb") as f:
-                text = f.read().decode(errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
+def start_server(tmp, name, extra_args=()):
+    """A server with its gRPC and console listeners on 127.0.0.1:0; its
+    `addr` is the gRPC address and `url` the console's base URL (ending in
+    `/`)."""
+    server = Server(
+        SERVER_BIN,
+        os.path.join(tmp, f"{name}-data"),
+        os.path.join(tmp, f"{name}.log"),
+        [
+            "--console-listen", "127.0.0.1:0",
+            # Samples every half second, so that the plots have a shape
+            # within the test's few seconds of traffic.
+            "--console-sample-interval", "500ms",
+            *extra_args,
+        ],
+        console=True,
+    )
+    check(
+        re.fullmatch(r"https?://[^/\s]+/", server.url) is not None,
+        f"the console URL {server.url!r} is http(s)://HOST:PORT/",
+    )
+    print(f"server {name} (pid {server.proc.pid}): gRPC {server.addr}, console {server.url}",
+          flush=True)
+    return server
 
 
 class Grpc:
@@ -691,7 +599,7 @@ def scenario_f_principals(tmp):
     server = rpc = d = None
     try:
         step("f. a second server with principals admin and reader")
-        server = Server(tmp, "auth", ["--config", config])
+        server = start_server(tmp, "auth", ["--config", config])
         rpc = Grpc(server.addr, ADMIN_TOKEN)
         rpc.create("orders")
         rpc.publish("orders", "one", "two")
@@ -814,7 +722,7 @@ def main():
     server = rpc = driver = None
     try:
         try:
-            server = Server(tmp, "main")
+            server = start_server(tmp, "main")
             rpc = Grpc(server.addr)
             driver = new_browser()
             print(f"browser: {driver.capabilities.get('browserName')} "

@@ -7,12 +7,12 @@
 //! permitted). The failing fsync uses libfiu (`fiu-run`, Debian package
 //! `fiu-utils`; skipped with a message when it is not installed).
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus};
 use std::time::{Duration, Instant};
 
+use letterbox::launch::Serve;
 use letterbox::pb;
 use tonic::Code;
 
@@ -111,19 +111,9 @@ fn start(
         .append(true)
         .open(log)
         .expect("log");
-    let bin = env!("CARGO_BIN_EXE_letterbox");
-    let mut cmd = match wrapper.split_first() {
-        Some((first, rest)) => {
-            let mut c = Command::new(first);
-            c.args(rest).arg(bin);
-            c
-        }
-        None => Command::new(bin),
-    };
-    let mut child = cmd
-        .arg("serve")
-        .arg("--data-dir")
-        .arg(data)
+    let mut serve = Serve::wrapped(wrapper, env!("CARGO_BIN_EXE_letterbox"), data);
+    serve
+        .command()
         .args(["--listen", "127.0.0.1:0"])
         .args(if args.contains(&"--wal-segment-size") {
             &[][..]
@@ -132,24 +122,14 @@ fn start(
         })
         .args(args)
         .env("LETTERBOX_LOG", "info")
-        .env("RUST_BACKTRACE", "0")
-        .stdout(Stdio::piped())
-        .stderr(log_file)
-        .spawn()
-        .expect("spawn");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("read");
-    match line.trim().strip_prefix("letterbox listening on ") {
-        Some(a) => Ok((child, a.parse().expect("addr"))),
-        None => {
-            let status = child.wait().expect("wait");
-            Err(format!(
-                "exited with {status}: {}",
-                std::fs::read_to_string(log).unwrap_or_default()
-            ))
-        }
+        .env("RUST_BACKTRACE", "0");
+    let mut served = serve.spawn(log_file).expect("spawn");
+    match served.wait_blocking(|a| a.grpc.is_some(), Duration::from_secs(60)) {
+        Ok(()) => Ok((served.child, served.announced.grpc.expect("addr"))),
+        Err(e) => Err(format!(
+            "{e}: {}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        )),
     }
 }
 

@@ -405,8 +405,7 @@ async fn with_the_disk_full_publishes_fail_and_acks_work() {
 /// serves calls again once the idle ones are gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_connections_cannot_take_the_server_down() {
-    use std::io::{BufRead, BufReader};
-    use std::process::{Command, Stdio};
+    use letterbox::launch::Serve;
     // This test process needs more than 1,024 descriptors itself.
     let lim = rustix::process::getrlimit(rustix::process::Resource::Nofile);
     if lim.maximum.is_some_and(|m| m < 2048) {
@@ -424,12 +423,13 @@ async fn idle_connections_cannot_take_the_server_down() {
     );
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("server.log");
-    let mut child = Command::new("sh")
-        .args(["-c", "ulimit -n 1024 && exec \"$@\"", "sh"])
-        .arg(env!("CARGO_BIN_EXE_letterbox"))
-        .arg("serve")
-        .arg("--data-dir")
-        .arg(dir.path().join("data"))
+    let mut serve = Serve::wrapped(
+        &["sh", "-c", "ulimit -n 1024 && exec \"$@\"", "sh"],
+        env!("CARGO_BIN_EXE_letterbox"),
+        &dir.path().join("data"),
+    );
+    serve
+        .command()
         .args([
             "--listen",
             "127.0.0.1:0",
@@ -440,21 +440,13 @@ async fn idle_connections_cannot_take_the_server_down() {
             "--min-free-disk",
             "0",
         ])
-        .env("LETTERBOX_LOG", "info")
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr: std::net::SocketAddr = line
-        .trim()
-        .strip_prefix("letterbox listening on ")
-        .unwrap_or_else(|| panic!("{line}: {}", std::fs::read_to_string(&log).unwrap()))
-        .parse()
-        .unwrap();
+        .env("LETTERBOX_LOG", "info");
+    let mut served = serve.spawn(std::fs::File::create(&log).unwrap()).unwrap();
+    served
+        .wait_blocking(|a| a.grpc.is_some(), Duration::from_secs(60))
+        .unwrap_or_else(|e| panic!("{e}: {}", std::fs::read_to_string(&log).unwrap()));
+    let addr = served.announced.grpc.unwrap();
+    let mut child = served.child;
     let mut c = connect(addr).await;
     c.create("q", config()).await;
     let mut idle = Vec::new();

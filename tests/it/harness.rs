@@ -2,14 +2,14 @@
 //! directory and a port chosen by the OS, or an in-process server with a
 //! manual clock. Each test owns its server; none is leaked.
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, ExitStatus};
 use std::sync::Arc;
 use std::time::Duration;
 
 use letterbox::clock::ManualClock;
+use letterbox::launch::Serve;
 use letterbox::pb;
 use letterbox::pb::admin_service_client::AdminServiceClient;
 use letterbox::pb::messaging_service_client::MessagingServiceClient;
@@ -161,41 +161,27 @@ pub fn spawn_full(
     } else {
         &["--listen", "127.0.0.1:0"]
     };
-    let mut child = Command::new(env!("CARGO_BIN_EXE_letterbox"))
-        .arg("serve")
-        .arg("--data-dir")
-        .arg(data)
+    let mut serve = Serve::new(env!("CARGO_BIN_EXE_letterbox"), data);
+    serve
+        .command()
         .args(listen)
         .args(defaults)
         .args(args)
-        .env("LETTERBOX_LOG", "info")
-        .stdout(Stdio::piped())
-        .stderr(log_file)
-        .spawn()
-        .expect("spawn letterbox");
-    let stdout = child.stdout.take().expect("stdout");
-    let mut reader = BufReader::new(stdout);
-    let mut line = String::new();
-    reader.read_line(&mut line).expect("read");
-    let anypoint = if args.iter().any(|a| a.starts_with("--anypoint-listen")) {
-        let mut second = String::new();
-        reader.read_line(&mut second).expect("read");
-        second
-            .trim()
-            .strip_prefix("letterbox anypoint listening on ")
-            .map(|a| a.parse().expect("address"))
-    } else {
-        None
-    };
-    match line.trim().strip_prefix("letterbox listening on ") {
-        Some(addr) => Ok((child, addr.parse().expect("address"), anypoint)),
-        None => {
-            let status = child.wait().expect("wait");
-            Err(format!(
-                "server exited with {status}: {}",
-                std::fs::read_to_string(log).unwrap_or_default()
-            ))
+        .env("LETTERBOX_LOG", "info");
+    let anypoint = args.iter().any(|a| a.starts_with("--anypoint-listen"));
+    let mut served = serve.spawn(log_file).expect("spawn letterbox");
+    match served.wait_blocking(
+        |a| a.grpc.is_some() && (!anypoint || a.anypoint.is_some()),
+        Duration::from_secs(60),
+    ) {
+        Ok(()) => {
+            let a = served.announced;
+            Ok((served.child, a.grpc.expect("address"), a.anypoint))
         }
+        Err(e) => Err(format!(
+            "{e}: {}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        )),
     }
 }
 

@@ -19,14 +19,11 @@ killed in a `finally`, and on Linux also by the kernel if the script dies.
 """
 
 import os
-import queue
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
-import threading
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SERVER_BIN = os.environ.get(
@@ -38,6 +35,13 @@ CLIENT_DIR = os.environ.get(
 sys.path.insert(0, CLIENT_DIR)
 
 import grpc  # noqa: E402
+from letterbox_server import (  # noqa: E402
+    STARTUP_TIMEOUT_S,
+    CheckFailed,
+    Server,
+    check,
+    check_eq,
+)
 
 try:
     from letterbox.v1 import letterbox_pb2 as pb  # noqa: E402
@@ -48,24 +52,7 @@ except ImportError as e:
         "run tests/python/generate.sh first"
     )
 
-STARTUP_TIMEOUT_S = 60
 RPC_TIMEOUT_S = 15
-SHUTDOWN_TIMEOUT_S = 30
-
-
-class CheckFailed(Exception):
-    pass
-
-
-def check(cond, what):
-    """An assertion that `python -O` does not remove."""
-    if not cond:
-        raise CheckFailed(what)
-
-
-def check_eq(actual, expected, what):
-    if actual != expected:
-        raise CheckFailed(f"{what}: expected {expected!r}, got {actual!r}")
 
 
 def step(text):
@@ -145,85 +132,6 @@ def expect_error(call, request, code, *mentions):
             check(m in err.details(), f"error message {err.details()!r} names {m!r}")
         return err
     raise CheckFailed(f"{type(request).__name__} {request} succeeded, expected {code}")
-
-
-def _parent_death_signal():
-    """On Linux, a function to run in the child between fork and exec that
-    makes the kernel SIGKILL the server if this script dies (even by
-    SIGKILL, when no `finally` runs). prctl is looked up here, in the parent,
-    so that the child only makes the one call."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        import ctypes
-
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    PR_SET_PDEATHSIG = 1
-
-    def set_it():
-        prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
-
-    return set_it
-
-
-class Server:
-    """A `letterbox serve` child process on 127.0.0.1:0."""
-
-    def __init__(self, data_dir, log_path):
-        self.log_path = log_path
-        self._log = open(log_path, "wb")
-        self.proc = subprocess.Popen(
-            [SERVER_BIN, "serve", "--data-dir", data_dir, "--listen", "127.0.0.1:0"],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=self._log,
-            env=dict(os.environ, NO_COLOR="1"),  # plain logs in server.log
-            preexec_fn=_parent_death_signal(),
-        )
-        lines = queue.Queue()
-
-        def pump():  # the first line to `lines`; the rest drained
-            for raw in self.proc.stdout:
-                lines.put(raw.decode(errors="replace").rstrip("\n"))
-            lines.put(None)
-
-        threading.Thread(target=pump, daemon=True).start()
-        try:
-            first = lines.get(timeout=STARTUP_TIMEOUT_S)
-        except queue.Empty:
-            raise CheckFailed(f"server printed nothing in {STARTUP_TIMEOUT_S}s")
-        prefix = "letterbox listening on "
-        if first is None or not first.startswith(prefix):
-            self.proc.wait(timeout=SHUTDOWN_TIMEOUT_S)
-            raise CheckFailed(
-                f"server's first line is {first!r}, not '{prefix}ADDR' "
-                f"(exit code {self.proc.returncode})"
-            )
-        self.addr = first[len(prefix):].strip()
-
-    def terminate(self):
-        """SIGTERM, then the exit code."""
-        self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout=SHUTDOWN_TIMEOUT_S)
-
-    def kill(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-
-    def close(self):
-        self.kill()
-        self._log.close()
-
-    def log_tail(self, lines=40):
-        try:
-            with open(self.log_path, "rb") as f:
-                text = f.read().decode(errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
 
 
 def core_flow(channel):
@@ -434,7 +342,7 @@ def main():
     server = None
     ok = False
     try:
-        server = Server(os.path.join(tmp, "data"), os.path.join(tmp, "server.log"))
+        server = Server(SERVER_BIN, os.path.join(tmp, "data"), os.path.join(tmp, "server.log"))
         print(f"server {server.proc.pid} listening on {server.addr}", flush=True)
         with grpc.insecure_channel(server.addr) as channel:
             grpc.channel_ready_future(channel).result(timeout=STARTUP_TIMEOUT_S)

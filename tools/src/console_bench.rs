@@ -46,6 +46,7 @@ use clap::Parser;
 use http_body_util::{BodyExt as _, Empty};
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
+use letterbox::launch::{NotReady, Serve};
 use letterbox::pb::admin_service_client::AdminServiceClient;
 use letterbox::pb::messaging_service_client::MessagingServiceClient;
 use letterbox::pb::{
@@ -53,12 +54,10 @@ use letterbox::pb::{
 };
 use serde_json::{Value, json};
 use std::fmt::Write as _;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 use tonic::transport::Endpoint;
 
@@ -241,68 +240,50 @@ impl Server {
             .tempdir_in(tmp)
             .with_context(|| format!("a temporary directory in {}", tmp.display()))?;
         let console_listen = if console { "127.0.0.1:0" } else { "off" };
-        let args = [
-            "serve",
-            "--data-dir",
-            &dir.path().join("data").display().to_string(),
+        let data = dir.path().join("data");
+        let flags = [
             "--listen",
             "127.0.0.1:0",
             "--metrics-listen",
             "127.0.0.1:0",
             "--console-listen",
             console_listen,
-        ]
-        .map(str::to_string);
-        log.line(&format!("{} {}", bin.display(), args.join(" ")))?;
+        ];
+        log.line(&format!(
+            "{} serve --data-dir {} {}",
+            bin.display(),
+            data.display(),
+            flags.join(" ")
+        ))?;
         let server_log = std::fs::File::create(dir.path().join("server.log"))?;
-        let mut child = Command::new(bin)
-            .args(&args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(server_log)
-            .spawn()
+        let mut serve = Serve::new(bin, &data);
+        serve.command().args(flags);
+        let mut served = serve
+            .spawn(server_log)
             .with_context(|| format!("starting {}", bin.display()))?;
-        let stdout = child.stdout.take().context("the server's stdout")?;
-        let (tx, rx) = mpsc::channel::<String>();
-        std::thread::spawn(move || {
-            // Every line, and keep reading so the server never blocks on
-            // a full pipe.
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                let _ = tx.send(line);
-            }
-        });
-        let mut s = Server {
-            child: Some(child),
-            grpc: String::new(),
-            metrics: String::new(),
-            console: None,
+        let waited = served
+            .wait(
+                |a| a.grpc.is_some() && a.metrics.is_some() && (!console || a.console.is_some()),
+                Duration::from_secs(60),
+            )
+            .await;
+        let a = std::mem::take(&mut served.announced);
+        let s = Server {
+            child: Some(served.child),
+            grpc: a.grpc.map(|g| format!("http://{g}")).unwrap_or_default(),
+            metrics: a.metrics.unwrap_or_default(),
+            console: a.console.map(|c| c.trim_end_matches('/').to_string()),
             _dir: dir,
         };
-        let t0 = Instant::now();
-        while s.grpc.is_empty() || s.metrics.is_empty() || (console && s.console.is_none()) {
-            match rx.try_recv() {
-                Ok(line) => {
-                    if let Some(a) = line.strip_prefix("letterbox listening on ") {
-                        s.grpc = format!("http://{}", a.trim());
-                    } else if let Some(u) = line.strip_prefix("letterbox metrics on ") {
-                        s.metrics = u.trim().to_string();
-                    } else if let Some(u) = line.strip_prefix("letterbox console at ") {
-                        s.console = Some(u.trim().trim_end_matches('/').to_string());
-                    }
-                    continue;
-                }
-                Err(mpsc::TryRecvError::Disconnected) => {
-                    bail!("the server exited while starting: {}", s.log_tail())
-                }
-                Err(mpsc::TryRecvError::Empty) => {}
+        match waited {
+            Ok(()) => {}
+            Err(NotReady::Timeout) => bail!(
+                "the server did not announce its listeners in 60 s: {}",
+                s.log_tail()
+            ),
+            Err(NotReady::Exited(_)) => {
+                bail!("the server exited while starting: {}", s.log_tail())
             }
-            if t0.elapsed() > Duration::from_secs(60) {
-                bail!(
-                    "the server did not announce its listeners in 60 s: {}",
-                    s.log_tail()
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
         }
         if console && s.console.as_deref().is_some_and(|c| c.starts_with("https")) {
             bail!("the console is served over TLS; this tool speaks plain HTTP");

@@ -37,6 +37,7 @@ use crate::loadgen::target::{AckMode, Consumer, ConsumerMode, ConsumerSpec, Queu
 use crate::loadgen::workload::publish_n;
 use anyhow::{Context as _, Result, anyhow, bail};
 use clap::Parser;
+use letterbox::launch::Serve;
 use letterbox::pb::admin_service_client::AdminServiceClient;
 use letterbox::pb::messaging_service_client::MessagingServiceClient;
 use letterbox::pb::{
@@ -46,7 +47,7 @@ use letterbox::pb::{
 use serde_json::{Map, Value, json};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 use tonic::transport::{Channel, Endpoint};
 
@@ -158,20 +159,19 @@ impl ServerProc {
             .append(true)
             .open(self.log_path())?;
         let t0 = Instant::now();
-        let child = Command::new(&self.bin)
-            .arg("serve")
-            .arg("--data-dir")
-            .arg(self.data())
+        let mut serve = Serve::new(&self.bin, &self.data());
+        serve
+            .command()
             .arg("--listen")
             .arg(format!("127.0.0.1:{}", self.port))
             .arg("--metrics-listen")
             .arg(format!("127.0.0.1:{}", self.metrics_port))
-            .args(&self.extra)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
-            .with_context(|| format!("starting {}", self.bin.display()))?;
+            .args(&self.extra);
+        // Ready means a call succeeds (below), not the announcement.
+        let child = serve
+            .spawn(log)
+            .with_context(|| format!("starting {}", self.bin.display()))?
+            .child;
         self.child = Some(child);
         // First successful call: ListQueues on a fresh connection.
         loop {

@@ -20,6 +20,8 @@ use super::workload::{self, FIFO, Fate, MAX_DELIVERIES, SOURCES, TTL};
 /// Slack for comparisons between the client's and the server's clocks
 /// (same machine; the server rounds to milliseconds).
 const SLACK_MS: u64 = 50;
+/// [`SLACK_MS`] in nanoseconds.
+const SLACK_NS: i128 = SLACK_MS as i128 * 1_000_000;
 /// Examples kept per invariant.
 const EXAMPLES: usize = 8;
 
@@ -170,98 +172,179 @@ fn ms(ns: u64) -> f64 {
     ns as f64 / 1e6
 }
 
-/// Runs every check. `health` are problems the orchestration saw (a start
-/// that never became ready, an unexpected exit, a failed verify...).
-pub fn check(recs: &Records, hist: &History, seed: u64, health: &[String]) -> Report {
-    let mut rows = Rows::new();
-    let mut info = Vec::new();
-    let mono = |wall: u64| hist.mono_of_wall(wall);
-    let slack_ns = i128::from(SLACK_MS) * 1_000_000;
+/// The history, indexed once for every check.
+struct Index<'a> {
+    recs: &'a Records,
+    hist: &'a History,
+    ds: &'a [Delivery],
+    /// Every published message by id.
+    msgs: HashMap<&'a str, Msg>,
+    /// The ids of each (queue, FIFO group), in publish order.
+    group_order: HashMap<(String, String), Vec<String>>,
+    /// Deliveries per (queue, id) and per id, by invocation.
+    by_msg: HashMap<(&'a str, &'a str), Vec<usize>>,
+    by_id: HashMap<&'a str, Vec<usize>>,
+    /// Settles per delivery, by invocation.
+    settles_of: HashMap<usize, Vec<usize>>,
+    /// Earliest completion of an ok ack, per (queue, id).
+    ok_ack: HashMap<(&'a str, &'a str), u64>,
+    /// Acked (ok) or possibly acked (info), per id.
+    accounted: HashSet<&'a str>,
+    /// The deliveries of a FIFO queue (or its DLQ) that one receive call
+    /// or stream batch leased together, per group, in queue order.
+    batches: HashMap<(u64, &'a str, &'a str), Vec<usize>>,
+    /// When the final phase (the drain) began.
+    drain_from: u64,
+    /// Batches of the FIFO queue with several messages of one group: all,
+    /// and before the drain.
+    multi_batches: (usize, usize),
+}
 
-    // ---- messages ---------------------------------------------------------
-    let mut msgs: HashMap<&str, Msg> = HashMap::new();
-    let mut group_order: HashMap<(String, String), Vec<String>> = HashMap::new();
-    for p in &recs.publishes {
-        for m in &p.msgs {
-            if let Some(g) = &m.group {
-                group_order
-                    .entry((p.queue.clone(), g.clone()))
-                    .or_default()
-                    .push(m.id.clone());
+impl<'a> Index<'a> {
+    fn new(recs: &'a Records, hist: &'a History) -> Index<'a> {
+        // ---- messages
+        let mut msgs: HashMap<&str, Msg> = HashMap::new();
+        let mut group_order: HashMap<(String, String), Vec<String>> = HashMap::new();
+        for p in &recs.publishes {
+            for m in &p.msgs {
+                if let Some(g) = &m.group {
+                    group_order
+                        .entry((p.queue.clone(), g.clone()))
+                        .or_default()
+                        .push(m.id.clone());
+                }
+                msgs.insert(
+                    m.id.as_str(),
+                    Msg {
+                        queue: p.queue.clone(),
+                        ttl_ms: m.ttl_ms,
+                        outcome: p.outcome.clone(),
+                        inv_wall: p.inv.wall,
+                        done_wall: p.done.wall,
+                    },
+                );
             }
-            msgs.insert(
-                m.id.as_str(),
-                Msg {
-                    queue: p.queue.clone(),
-                    ttl_ms: m.ttl_ms,
-                    outcome: p.outcome.clone(),
-                    inv_wall: p.inv.wall,
-                    done_wall: p.done.wall,
-                },
-            );
+        }
+
+        // ---- indexes
+        let ds = &recs.deliveries;
+        let mut by_msg: HashMap<(&str, &str), Vec<usize>> = HashMap::new();
+        let mut by_id: HashMap<&str, Vec<usize>> = HashMap::new();
+        for d in ds {
+            by_msg
+                .entry((d.queue.as_str(), d.id.as_str()))
+                .or_default()
+                .push(d.idx);
+            by_id.entry(d.id.as_str()).or_default().push(d.idx);
+        }
+        for v in by_msg.values_mut().chain(by_id.values_mut()) {
+            v.sort_by_key(|&i| (ds[i].inv.t, ds[i].done.t));
+        }
+        let mut settles_of: HashMap<usize, Vec<usize>> = HashMap::new();
+        for (i, s) in recs.settles.iter().enumerate() {
+            settles_of.entry(s.delivery).or_default().push(i);
+        }
+        for v in settles_of.values_mut() {
+            v.sort_by_key(|&i| recs.settles[i].inv.t);
+        }
+
+        // Earliest completion of an ok ack, per (queue, id).
+        let mut ok_ack: HashMap<(&str, &str), u64> = HashMap::new();
+        // Acked (ok) or possibly acked (info), per id.
+        let mut accounted: HashSet<&str> = HashSet::new();
+        for s in &recs.settles {
+            if s.kind != SettleKind::Ack {
+                continue;
+            }
+            let d = &ds[s.delivery];
+            match &s.result {
+                SettleResult::Ok { .. } => {
+                    accounted.insert(d.id.as_str());
+                    let e = ok_ack
+                        .entry((d.queue.as_str(), d.id.as_str()))
+                        .or_insert(u64::MAX);
+                    *e = (*e).min(s.done.t);
+                }
+                SettleResult::Call(o) if o.is_info() => {
+                    accounted.insert(d.id.as_str());
+                }
+                _ => {}
+            }
+        }
+
+        // ---- FIFO batches (SPEC §3)
+        // When one delivery of a batch fails (nack, reject, lease expiry,
+        // stream closed), the later ones still leased are released with
+        // it: their tokens settle nothing, and their deliveries do not
+        // count.
+        let mut batches: HashMap<(u64, &str, &str), Vec<usize>> = HashMap::new();
+        for d in ds {
+            if workload::fifo_kind(&d.queue) {
+                batches
+                    .entry((d.call, d.queue.as_str(), d.group.as_str()))
+                    .or_default()
+                    .push(d.idx);
+            }
+        }
+        // When the final phase began (the drain's big batches), to tell the
+        // workload's releases from the drain's in the summary.
+        let drain_from = recs
+            .nemesis
+            .iter()
+            .find(|n| n.what == "note" && n.detail == workload::FINAL_NOTE)
+            .map_or(u64::MAX, |n| n.at.t);
+        // Batches of the FIFO queue with several messages of one group: all,
+        // and before the drain.
+        let mut multi_batches = (0usize, 0usize);
+        for v in batches.values_mut() {
+            v.sort_unstable();
+            if v.len() > 1 && ds[v[0]].queue == FIFO {
+                multi_batches.0 += 1;
+                if ds[v[0]].inv.t < drain_from {
+                    multi_batches.1 += 1;
+                }
+            }
+        }
+        Index {
+            recs,
+            hist,
+            ds,
+            msgs,
+            group_order,
+            by_msg,
+            by_id,
+            settles_of,
+            ok_ack,
+            accounted,
+            batches,
+            drain_from,
+            multi_batches,
         }
     }
 
-    // ---- indexes -----------------------------------------------------------
-    let ds = &recs.deliveries;
-    let mut by_msg: HashMap<(&str, &str), Vec<usize>> = HashMap::new();
-    let mut by_id: HashMap<&str, Vec<usize>> = HashMap::new();
-    for d in ds {
-        by_msg
-            .entry((d.queue.as_str(), d.id.as_str()))
-            .or_default()
-            .push(d.idx);
-        by_id.entry(d.id.as_str()).or_default().push(d.idx);
+    /// A wall-clock instant on the run's monotonic clock (ns).
+    fn mono(&self, wall: u64) -> i128 {
+        self.hist.mono_of_wall(wall)
     }
-    for v in by_msg.values_mut().chain(by_id.values_mut()) {
-        v.sort_by_key(|&i| (ds[i].inv.t, ds[i].done.t));
-    }
-    let mut settles_of: HashMap<usize, Vec<usize>> = HashMap::new();
-    for (i, s) in recs.settles.iter().enumerate() {
-        settles_of.entry(s.delivery).or_default().push(i);
-    }
-    for v in settles_of.values_mut() {
-        v.sort_by_key(|&i| recs.settles[i].inv.t);
-    }
-    let settles = |d: usize| -> Vec<&super::history::Settle> {
-        settles_of
+
+    /// The settles of delivery `d`, by invocation.
+    fn settles(&self, d: usize) -> Vec<&'a super::history::Settle> {
+        let recs = self.recs;
+        self.settles_of
             .get(&d)
             .map(|v| v.iter().map(|&i| &recs.settles[i]).collect())
             .unwrap_or_default()
-    };
-    // Earliest completion of an ok ack, per (queue, id).
-    let mut ok_ack: HashMap<(&str, &str), u64> = HashMap::new();
-    // Acked (ok) or possibly acked (info), per id.
-    let mut accounted: HashSet<&str> = HashSet::new();
-    for s in &recs.settles {
-        if s.kind != SettleKind::Ack {
-            continue;
-        }
-        let d = &ds[s.delivery];
-        match &s.result {
-            SettleResult::Ok { .. } => {
-                accounted.insert(d.id.as_str());
-                let e = ok_ack
-                    .entry((d.queue.as_str(), d.id.as_str()))
-                    .or_insert(u64::MAX);
-                *e = (*e).min(s.done.t);
-            }
-            SettleResult::Call(o) if o.is_info() => {
-                accounted.insert(d.id.as_str());
-            }
-            _ => {}
-        }
     }
 
-    // The window in which a delivery's lease was certainly live by its
-    // own settles: [arrival, end], end in monotonic ns.
-    let own_end = |d: &Delivery| -> i128 {
-        let mut end = mono(d.deadline) - slack_ns;
-        for s in settles(d.idx) {
+    /// The end of the window in which a delivery's lease was certainly
+    /// live by its own settles ([arrival, end], monotonic ns).
+    fn own_end(&self, d: &Delivery) -> i128 {
+        let mut end = self.mono(d.deadline) - SLACK_NS;
+        for s in self.settles(d.idx) {
             match (s.kind, &s.result) {
                 (SettleKind::Extend, SettleResult::Ok { deadline }) => {
                     if i128::from(s.done.t) <= end {
-                        end = end.max(mono(*deadline) - slack_ns);
+                        end = end.max(self.mono(*deadline) - SLACK_NS);
                     }
                 }
                 _ => {
@@ -271,98 +354,111 @@ pub fn check(recs: &Records, hist: &History, seed: u64, health: &[String]) -> Re
             }
         }
         end
-    };
+    }
 
-    // ---- FIFO batches (SPEC §3) -----------------------------------------------
-    // The deliveries of a FIFO queue (or its DLQ) that one receive call or
-    // stream batch leased together, per group, in queue order (the order
-    // of the answer, which is the order they were recorded in). When one
-    // fails (nack, reject, lease expiry, stream closed), the later ones
-    // still leased are released with it: their tokens settle nothing, and
-    // their deliveries do not count.
-    let mut batches: HashMap<(u64, &str, &str), Vec<usize>> = HashMap::new();
-    for d in ds {
-        if workload::fifo_kind(&d.queue) {
-            batches
-                .entry((d.call, d.queue.as_str(), d.group.as_str()))
-                .or_default()
-                .push(d.idx);
-        }
-    }
-    // When the final phase began (the drain's big batches), to tell the
-    // workload's releases from the drain's in the summary.
-    let drain_from = recs
-        .nemesis
-        .iter()
-        .find(|n| n.what == "note" && n.detail == workload::FINAL_NOTE)
-        .map_or(u64::MAX, |n| n.at.t);
-    // Batches of the FIFO queue with several messages of one group: all,
-    // and before the drain.
-    let mut multi_batches = (0usize, 0usize);
-    for v in batches.values_mut() {
-        v.sort_unstable();
-        if v.len() > 1 && ds[v[0]].queue == FIFO {
-            multi_batches.0 += 1;
-            if ds[v[0]].inv.t < drain_from {
-                multi_batches.1 += 1;
-            }
-        }
-    }
-    // The deliveries leased with `d` before it, of its group.
-    let before = |d: &Delivery| -> Vec<usize> {
-        batches
+    /// The deliveries leased with `d` before it, of its group.
+    fn before(&self, d: &Delivery) -> Vec<usize> {
+        self.batches
             .get(&(d.call, d.queue.as_str(), d.group.as_str()))
             .map(|v| v.iter().copied().take_while(|&i| i < d.idx).collect())
             .unwrap_or_default()
-    };
-    let ok_settled = |i: usize, kinds: &[SettleKind]| {
-        settles(i)
+    }
+
+    /// Whether delivery `i` was settled with success by one of `kinds`.
+    fn ok_settled(&self, i: usize, kinds: &[SettleKind]) -> bool {
+        self.settles(i)
             .iter()
             .any(|s| kinds.contains(&s.kind) && matches!(s.result, SettleResult::Ok { .. }))
-    };
-    // The earliest instant at which an earlier delivery of `d`'s batch and
-    // group may have failed and so released `d` (one with an `ok` ack
-    // never failed); `None` if none can have.
-    let release_from = |d: &Delivery| -> Option<i128> {
-        before(d)
+    }
+
+    /// The earliest instant at which an earlier delivery of `d`'s batch
+    /// and group may have failed and so released `d` (one with an `ok` ack
+    /// never failed); `None` if none can have.
+    fn release_from(&self, d: &Delivery) -> Option<i128> {
+        self.before(d)
             .into_iter()
-            .filter(|&i| !ok_settled(i, &[SettleKind::Ack]))
-            .map(|i| own_end(&ds[i]))
+            .filter(|&i| !self.ok_settled(i, &[SettleKind::Ack]))
+            .map(|i| self.own_end(&self.ds[i]))
             .min()
-    };
-    // Whether `d` may have been released by the time `t`.
-    let released_by = |d: &Delivery, t: u64| release_from(d).is_some_and(|r| r <= i128::from(t));
-    // Whether delivery `i` certainly ended without an ack before `t`: its
-    // nack succeeded, or the server said it was released, before `t`.
-    let failed_before = |i: usize, t: u64| {
-        settles(i).iter().any(|s| {
+    }
+
+    /// Whether `d` may have been released by the time `t`.
+    fn released_by(&self, d: &Delivery, t: u64) -> bool {
+        self.release_from(d).is_some_and(|r| r <= i128::from(t))
+    }
+
+    /// Whether delivery `i` certainly ended without an ack before `t`: its
+    /// nack succeeded, or the server said it was released, before `t`.
+    fn failed_before(&self, i: usize, t: u64) -> bool {
+        self.settles(i).iter().any(|s| {
             s.done.t < t
                 && (s.kind == SettleKind::Nack && matches!(s.result, SettleResult::Ok { .. })
                     || matches!(s.result, SettleResult::Released { .. }))
         })
-    };
-    // A delivery that may have been released: it neither acked nor nacked
-    // with success, and an earlier one of its batch and group may have
-    // failed. The next delivery of its message may have the same count.
-    let maybe_released = |d: &Delivery| -> bool {
-        !ok_settled(d.idx, &[SettleKind::Ack, SettleKind::Nack]) && release_from(d).is_some()
-    };
-    // The window in which a delivery's lease was certainly live: its own,
-    // cut where an earlier delivery of its batch and group may have failed.
-    let live_end = |d: &Delivery| -> i128 {
-        let end = own_end(d);
-        release_from(d).map_or(end, |r| end.min(r))
-    };
+    }
+
+    /// A delivery that may have been released: it neither acked nor
+    /// nacked with success, and an earlier one of its batch and group may
+    /// have failed. The next delivery of its message may have the same
+    /// count.
+    fn maybe_released(&self, d: &Delivery) -> bool {
+        !self.ok_settled(d.idx, &[SettleKind::Ack, SettleKind::Nack])
+            && self.release_from(d).is_some()
+    }
+
+    /// The end of the window in which a delivery's lease was certainly
+    /// live: its own, cut where an earlier delivery of its batch and group
+    /// may have failed.
+    fn live_end(&self, d: &Delivery) -> i128 {
+        let end = self.own_end(d);
+        self.release_from(d).map_or(end, |r| end.min(r))
+    }
+}
+
+/// Runs every check. `health` are problems the orchestration saw (a start
+/// that never became ready, an unexpected exit, a failed verify...).
+pub fn check(recs: &Records, hist: &History, seed: u64, health: &[String]) -> Report {
+    let mut rows = Rows::new();
+    let mut info = Vec::new();
+    let ix = Index::new(recs, hist);
+    fifo_releases(&ix, &mut info);
+    let ok_published = lost(&ix, &mut rows, &mut info);
+    unexpected(&ix, &mut rows);
+    exchange_publishes(&ix, &mut rows);
+    per_message(&ix, &mut rows, &mut info);
+    let dead_lettered = dead_letters(&ix, seed, &mut rows, &mut info);
+    lease_expiry(&ix, &mut rows);
+    fifo_order(&ix, &mut rows);
+    ttl(&ix, &mut rows);
+    ack_semantics(&ix, &mut rows);
+    configurations(recs, &mut rows);
+    check_stats(recs, &ix.msgs, &ix.by_id, &dead_lettered, &mut rows);
+    recovered(&ix, &mut rows, &mut info);
+    info.push(("acknowledged publishes".into(), ok_published.to_string()));
+    // I16 health
+    for h in health {
+        rows.add("I16", || h.clone());
+    }
+    Report {
+        rows: rows.finish(),
+        info,
+    }
+}
+
+/// Informational: how often FIFO batches released deliveries.
+fn fifo_releases(ix: &Index<'_>, info: &mut Vec<(String, String)>) {
+    let ds = ix.ds;
     let released_deliveries = ds
         .iter()
         .filter(|d| {
-            settles(d.idx)
+            ix.settles(d.idx)
                 .iter()
                 .any(|s| matches!(s.result, SettleResult::Released { .. }))
         })
         .count();
     // Settles answered RELEASED: all, and before the drain.
-    let answered: Vec<u64> = recs
+    let answered: Vec<u64> = ix
+        .recs
         .settles
         .iter()
         .filter(|s| {
@@ -370,21 +466,30 @@ pub fn check(recs: &Records, hist: &History, seed: u64, health: &[String]) -> Re
         })
         .map(|s| s.inv.t)
         .collect();
-    let answered_running = answered.iter().filter(|&&t| t < drain_from).count();
+    let answered_running = answered.iter().filter(|&&t| t < ix.drain_from).count();
     info.push((
         "FIFO releases".into(),
         format!(
             "{} batches leased several messages of one group ({} before the final drain); {released_deliveries} deliveries released; {} settles answered RELEASED ({answered_running} before the final drain)",
-            multi_batches.0,
-            multi_batches.1,
+            ix.multi_batches.0,
+            ix.multi_batches.1,
             answered.len()
         ),
     ));
+}
 
-    // ---- I1 lost ------------------------------------------------------------
+/// I1: no acknowledged publish lost. Returns how many publishes were
+/// acknowledged.
+fn lost(ix: &Index<'_>, rows: &mut Rows, info: &mut Vec<(String, String)>) -> usize {
+    let Index {
+        msgs,
+        by_id,
+        accounted,
+        ..
+    } = ix;
     let mut lost_by_producer: BTreeMap<String, usize> = BTreeMap::new();
     let mut ok_published = 0usize;
-    for (id, m) in &msgs {
+    for (id, m) in msgs {
         if !m.outcome.is_ok() {
             continue;
         }
@@ -405,8 +510,14 @@ pub fn check(recs: &Records, hist: &History, seed: u64, health: &[String]) -> Re
     if !lost_by_producer.is_empty() {
         info.push(("lost per producer".into(), format!("{lost_by_producer:?}")));
     }
+    ok_published
+}
 
-    // ---- I2 unexpected / corrupted, I3 failed publish delivered -----------
+/// I2: no unexpected or corrupted message; I3: a failed publish had no
+/// effect.
+fn unexpected(ix: &Index<'_>, rows: &mut Rows) {
+    let Index { msgs, .. } = ix;
+    let ds = ix.ds;
     for d in ds {
         let Some(m) = msgs.get(d.id.as_str()) else {
             rows.add("I2", || {
@@ -434,12 +545,15 @@ pub fn check(recs: &Records, hist: &History, seed: u64, health: &[String]) -> Re
             });
         }
     }
+}
 
-    // ---- I17 exchange publishes ----------------------------------------------
+/// I17: exchange publishes, each in its queue, all or nothing.
+fn exchange_publishes(ix: &Index<'_>, rows: &mut Rows) {
+    let Index { by_id, .. } = ix;
     // Each message in exactly its queue, as the answer said; a call whose
     // outcome is unknown stored all of its messages (in both queues) or none.
     let mut exchange_calls: BTreeMap<u64, (&str, Vec<&str>)> = BTreeMap::new();
-    for p in &recs.publishes {
+    for p in &ix.recs.publishes {
         for e in &p.misrouted {
             rows.add("I17", || format!("{e} (answered {:?})", p.outcome));
         }
@@ -466,10 +580,14 @@ pub fn check(recs: &Records, hist: &History, seed: u64, health: &[String]) -> Re
             });
         }
     }
+}
 
-    // ---- I4, I5, I7 per (queue, id) ------------------------------------------
+/// I4, I5 and I7 per (queue, id), and I15 (redeliveries).
+fn per_message(ix: &Index<'_>, rows: &mut Rows, info: &mut Vec<(String, String)>) {
+    let Index { by_msg, ok_ack, .. } = ix;
+    let ds = ix.ds;
     let mut redeliveries = 0usize;
-    for ((queue, id), list) in &by_msg {
+    for ((queue, id), list) in by_msg {
         if let Some(&acked) = ok_ack.get(&(*queue, *id)) {
             for &i in list {
                 let d = &ds[i];
@@ -496,13 +614,13 @@ pub fn check(recs: &Records, hist: &History, seed: u64, health: &[String]) -> Re
                     )
                 });
             }
-            let end_a = live_end(da);
+            let end_a = ix.live_end(da);
             for &b in &list[a_pos + 1..] {
                 let db = &ds[b];
                 // A released delivery did not count: the next one has the
                 // same count.
                 if db.inv.t > da.done.t
-                    && (db.count < da.count || (db.count == da.count && !maybe_released(da)))
+                    && (db.count < da.count || (db.count == da.count && !ix.maybe_released(da)))
                 {
                     rows.add("I5", || {
                         format!(
@@ -528,10 +646,26 @@ pub fn check(recs: &Records, hist: &History, seed: u64, health: &[String]) -> Re
     rows.rows
         .entry("I15")
         .and_modify(|r| r.violations = redeliveries);
+}
 
-    // ---- I6 dead letters ------------------------------------------------------
+/// I6: dead letters. Returns the dead-lettered messages: their source and
+/// reason.
+fn dead_letters<'a>(
+    ix: &'a Index<'a>,
+    seed: u64,
+    rows: &mut Rows,
+    info: &mut Vec<(String, String)>,
+) -> HashMap<&'a str, (&'a str, i32)> {
+    let Index {
+        msgs,
+        by_id,
+        ok_ack,
+        accounted,
+        ..
+    } = ix;
+    let ds = ix.ds;
     let mut dead_lettered: HashMap<&str, (&str, i32)> = HashMap::new();
-    for (id, list) in &by_id {
+    for (id, list) in by_id {
         let Some(m) = msgs.get(id) else { continue };
         let dlq = workload::dlq_of(&m.queue);
         let in_dlq: Vec<&Delivery> = list
@@ -575,7 +709,7 @@ pub fn check(recs: &Records, hist: &History, seed: u64, health: &[String]) -> Re
                 // Released deliveries (FIFO) do not count.
                 let counted = source_deliveries
                     .iter()
-                    .filter(|d| !maybe_released(d))
+                    .filter(|d| !ix.maybe_released(d))
                     .count();
                 if counted > MAX_DELIVERIES as usize {
                     rows.add("I6", || {
@@ -635,7 +769,7 @@ pub fn check(recs: &Records, hist: &History, seed: u64, health: &[String]) -> Re
     ));
     // Poison messages that were published and never dead-lettered (they
     // are never acked by a consumer, so they must have been moved).
-    for (id, m) in &msgs {
+    for (id, m) in msgs {
         if m.outcome.is_ok()
             && workload::fate(seed, id) == Fate::Poison
             && !dead_lettered.contains_key(id)
@@ -649,8 +783,13 @@ pub fn check(recs: &Records, hist: &History, seed: u64, health: &[String]) -> Re
             });
         }
     }
+    dead_lettered
+}
 
-    // ---- I8 lease expiry ------------------------------------------------------
+/// I8: lease expiry, unacked messages come back.
+fn lease_expiry(ix: &Index<'_>, rows: &mut Rows) {
+    let Index { by_id, .. } = ix;
+    let ds = ix.ds;
     // A delivery whose lease ended without a settle that may have worked
     // (dropped, held past its deadline, stream closed, settle refused) must
     // be followed by another delivery of the message (in its queue or its
@@ -659,7 +798,7 @@ pub fn check(recs: &Records, hist: &History, seed: u64, health: &[String]) -> Re
         if d.process == "final sweep" {
             continue;
         }
-        let maybe_settled = settles(d.idx).iter().any(|s| {
+        let maybe_settled = ix.settles(d.idx).iter().any(|s| {
             matches!(s.kind, SettleKind::Ack | SettleKind::Nack)
                 && matches!(&s.result, SettleResult::Ok { .. })
                 || matches!(&s.result, SettleResult::Call(o) if o.is_info())
@@ -680,9 +819,19 @@ pub fn check(recs: &Records, hist: &History, seed: u64, health: &[String]) -> Re
             });
         }
     }
+}
 
-    // ---- I9 FIFO --------------------------------------------------------------
-    for ((queue, group), ids) in &group_order {
+/// I9: FIFO group order (delivered, acked), one in flight.
+fn fifo_order(ix: &Index<'_>, rows: &mut Rows) {
+    let Index {
+        msgs,
+        by_msg,
+        by_id,
+        group_order,
+        ..
+    } = ix;
+    let ds = ix.ds;
+    for ((queue, group), ids) in group_order {
         if queue != FIFO {
             continue;
         }
@@ -702,7 +851,7 @@ pub fn check(recs: &Records, hist: &History, seed: u64, health: &[String]) -> Re
                 v.iter()
                     .flat_map(|&i| &ds[i].dead_letters)
                     .filter(|r| r.source == FIFO)
-                    .map(|r| mono(r.at))
+                    .map(|r| ix.mono(r.at))
                     .min()
             })
         };
@@ -722,7 +871,7 @@ pub fn check(recs: &Records, hist: &History, seed: u64, health: &[String]) -> Re
                         format!("group {group}: {idj} delivered but the earlier {idi} never was")
                     });
                 } else if let Some((idi, at)) = left_before
-                    && i128::from(dj.done.t) < at - slack_ns
+                    && i128::from(dj.done.t) < at - SLACK_NS
                 {
                     rows.add("I9", || {
                         format!(
@@ -765,7 +914,7 @@ pub fn check(recs: &Records, hist: &History, seed: u64, health: &[String]) -> Re
             .collect();
         all.sort_by_key(|d| d.inv.t);
         for (ai, a) in all.iter().enumerate() {
-            let end_a = live_end(a);
+            let end_a = ix.live_end(a);
             if end_a <= i128::from(a.done.t) {
                 continue;
             }
@@ -803,7 +952,7 @@ pub fn check(recs: &Records, hist: &History, seed: u64, health: &[String]) -> Re
                 .get(&(FIFO, id))
                 .into_iter()
                 .flatten()
-                .flat_map(|&i| settles(i))
+                .flat_map(|&i| ix.settles(i))
                 .filter(|s| {
                     s.kind == SettleKind::Ack
                         && (matches!(s.result, SettleResult::Ok { .. })
@@ -811,7 +960,7 @@ pub fn check(recs: &Records, hist: &History, seed: u64, health: &[String]) -> Re
                 })
                 .map(|s| i128::from(s.inv.t))
                 .min();
-            let moved = dead_lettered_at(id).map(|at| at - slack_ns);
+            let moved = dead_lettered_at(id).map(|at| at - SLACK_NS);
             acked.into_iter().chain(moved).min().unwrap_or(i128::MAX)
         };
         let order: Vec<(&str, i128)> = ids
@@ -835,7 +984,7 @@ pub fn check(recs: &Records, hist: &History, seed: u64, health: &[String]) -> Re
             };
             for &j in list {
                 let dj = &ds[j];
-                for s in settles(j) {
+                for s in ix.settles(j) {
                     if s.kind != SettleKind::Ack || !matches!(s.result, SettleResult::Ok { .. }) {
                         continue;
                     }
@@ -846,8 +995,9 @@ pub fn check(recs: &Records, hist: &History, seed: u64, health: &[String]) -> Re
                     let culprit = order[..jpos].iter().find(|&&(idi, from)| {
                         from > t
                             && !by_msg.get(&(FIFO, idi)).is_some_and(|v| {
-                                v.iter()
-                                    .any(|&i| ds[i].call == dj.call && !failed_before(i, s.inv.t))
+                                v.iter().any(|&i| {
+                                    ds[i].call == dj.call && !ix.failed_before(i, s.inv.t)
+                                })
                             })
                     });
                     if let Some(&(idi, from)) = culprit {
@@ -878,11 +1028,11 @@ pub fn check(recs: &Records, hist: &History, seed: u64, health: &[String]) -> Re
         if !workload::fifo_kind(&d.queue) {
             continue;
         }
-        let earlier = before(d);
+        let earlier = ix.before(d);
         if earlier.is_empty() {
             continue;
         }
-        for s in settles(d.idx) {
+        for s in ix.settles(d.idx) {
             if !matches!(s.result, SettleResult::Ok { .. })
                 || !matches!(
                     s.kind,
@@ -891,7 +1041,7 @@ pub fn check(recs: &Records, hist: &History, seed: u64, health: &[String]) -> Re
             {
                 continue;
             }
-            if let Some(&a) = earlier.iter().find(|&&a| failed_before(a, s.inv.t)) {
+            if let Some(&a) = earlier.iter().find(|&&a| ix.failed_before(a, s.inv.t)) {
                 rows.add("I9", || {
                     format!(
                         "group {}: {:?} of {} in {} succeeded after the earlier {}, leased with it, failed: it should have been released",
@@ -901,8 +1051,12 @@ pub fn check(recs: &Records, hist: &History, seed: u64, health: &[String]) -> Re
             }
         }
     }
+}
 
-    // ---- I10 TTL -----------------------------------------------------------------
+/// I10: no delivery after TTL.
+fn ttl(ix: &Index<'_>, rows: &mut Rows) {
+    let Index { msgs, .. } = ix;
+    let ds = ix.ds;
     for d in ds {
         if d.queue != TTL {
             continue;
@@ -921,19 +1075,22 @@ pub fn check(recs: &Records, hist: &History, seed: u64, health: &[String]) -> Re
             });
         }
     }
+}
 
-    // ---- I11 ack semantics ----------------------------------------------------------
+/// I11: ack semantics (expired refused, live accepted).
+fn ack_semantics(ix: &Index<'_>, rows: &mut Rows) {
+    let ds = ix.ds;
     for d in ds {
         let mut deadline = d.deadline;
         let mut ok_acks = 0;
         let mut attempted = false;
-        for s in settles(d.idx) {
+        for s in ix.settles(d.idx) {
             match (&s.kind, &s.result) {
                 (SettleKind::Release, _) => attempted = true,
                 (kind, SettleResult::Released { msg }) => {
                     // Released only by the failure of an earlier message
                     // of its group leased with it (SPEC §3).
-                    if !released_by(d, s.done.t) {
+                    if !ix.released_by(d, s.done.t) {
                         rows.add("I11", || {
                             format!(
                                 "{} in {}: {kind:?} answered RELEASED ({msg}) though no earlier message of its group leased with it may have failed",
@@ -978,7 +1135,9 @@ pub fn check(recs: &Records, hist: &History, seed: u64, health: &[String]) -> Re
                     // A released lease whose message left since (or whose
                     // attempt history no longer holds the release) is
                     // refused as expired.
-                    if !attempted && s.done.wall + SLACK_MS < deadline && !released_by(d, s.done.t)
+                    if !attempted
+                        && s.done.wall + SLACK_MS < deadline
+                        && !ix.released_by(d, s.done.t)
                     {
                         rows.add("I11", || {
                             format!(
@@ -1001,8 +1160,10 @@ pub fn check(recs: &Records, hist: &History, seed: u64, health: &[String]) -> Re
             }
         }
     }
+}
 
-    // ---- I12 configurations ----------------------------------------------------------
+/// I12: queue configurations durable.
+fn configurations(recs: &Records, rows: &mut Rows) {
     let mut states: BTreeMap<&str, Vec<Option<QueueShape>>> = BTreeMap::new();
     for a in &recs.admin {
         let st = states.entry(a.queue.as_str()).or_insert_with(|| vec![None]);
@@ -1052,11 +1213,11 @@ pub fn check(recs: &Records, hist: &History, seed: u64, health: &[String]) -> Re
             _ => {}
         }
     }
+}
 
-    // ---- I13 stats -------------------------------------------------------------------
-    check_stats(recs, &msgs, &by_id, &dead_lettered, &mut rows);
-
-    // ---- I14 recovered -----------------------------------------------------------------
+/// I14: unknown publishes that appeared (informational).
+fn recovered(ix: &Index<'_>, rows: &mut Rows, info: &mut Vec<(String, String)>) {
+    let Index { msgs, by_id, .. } = ix;
     let recovered = msgs
         .iter()
         .filter(|(id, m)| m.outcome.is_info() && by_id.contains_key(*id))
@@ -1069,17 +1230,6 @@ pub fn check(recs: &Records, hist: &History, seed: u64, health: &[String]) -> Re
         "unknown publishes".into(),
         format!("{unknown} ({recovered} of them appeared)"),
     ));
-    info.push(("acknowledged publishes".into(), ok_published.to_string()));
-
-    // ---- I16 health --------------------------------------------------------------------------
-    for h in health {
-        rows.add("I16", || h.clone());
-    }
-
-    Report {
-        rows: rows.finish(),
-        info,
-    }
 }
 
 fn push_state(st: &mut Vec<Option<QueueShape>>, s: Option<QueueShape>) {

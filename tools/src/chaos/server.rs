@@ -3,14 +3,15 @@
 //! library (kill points, durable mirror).
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::ExitStatus;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
+use letterbox::launch::{Serve, Served};
 
 use crate::loadgen::scrape::{MetricsUrl, sample};
 
@@ -45,8 +46,7 @@ pub struct ServerSpec {
 
 /// A running server.
 pub struct Server {
-    child: Child,
-    ready_rx: mpsc::Receiver<String>,
+    served: Served,
     /// When it was spawned.
     pub spawned: Instant,
     /// When it printed its address.
@@ -69,11 +69,9 @@ impl ServerSpec {
             kill.unwrap_or("-")
         )?;
         let _ = std::fs::remove_file(&self.mark);
-        let mut cmd = Command::new(&self.bin);
-        cmd.arg("serve")
-            .arg("--data-dir")
-            .arg(&self.data)
-            .arg("--listen")
+        let mut serve = Serve::new(&self.bin, &self.data);
+        let cmd = serve.command();
+        cmd.arg("--listen")
             .arg(format!("127.0.0.1:{}", self.port))
             .arg("--metrics-listen")
             .arg(format!("127.0.0.1:{}", self.metrics_port))
@@ -81,10 +79,7 @@ impl ServerSpec {
             .args(&self.extra)
             .env("LETTERBOX_LOG", "info")
             .env("LETTERBOX_LOG_FORMAT", "text")
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(log);
+            .env("NO_COLOR", "1");
         if let Some(shim) = &self.shim {
             cmd.env("LD_PRELOAD", shim)
                 .env("LBSHIM_ROOT", &self.root)
@@ -99,22 +94,11 @@ impl ServerSpec {
                 cmd.env("LBSHIM_KILL", k);
             }
         }
-        let mut child = cmd
-            .spawn()
+        let served = serve
+            .spawn(log)
             .with_context(|| format!("starting {}", self.bin.display()))?;
-        let stdout = child.stdout.take().context("server stdout")?;
-        let (tx, ready_rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut lines = BufReader::new(stdout).lines();
-            if let Some(Ok(line)) = lines.next() {
-                let _ = tx.send(line);
-            }
-            // Keep reading so the server never blocks on a full pipe.
-            for _ in lines {}
-        });
         Ok(Server {
-            child,
-            ready_rx,
+            served,
             spawned: Instant::now(),
             ready_at: None,
         })
@@ -124,27 +108,17 @@ impl ServerSpec {
 impl Server {
     /// The OS process id.
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.served.child.id()
     }
 
     /// Waits up to `limit` for the address line; `Ok(false)` if the
     /// process exited first (or did not print it in time).
     pub async fn wait_ready(&mut self, limit: Duration) -> Result<bool> {
-        let until = Instant::now() + limit;
-        loop {
-            match self.ready_rx.try_recv() {
-                Ok(line) if line.starts_with("letterbox listening on ") => {
-                    self.ready_at = Some(Instant::now());
-                    return Ok(true);
-                }
-                Ok(_) | Err(mpsc::TryRecvError::Disconnected) => return Ok(false),
-                Err(mpsc::TryRecvError::Empty) => {}
-            }
-            if self.child.try_wait()?.is_some() || Instant::now() >= until {
-                return Ok(false);
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
+        let ready = self.served.wait(|a| a.grpc.is_some(), limit).await.is_ok();
+        if ready {
+            self.ready_at = Some(Instant::now());
         }
+        Ok(ready)
     }
 
     /// True if the address line has arrived (without waiting).
@@ -152,9 +126,8 @@ impl Server {
         if self.ready_at.is_some() {
             return true;
         }
-        if let Ok(line) = self.ready_rx.try_recv()
-            && line.starts_with("letterbox listening on ")
-        {
+        self.served.poll();
+        if self.served.announced.grpc.is_some() {
             self.ready_at = Some(Instant::now());
             return true;
         }
@@ -163,18 +136,18 @@ impl Server {
 
     /// The exit status if it has exited.
     pub fn try_wait(&mut self) -> Option<ExitStatus> {
-        self.child.try_wait().ok().flatten()
+        self.served.child.try_wait().ok().flatten()
     }
 
     /// SIGKILL and reap.
     pub fn kill(&mut self) -> Option<ExitStatus> {
-        let _ = self.child.kill();
-        self.child.wait().ok()
+        let _ = self.served.child.kill();
+        self.served.child.wait().ok()
     }
 
     /// SIGTERM (graceful shutdown begins).
     pub fn term(&mut self) {
-        if let Some(pid) = rustix::process::Pid::from_raw(self.child.id() as i32) {
+        if let Some(pid) = rustix::process::Pid::from_raw(self.served.child.id() as i32) {
             let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
         }
     }
@@ -197,8 +170,8 @@ impl Server {
 impl Drop for Server {
     fn drop(&mut self) {
         if self.try_wait().is_none() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
+            let _ = self.served.child.kill();
+            let _ = self.served.child.wait();
         }
     }
 }

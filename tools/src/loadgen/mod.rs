@@ -32,7 +32,7 @@ pub mod workload;
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 use std::io::Write;
-use target::{AckMode, ConsumerMode, Endpoints};
+use target::{AckMode, Caps, ConsumerMode, Endpoints};
 use workload::{Params, RunResult, Workload};
 
 #[derive(Parser)]
@@ -216,22 +216,7 @@ async fn run(a: RunArgs) -> Result<()> {
     };
     let t = target::connect(&a.target, &ep).await?;
     let caps = t.caps();
-    let mut p = Params {
-        count: a.count,
-        size: a.size,
-        max_secs: a.max_secs,
-        window: a.window,
-        batch: a.batch,
-        prefetch: a.prefetch,
-        ack: a.ack,
-        rate: a.rate,
-        delivery_limit: a.delivery_limit,
-        broker_pid: a.broker_pid,
-        consumer: a.consumer,
-        groups: a.groups,
-        per_group: a.per_group,
-        consumers: a.consumers,
-    };
+    let mut p = params(&a);
     if p.batch > 1 && (!caps.publish_batch || a.workload != Workload::PublishDurable) {
         eprintln!(
             "[{} {}] note: --batch {} ignored ({}); publishing one message per call",
@@ -246,32 +231,7 @@ async fn run(a: RunArgs) -> Result<()> {
         );
         p.batch = 1;
     }
-    let needs_sync = a.ack == AckMode::Sync
-        && matches!(
-            a.workload,
-            Workload::ConsumeAck | Workload::EndToEnd | Workload::Fifo
-        );
-    let consumes = a.workload != Workload::PublishDurable;
-    let missing = [
-        (needs_sync && !caps.sync_ack, "sync acks"),
-        (
-            a.workload == Workload::Redelivery && !caps.delivery_limit,
-            "a delivery limit",
-        ),
-        (
-            consumes && a.consumer == ConsumerMode::Subscribe && !caps.subscribe,
-            "--consumer subscribe",
-        ),
-        (
-            consumes && a.consumer == ConsumerMode::Get && !caps.get,
-            "--consumer get",
-        ),
-        (a.workload == Workload::Fifo && !caps.fifo, "FIFO groups"),
-        (a.workload == Workload::Redrive && !caps.redrive, "redrive"),
-    ]
-    .into_iter()
-    .find_map(|(miss, what)| miss.then_some(what));
-    if let Some(what) = missing {
+    if let Some(what) = missing_capability(&a, &caps) {
         eprintln!(
             "[{} {}] skipped: target does not support {what}",
             t.name(),
@@ -308,31 +268,87 @@ async fn run(a: RunArgs) -> Result<()> {
             latency: o.latency,
             extra: o.extra,
         };
-        let line = serde_json::to_string(&r)?;
-        println!("{line}");
-        if let Some(path) = &a.out {
-            let mut f = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(path)?;
-            writeln!(f, "{line}")?;
-        }
-        eprintln!(
-            "[{} {} {} rep {}] {} msgs in {:.2}s = {:.0} msg/s{}{}",
-            r.target,
-            serde_json::to_value(r.workload)?.as_str().unwrap_or(""),
-            r.variant,
-            rep,
-            r.completed,
-            secs,
-            r.msgs_per_s,
-            r.latency
-                .as_ref()
-                .map(|l| format!(" p50 {:.2}ms p99 {:.2}ms", l.p50_ms, l.p99_ms))
-                .unwrap_or_default(),
-            if r.timed_out { " (time-bounded)" } else { "" }
-        );
+        record(&r, a.out.as_deref())?;
     }
+    Ok(())
+}
+
+/// The workload's parameters from the command line.
+fn params(a: &RunArgs) -> Params {
+    Params {
+        count: a.count,
+        size: a.size,
+        max_secs: a.max_secs,
+        window: a.window,
+        batch: a.batch,
+        prefetch: a.prefetch,
+        ack: a.ack,
+        rate: a.rate,
+        delivery_limit: a.delivery_limit,
+        broker_pid: a.broker_pid,
+        consumer: a.consumer,
+        groups: a.groups,
+        per_group: a.per_group,
+        consumers: a.consumers,
+    }
+}
+
+/// What the workload needs that the target cannot do, if anything.
+fn missing_capability(a: &RunArgs, caps: &Caps) -> Option<&'static str> {
+    let needs_sync = a.ack == AckMode::Sync
+        && matches!(
+            a.workload,
+            Workload::ConsumeAck | Workload::EndToEnd | Workload::Fifo
+        );
+    let consumes = a.workload != Workload::PublishDurable;
+    [
+        (needs_sync && !caps.sync_ack, "sync acks"),
+        (
+            a.workload == Workload::Redelivery && !caps.delivery_limit,
+            "a delivery limit",
+        ),
+        (
+            consumes && a.consumer == ConsumerMode::Subscribe && !caps.subscribe,
+            "--consumer subscribe",
+        ),
+        (
+            consumes && a.consumer == ConsumerMode::Get && !caps.get,
+            "--consumer get",
+        ),
+        (a.workload == Workload::Fifo && !caps.fifo, "FIFO groups"),
+        (a.workload == Workload::Redrive && !caps.redrive, "redrive"),
+    ]
+    .into_iter()
+    .find_map(|(miss, what)| miss.then_some(what))
+}
+
+/// Prints one run's result (a JSON line on standard output, appended to
+/// `out` too, and a summary on standard error).
+fn record(r: &RunResult, out: Option<&str>) -> Result<()> {
+    let line = serde_json::to_string(r)?;
+    println!("{line}");
+    if let Some(path) = out {
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)?;
+        writeln!(f, "{line}")?;
+    }
+    eprintln!(
+        "[{} {} {} rep {}] {} msgs in {:.2}s = {:.0} msg/s{}{}",
+        r.target,
+        serde_json::to_value(r.workload)?.as_str().unwrap_or(""),
+        r.variant,
+        r.rep,
+        r.completed,
+        r.elapsed_s,
+        r.msgs_per_s,
+        r.latency
+            .as_ref()
+            .map(|l| format!(" p50 {:.2}ms p99 {:.2}ms", l.p50_ms, l.p99_ms))
+            .unwrap_or_default(),
+        if r.timed_out { " (time-bounded)" } else { "" }
+    );
     Ok(())
 }
 
