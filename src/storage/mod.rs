@@ -42,11 +42,49 @@
 //!   for good (fail-stop): the failed transaction and every later one get
 //!   an error, nothing is retried, and [`Store::failure`] reports it so the
 //!   process can exit and recover from disk.
+//!
+//! ## Lock order
+//!
+//! Every mutex of the store is a `rank::RankedMutex`: a thread takes a
+//! lock only while every lock it holds has a lower rank. Debug builds
+//! check it on every `lock()` (a thread-local list of the ranks held; a
+//! violation panics naming both locks); release builds take plain mutexes.
+//! From lowest to highest (`rank::Rank`):
+//!
+//! 1. `LOG` (`LogState`, the log writer's end): held for a whole group
+//!    commit, by the log writer thread or a caller committing alone.
+//!    Under it: `STATE` (the quiet test, swapping bodies for places),
+//!    `PLACED`, `DURABLE`, and in `wal::Writer` `SEGMENTS` and `SPARE`.
+//! 2. `STATE` (`State`: the memtable, the next lsn, the transactions
+//!    waiting for the log, `closed`), with the condition variables
+//!    `commit_cv` (the log writer waits on it) and `apply_cv` (the
+//!    applier). Under it: `VOLATILE`. The one exception to the order: the
+//!    log writer, holding `STATE`, *tries* `LOG` (a `try_lock`, which
+//!    cannot deadlock; taken, `LOG` then counts as held and `STATE` is let
+//!    go before the batch is written).
+//! 3. `VOLATILE` (values kept in memory only, a negative control's).
+//! 4. `PLACED` (where the log writer put each payload).
+//! 5. `DURABLE` (the durable lsn), with `durable_cv`. Under it: `LIVE`
+//!    (the figures of [`Store::stats`]).
+//! 6. `RECORDED` (what `CHECKPOINT` holds). Under it: `SEGMENTS`.
+//! 7. `SEGMENTS` (the log segments written since start, shared with
+//!    `wal::Writer`). Under it: `LIVE` (a checkpoint's retirement).
+//! 8. `SPARE` (`wal::Preallocator`'s prepared segment), with its
+//!    condition variable.
+//! 9. `LIVE` (payload pointer counts per segment, pinned segments).
+//! 10. `POOL` (`wal::Pool`'s retired segments), `FILES` (segment files
+//!     open for payload reads), `REACHED` (a start's scan), `HOOK`
+//!     (tests) and `THREADS` (joined on close): taken with nothing of the
+//!     store's held below them.
+//!
+//! The database handle (`Inner::db`, a `RwLock`) is held only to clone the
+//! handle, or by a rewrite to replace it, with no other lock held.
 
 mod error;
 pub mod fsutil;
 pub mod keys;
 mod payloads;
+mod rank;
 pub mod records;
 mod rewrite;
 pub mod verify;
@@ -56,7 +94,7 @@ use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, TryLockError, Weak};
+use std::sync::{Arc, RwLock, Weak};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -72,6 +110,7 @@ use records::{
 pub use wal::Mutation;
 
 use crate::faults::{self, Fault};
+use rank::{Rank, RankedCondvar, RankedGuard, RankedMutex};
 
 /// Tunables of the store.
 #[derive(Debug, Clone)]
@@ -483,11 +522,11 @@ struct Inner {
     rewritten_bytes: AtomicU64,
     rewrites: AtomicU64,
     opts: StoreOptions,
-    state: Mutex<State>,
+    state: RankedMutex<State>,
     /// Wakes the log writer when `pending` gets work, or when a caller
     /// that committed alone leaves work behind.
-    commit_cv: Condvar,
-    log: Mutex<LogState>,
+    commit_cv: RankedCondvar,
+    log: RankedMutex<LogState>,
     /// The last group commit held one transaction (or only transactions
     /// submitted after a quiet commit) and none arrived while it was
     /// written: callers come one at a time. Otherwise they arrive
@@ -500,15 +539,15 @@ struct Inner {
     writer_waiting: AtomicBool,
     /// Wakes the applier (memtable full, close, a publisher waiting for
     /// room).
-    apply_cv: Condvar,
+    apply_cv: RankedCondvar,
     /// `active_bytes` + `frozen_bytes`, read without the state lock.
     unapplied: AtomicUsize,
     /// Told when the applier has applied a generation (room for
     /// publishers) or the store stopped.
     room: tokio::sync::Notify,
     room_waits: AtomicU64,
-    durable: Mutex<u64>,
-    durable_cv: Condvar,
+    durable: RankedMutex<u64>,
+    durable_cv: RankedCondvar,
     failure: watch::Sender<Option<String>>,
     space_ok: AtomicBool,
     /// False while free space is below the hard floor (a quarter of the
@@ -532,17 +571,17 @@ struct Inner {
     /// recent payloads only concerns the active one).
     generations: AtomicU64,
     sync_micros: AtomicU64,
-    segments: Arc<Mutex<Vec<(u64, u64)>>>,
+    segments: Arc<RankedMutex<Vec<(u64, u64)>>>,
     /// The segment the log began in at this start (before its first
     /// record, it is where the log goes on).
     start_segment: u64,
     /// What `CHECKPOINT` holds now (the applier's to write).
-    recorded: Mutex<fsutil::Checkpoint>,
+    recorded: RankedMutex<fsutil::Checkpoint>,
     pool: Arc<wal::Pool>,
     /// Where the log writer put each payload value: key → (lsn, place).
-    placed: Mutex<Placed>,
+    placed: RankedMutex<Placed>,
     /// Payload pointers per segment; pinned segments.
-    live: Mutex<payloads::Live>,
+    live: RankedMutex<payloads::Live>,
     /// Segment files open for payload reads.
     files: payloads::Files,
     relocated: AtomicU64,
@@ -550,11 +589,11 @@ struct Inner {
     metrics: StoreMetrics,
     /// Negative control ([`Fault::NoDeliveryCount`]): values kept in
     /// memory only. Always empty without that fault.
-    volatile: Mutex<HashMap<Bytes, Bytes>>,
+    volatile: RankedMutex<HashMap<Bytes, Bytes>>,
     /// Tests: run by the applier once a frozen generation is durable,
     /// before it takes the payload places (see [`Store::hold_applier`]).
     #[cfg(test)]
-    after_freeze: Mutex<Option<Box<dyn FnMut() + Send>>>,
+    after_freeze: RankedMutex<Option<Box<dyn FnMut() + Send>>>,
 }
 
 /// Distributions of the commit path, for the metrics endpoint.
@@ -589,7 +628,7 @@ impl StoreMetrics {
 /// The durable store of one data directory.
 pub struct Store {
     inner: Arc<Inner>,
-    threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
+    threads: RankedMutex<Vec<std::thread::JoinHandle<()>>>,
     _lock: fsutil::DirLock,
 }
 
@@ -607,7 +646,7 @@ pub struct Reader {
     db: sled::Db,
     path: PathBuf,
     /// A recent key a scan reached (see [`warm_metas`]).
-    reached: Mutex<Vec<u8>>,
+    reached: RankedMutex<Vec<u8>>,
 }
 
 impl Reader {
@@ -672,10 +711,9 @@ fn count_payloads(db: &sled::Db, db_dir: &Path) -> Result<(payloads::Live, HashM
     Ok((live, reach))
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A poisoned lock means a thread panicked while holding it; the data
-    // it guards is still consistent (every section is a few assignments).
-    m.lock().unwrap_or_else(|e| e.into_inner())
+/// Takes a ranked mutex (see [`RankedMutex::lock`]).
+fn lock<T>(m: &RankedMutex<T>) -> RankedGuard<'_, T> {
+    m.lock()
 }
 
 impl Store {
@@ -782,7 +820,7 @@ impl Store {
         let reader = Reader {
             db: db.clone(),
             path: db_dir.clone(),
-            reached: Mutex::default(),
+            reached: RankedMutex::default_with(Rank::REACHED, "reached"),
         };
         let (counted, loaded) = std::thread::scope(|s| {
             let loading = std::thread::Builder::new()
@@ -856,35 +894,43 @@ impl Store {
             rewritten_bytes: AtomicU64::new(0),
             rewrites: AtomicU64::new(0),
             opts,
-            state: Mutex::new(State {
-                next_lsn: end.last_lsn + 1,
-                active: Memtable::default(),
-                active_bytes: 0,
-                active_deletes: false,
-                frozen: None,
-                frozen_bytes: 0,
-                pending: Vec::new(),
-                closed: None,
-            }),
-            commit_cv: Condvar::new(),
+            state: RankedMutex::new(
+                Rank::STATE,
+                "state",
+                State {
+                    next_lsn: end.last_lsn + 1,
+                    active: Memtable::default(),
+                    active_bytes: 0,
+                    active_deletes: false,
+                    frozen: None,
+                    frozen_bytes: 0,
+                    pending: Vec::new(),
+                    closed: None,
+                },
+            ),
+            commit_cv: RankedCondvar::new(),
             quiet: AtomicBool::new(false),
             #[cfg(test)]
             writer_waiting: AtomicBool::new(false),
-            log: Mutex::new(LogState {
-                writer,
-                frames: Vec::with_capacity(1 << 20),
-                bounds: Vec::new(),
-                recent: VecDeque::new(),
-                recent_bytes: 0,
-                generation: 0,
-                stopped: false,
-            }),
-            apply_cv: Condvar::new(),
+            log: RankedMutex::new(
+                Rank::LOG,
+                "log",
+                LogState {
+                    writer,
+                    frames: Vec::with_capacity(1 << 20),
+                    bounds: Vec::new(),
+                    recent: VecDeque::new(),
+                    recent_bytes: 0,
+                    generation: 0,
+                    stopped: false,
+                },
+            ),
+            apply_cv: RankedCondvar::new(),
             unapplied: AtomicUsize::new(0),
             room: tokio::sync::Notify::new(),
             room_waits: AtomicU64::new(0),
-            durable: Mutex::new(end.last_lsn),
-            durable_cv: Condvar::new(),
+            durable: RankedMutex::new(Rank::DURABLE, "durable", end.last_lsn),
+            durable_cv: RankedCondvar::new(),
             failure,
             space_ok: AtomicBool::new(true),
             floor_ok: AtomicBool::new(true),
@@ -901,17 +947,17 @@ impl Store {
             sync_micros: AtomicU64::new(0),
             segments: written,
             start_segment,
-            recorded: Mutex::new(recorded),
+            recorded: RankedMutex::new(Rank::RECORDED, "recorded", recorded),
             pool,
-            placed: Mutex::default(),
-            live: Mutex::new(live),
+            placed: RankedMutex::default_with(Rank::PLACED, "placed"),
+            live: RankedMutex::new(Rank::LIVE, "live", live),
             files: payloads::Files::new(&wal_dir),
             relocated: AtomicU64::new(0),
             overtaken: AtomicU64::new(0),
             metrics: StoreMetrics::new(),
-            volatile: Mutex::default(),
+            volatile: RankedMutex::default_with(Rank::VOLATILE, "volatile"),
             #[cfg(test)]
-            after_freeze: Mutex::default(),
+            after_freeze: RankedMutex::default_with(Rank::HOOK, "after_freeze"),
         });
         inner.refresh_space();
         let mut threads = Vec::new();
@@ -927,7 +973,7 @@ impl Store {
         Ok((
             Store {
                 inner,
-                threads: Mutex::new(threads),
+                threads: RankedMutex::new(Rank::THREADS, "threads", threads),
                 _lock: dir_lock,
             },
             report,
@@ -942,7 +988,7 @@ impl Store {
         Reader {
             db: self.inner.db(),
             path: self.inner.db_path(),
-            reached: Mutex::default(),
+            reached: RankedMutex::default_with(Rank::REACHED, "reached"),
         }
     }
 
@@ -1555,11 +1601,7 @@ impl Inner {
             if self.failed() {
                 return false;
             }
-            d = self
-                .durable_cv
-                .wait_timeout(d, Duration::from_millis(100))
-                .map(|(g, _)| g)
-                .unwrap_or_else(|e| e.into_inner().0);
+            d = self.durable_cv.wait_timeout(d, Duration::from_millis(100));
         }
         true
     }
@@ -1610,7 +1652,7 @@ fn log_writer(inner: &Inner) {
                 }
                 #[cfg(test)]
                 inner.writer_waiting.store(true, Ordering::Relaxed);
-                st = inner.commit_cv.wait(st).unwrap_or_else(|e| e.into_inner());
+                st = inner.commit_cv.wait(st);
                 #[cfg(test)]
                 inner.writer_waiting.store(false, Ordering::Relaxed);
             }
@@ -1621,13 +1663,10 @@ fn log_writer(inner: &Inner) {
     }
 }
 
-/// A mutex's guard if it is free (a poisoned one too: see [`lock`]).
-fn try_lock<T>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
-    match m.try_lock() {
-        Ok(g) => Some(g),
-        Err(TryLockError::Poisoned(e)) => Some(e.into_inner()),
-        Err(TryLockError::WouldBlock) => None,
-    }
+/// A mutex's guard if it is free (see [`RankedMutex::try_lock`]: exempt
+/// from the lock order, as it does not wait).
+fn try_lock<T>(m: &RankedMutex<T>) -> Option<RankedGuard<'_, T>> {
+    m.try_lock()
 }
 
 /// Whether the running task may block its thread for one write and
@@ -1837,14 +1876,13 @@ fn applier(inner: &Inner) {
     loop {
         let closing = {
             let st = lock(&inner.state);
-            let (st, _) = inner
+            let st = inner
                 .apply_cv
                 .wait_timeout_while(st, inner.opts.apply_interval, |s| {
                     s.closed.is_none()
                         && s.active_bytes <= inner.opts.apply_bytes
                         && !inner.room_wanted()
-                })
-                .unwrap_or_else(|e| e.into_inner());
+                });
             st.closed.is_some()
         };
         if inner.failed() {

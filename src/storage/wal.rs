@@ -38,13 +38,14 @@ use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Buf, Bytes};
 
 use super::error::{Result, StorageError};
 use super::fsutil;
+use super::rank::{Rank, RankedCondvar, RankedMutex};
 use crate::faults::{self, Fault};
 
 /// Size of a frame header.
@@ -635,7 +636,7 @@ const MAX_SPARES: usize = 2;
 pub struct Pool {
     dir: PathBuf,
     size: u64,
-    spares: Mutex<Vec<PathBuf>>,
+    spares: RankedMutex<Vec<PathBuf>>,
     next_spare: std::sync::atomic::AtomicU64,
 }
 
@@ -665,20 +666,20 @@ impl Pool {
         Ok(Pool {
             dir: dir.to_path_buf(),
             size,
-            spares: Mutex::new(spares),
+            spares: RankedMutex::new(Rank::POOL, "pool", spares),
             next_spare: std::sync::atomic::AtomicU64::new(next),
         })
     }
 
     /// Retired segments ready to be reused (taking no new space).
     pub fn spare_count(&self) -> usize {
-        self.spares.lock().unwrap_or_else(|e| e.into_inner()).len()
+        self.spares.lock().len()
     }
 
     /// Retires a segment whose records are all applied: kept as a spare,
     /// or deleted when there are enough. The caller fsyncs the directory.
     pub fn retire(&self, path: &Path) -> Result<()> {
-        let mut spares = self.spares.lock().unwrap_or_else(|e| e.into_inner());
+        let mut spares = self.spares.lock();
         if spares.len() >= MAX_SPARES {
             return std::fs::remove_file(path).map_err(|e| StorageError::io("remove", path, e));
         }
@@ -694,7 +695,7 @@ impl Pool {
     /// Segment `number`, from a spare if there is one (renamed, directory
     /// fsynced), else zero-filled.
     pub fn segment(&self, number: u64) -> Result<Segment> {
-        let spare = self.spares.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let spare = self.spares.lock().pop();
         let Some(spare) = spare else {
             return preallocate(&self.dir, number, self.size);
         };
@@ -779,7 +780,7 @@ struct Spare {
 
 /// Keeps the next segment ready ahead of the writer.
 pub struct Preallocator {
-    shared: Arc<(Mutex<Spare>, Condvar)>,
+    shared: Arc<(RankedMutex<Spare>, RankedCondvar)>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -787,12 +788,16 @@ impl Preallocator {
     /// Starts the thread; the first segment it prepares is `first_number`.
     pub fn start(pool: Arc<Pool>, first_number: u64) -> Preallocator {
         let shared = Arc::new((
-            Mutex::new(Spare {
-                ready: None,
-                next_number: first_number,
-                stop: false,
-            }),
-            Condvar::new(),
+            RankedMutex::new(
+                Rank::SPARE,
+                "spare",
+                Spare {
+                    ready: None,
+                    next_number: first_number,
+                    stop: false,
+                },
+            ),
+            RankedCondvar::new(),
         ));
         let s = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
@@ -805,7 +810,7 @@ impl Preallocator {
     /// Takes the prepared segment, waiting for it if needed.
     pub fn take(&self) -> Result<Segment> {
         let (lock, cv) = &*self.shared;
-        let mut spare = lock.lock().unwrap_or_else(|e| e.into_inner());
+        let mut spare = lock.lock();
         loop {
             if let Some(seg) = spare.ready.take() {
                 cv.notify_all();
@@ -816,7 +821,7 @@ impl Preallocator {
                     reason: "no preallocation thread".into(),
                 });
             }
-            spare = cv.wait(spare).unwrap_or_else(|e| e.into_inner());
+            spare = cv.wait(spare);
         }
     }
 }
@@ -824,7 +829,7 @@ impl Preallocator {
 impl Drop for Preallocator {
     fn drop(&mut self) {
         let (lock, cv) = &*self.shared;
-        lock.lock().unwrap_or_else(|e| e.into_inner()).stop = true;
+        lock.lock().stop = true;
         cv.notify_all();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
@@ -832,13 +837,13 @@ impl Drop for Preallocator {
     }
 }
 
-fn preallocate_loop(pool: &Pool, shared: &(Mutex<Spare>, Condvar)) {
+fn preallocate_loop(pool: &Pool, shared: &(RankedMutex<Spare>, RankedCondvar)) {
     let (lock, cv) = shared;
     loop {
         let number = {
-            let mut spare = lock.lock().unwrap_or_else(|e| e.into_inner());
+            let mut spare = lock.lock();
             while spare.ready.is_some() && !spare.stop {
-                spare = cv.wait(spare).unwrap_or_else(|e| e.into_inner());
+                spare = cv.wait(spare);
             }
             if spare.stop {
                 return;
@@ -846,7 +851,7 @@ fn preallocate_loop(pool: &Pool, shared: &(Mutex<Spare>, Condvar)) {
             spare.next_number
         };
         let result = pool.segment(number);
-        let mut spare = lock.lock().unwrap_or_else(|e| e.into_inner());
+        let mut spare = lock.lock();
         if spare.stop {
             return;
         }
@@ -862,7 +867,7 @@ fn preallocate_loop(pool: &Pool, shared: &(Mutex<Spare>, Condvar)) {
             // now), then try again after a pause.
             drop(spare);
             std::thread::sleep(Duration::from_millis(200));
-            let mut spare = lock.lock().unwrap_or_else(|e| e.into_inner());
+            let mut spare = lock.lock();
             if matches!(spare.ready, Some(Err(_))) {
                 spare.ready = None;
             }
@@ -880,7 +885,7 @@ pub struct Writer {
     prealloc: Preallocator,
     /// (segment number, lsn of its first record) of every segment written
     /// since start, oldest first.
-    pub written: Arc<Mutex<Vec<(u64, u64)>>>,
+    pub(crate) written: Arc<RankedMutex<Vec<(u64, u64)>>>,
 }
 
 impl Writer {
@@ -893,7 +898,7 @@ impl Writer {
             offset: 0,
             unsynced: false,
             prealloc,
-            written: Arc::new(Mutex::new(Vec::new())),
+            written: Arc::new(RankedMutex::new(Rank::SEGMENTS, "segments", Vec::new())),
         })
     }
 
@@ -961,7 +966,7 @@ impl Writer {
     }
 
     fn note_first_lsn(&mut self, lsn: u64) {
-        let mut written = self.written.lock().unwrap_or_else(|e| e.into_inner());
+        let mut written = self.written.lock();
         if written
             .last()
             .is_none_or(|&(n, _)| n != self.current.number)
