@@ -35,7 +35,7 @@ pub const ENV: &str = "LETTERBOX_FAULT";
 pub enum Fault {
     /// `ack-before-fsync`: a group commit answers after its log write but
     /// without its fdatasync, which is left to the next group commit
-    /// (`storage/wal.rs`).
+    /// (`storage/wal/writer.rs`).
     AckBeforeFsync,
     /// `no-delivery-count`: the delivery count raised by a lease (and the
     /// lease) is kept in memory only, until something else writes the
