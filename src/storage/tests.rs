@@ -1,5 +1,7 @@
+use super::apply::{apply_once, checkpoint};
 use super::*;
 use records::{CountersRecord, PayloadRecord};
+use std::time::Instant;
 
 fn small_opts() -> StoreOptions {
     StoreOptions {
