@@ -123,153 +123,278 @@ impl Store {
         let started = Instant::now();
         fsutil::create_private_dir(dir)?;
         let dir_lock = fsutil::lock_dir(dir)?;
-        let mut fresh = fsutil::check_or_init_format(dir)?;
-        let db_dir = fsutil::current_database(dir)?;
+        let (db, db_dir) = prepare_dir(dir, opts.cache_bytes)?;
         let wal_dir = dir.join("wal");
-        if !fresh && fsutil::first_start_unfinished(dir, &wal_dir)? {
-            // What a database directory holds then was never made durable
-            // as a whole (sled's files can be empty or cut short): it goes,
-            // and the start proceeds as the first one.
-            tracing::warn!(
-                path = %dir.display(),
-                "the first start of this data directory was cut short before it finished: initializing it again (nothing in it was ever acknowledged)"
-            );
-            if db_dir.exists() {
-                std::fs::remove_dir_all(&db_dir)
-                    .map_err(|e| StorageError::io("remove", &db_dir, e))?;
-                fsutil::sync_dir(dir)?;
-            }
-            fresh = true;
-        }
-        if !fresh && !db_dir.join("db").exists() {
-            return Err(StorageError::corrupt(
-                db_dir.display().to_string(),
-                "the database is missing, but FORMAT says this directory holds data: refusing to start empty",
-            ));
-        }
-        // A rewrite that a crash interrupted: the database it was writing
-        // never became current, or the one it replaced was not deleted yet.
-        let stale = fsutil::stale_databases(dir, &db_dir)?;
-        for old in &stale {
-            tracing::info!(path = %old.display(), "removing a database left by an interrupted rewrite");
-            std::fs::remove_dir_all(old).map_err(|e| StorageError::io("remove", old, e))?;
-        }
-        if !stale.is_empty() {
-            fsutil::sync_dir(dir)?;
-        }
-        fsutil::create_private_dir(&wal_dir)?;
-        let db = open_db(&db_dir, opts.cache_bytes)?;
-        let dbe = StorageError::db(&db_dir);
-        // The entries of `wal/` and `db/` (created by sled) in the data
-        // directory must be durable before anything in them counts.
-        fsutil::sync_dir(dir)?;
-        check_db_format(&db, &db_dir, fresh)?;
-        let applied = read_sys(&db, SysKey::AppliedLsn, &db_dir)?.unwrap_or(0);
-        let checkpoint = fsutil::read_checkpoint(dir)?;
-        // Negative control: the check skipped.
-        if !faults::on(Fault::NoLogContinuity)
-            && let Some(log) = checkpoint.log
-        {
-            wal::check_continuity(&wal_dir, checkpoint.applied, log, &checkpoint.sizes)?;
-        }
-        let (end, batch) = replay_into(&db, &wal_dir, applied, &db_dir)?;
-        let checkpointed = checkpoint.applied;
-        if end.last_lsn < checkpointed {
-            return Err(StorageError::corrupt(
-                db_dir.display().to_string(),
-                format!(
-                    "the database holds changes up to lsn {applied} and the log continues it to lsn {}, but a checkpoint made lsn {checkpointed} durable: the database is damaged or truncated",
-                    end.last_lsn
-                ),
-            ));
-        }
-        db.apply_batch(batch).map_err(dbe)?;
-        // Make the database durable before the log that fed it goes.
-        db.flush().map_err(dbe)?;
-        fsutil::sync_tree(&db_dir)?;
-        // No log position yet: the segments replayed are retired below and
-        // the log starts again in a new one, named once it exists.
-        fsutil::write_checkpoint(
-            dir,
-            &fsutil::Checkpoint {
-                applied: end.last_lsn,
-                ..fsutil::Checkpoint::default()
-            },
-        )?;
+        let (applied, end) = recover(dir, &db, &db_dir)?;
         // Count payload pointers (segments without any are retired, the
         // others kept, pinned, for their payloads) while `load` reads.
-        let reader = Reader {
-            db: db.clone(),
-            path: db_dir.clone(),
-            reached: RankedMutex::default_with(Rank::REACHED, "reached"),
-        };
-        let (counted, loaded) = std::thread::scope(|s| {
-            let loading = std::thread::Builder::new()
-                .name("letterbox-load".into())
-                .spawn_scoped(s, || load(&reader))
-                .map_err(|e| StorageError::io("spawn a thread", dir, e))?;
-            let counted = count_payloads(&db, &db_dir);
-            if counted.is_ok() {
-                warm_metas(&reader);
-            }
-            let loaded = match loading.join() {
-                Ok(r) => r,
-                // sled panics on some damage: the caller reports it.
-                Err(p) => std::panic::resume_unwind(p),
-            };
-            Ok::<_, StorageError>((counted, loaded))
-        })?;
-        let (mut live, reach) = counted?;
+        let ((mut live, reach), loaded) = count_while_loading(dir, &db, &db_dir, load)?;
         // Totals start at what is live now: a share of it must go before a
         // segment is worth compacting.
         let pool = Arc::new(wal::Pool::open(&wal_dir, opts.segment_size)?);
-        let present = wal::list_segments(&wal_dir)?;
-        for seg in live.counts.keys() {
-            let path = wal::segment_path(&wal_dir, *seg);
-            if !present.contains(seg) {
-                return Err(StorageError::corrupt(
-                    path.display().to_string(),
-                    format!(
-                        "{} payload(s) point into this log segment, which is missing",
-                        live.count(*seg)
-                    ),
-                ));
-            }
-            let size = std::fs::metadata(&path)
-                .map_err(|e| StorageError::io("stat", &path, e))?
-                .len();
-            let need = reach.get(seg).copied().unwrap_or(0);
-            if size < need {
-                return Err(StorageError::corrupt(
-                    path.display().to_string(),
-                    format!(
-                        "payloads point up to byte {need} of this log segment, which has only {size}: it was truncated"
-                    ),
-                ));
-            }
-        }
-        for number in present {
-            if live.count(number) > 0 {
-                live.pinned.insert(number);
-            } else {
-                pool.retire(&wal::segment_path(&wal_dir, number))?;
-            }
-        }
-        fsutil::sync_dir(&wal_dir)?;
-        let writer = wal::Writer::start(Arc::clone(&pool), end.last_segment)?;
-        let start_segment = writer.current_number();
-        // The new segment exists (created, directory fsynced): from now on
-        // a start checks that the log goes on there.
-        let recorded = fsutil::Checkpoint {
-            applied: end.last_lsn,
-            log: Some((start_segment, end.last_lsn + 1)),
-            sizes: segment_sizes(&wal_dir, [start_segment])?,
+        sort_segments(&wal_dir, &pool, &mut live, &reach)?;
+        let (writer, recorded) = start_log(dir, &wal_dir, &pool, &end)?;
+        let replayed = end.replayed;
+        let recovered = Recovered {
+            db,
+            db_dir,
+            end,
+            writer,
+            recorded,
+            pool,
+            live,
         };
-        fsutil::write_checkpoint(dir, &recorded)?;
+        let inner = Arc::new(Inner::new(dir, opts, recovered));
+        inner.refresh_space();
+        let threads = start_threads(&inner)?;
+        let report = OpenReport {
+            applied_lsn: applied,
+            replayed,
+            elapsed: started.elapsed(),
+        };
+        Ok((
+            Store {
+                inner,
+                threads: RankedMutex::new(Rank::THREADS, "threads", threads),
+                _lock: dir_lock,
+            },
+            report,
+            loaded,
+        ))
+    }
 
+    /// Read access to the database, for [`Store::open`]'s callers that
+    /// rebuild from it (it reads the database, not the memtable: only
+    /// valid before the first submission).
+    pub fn reader(&self) -> Reader {
+        Reader {
+            db: self.inner.db(),
+            path: self.inner.db_path(),
+            reached: RankedMutex::default_with(Rank::REACHED, "reached"),
+        }
+    }
+}
+
+/// Checks the data directory (its format, a first start cut short, a
+/// database lost, databases left by an interrupted rewrite), creates the
+/// log's directory, and opens the database, checking its format.
+fn prepare_dir(dir: &Path, cache_bytes: u64) -> Result<(sled::Db, PathBuf)> {
+    let mut fresh = fsutil::check_or_init_format(dir)?;
+    let db_dir = fsutil::current_database(dir)?;
+    let wal_dir = dir.join("wal");
+    if !fresh && fsutil::first_start_unfinished(dir, &wal_dir)? {
+        // What a database directory holds then was never made durable
+        // as a whole (sled's files can be empty or cut short): it goes,
+        // and the start proceeds as the first one.
+        tracing::warn!(
+            path = %dir.display(),
+            "the first start of this data directory was cut short before it finished: initializing it again (nothing in it was ever acknowledged)"
+        );
+        if db_dir.exists() {
+            std::fs::remove_dir_all(&db_dir).map_err(|e| StorageError::io("remove", &db_dir, e))?;
+            fsutil::sync_dir(dir)?;
+        }
+        fresh = true;
+    }
+    if !fresh && !db_dir.join("db").exists() {
+        return Err(StorageError::corrupt(
+            db_dir.display().to_string(),
+            "the database is missing, but FORMAT says this directory holds data: refusing to start empty",
+        ));
+    }
+    // A rewrite that a crash interrupted: the database it was writing
+    // never became current, or the one it replaced was not deleted yet.
+    let stale = fsutil::stale_databases(dir, &db_dir)?;
+    for old in &stale {
+        tracing::info!(path = %old.display(), "removing a database left by an interrupted rewrite");
+        std::fs::remove_dir_all(old).map_err(|e| StorageError::io("remove", old, e))?;
+    }
+    if !stale.is_empty() {
+        fsutil::sync_dir(dir)?;
+    }
+    fsutil::create_private_dir(&wal_dir)?;
+    let db = open_db(&db_dir, cache_bytes)?;
+    // The entries of `wal/` and `db/` (created by sled) in the data
+    // directory must be durable before anything in them counts.
+    fsutil::sync_dir(dir)?;
+    check_db_format(&db, &db_dir, fresh)?;
+    Ok((db, db_dir))
+}
+
+/// Replays the log into the database (after checking it goes on where the
+/// last checkpoint says) and makes the result durable; returns the lsn the
+/// database had applied before, and where the log ends.
+fn recover(dir: &Path, db: &sled::Db, db_dir: &Path) -> Result<(u64, wal::ReplayEnd)> {
+    let wal_dir = dir.join("wal");
+    let dbe = StorageError::db(db_dir);
+    let applied = read_sys(db, SysKey::AppliedLsn, db_dir)?.unwrap_or(0);
+    let checkpoint = fsutil::read_checkpoint(dir)?;
+    // Negative control: the check skipped.
+    if !faults::on(Fault::NoLogContinuity)
+        && let Some(log) = checkpoint.log
+    {
+        wal::check_continuity(&wal_dir, checkpoint.applied, log, &checkpoint.sizes)?;
+    }
+    let (end, batch) = replay_into(db, &wal_dir, applied, db_dir)?;
+    let checkpointed = checkpoint.applied;
+    if end.last_lsn < checkpointed {
+        return Err(StorageError::corrupt(
+            db_dir.display().to_string(),
+            format!(
+                "the database holds changes up to lsn {applied} and the log continues it to lsn {}, but a checkpoint made lsn {checkpointed} durable: the database is damaged or truncated",
+                end.last_lsn
+            ),
+        ));
+    }
+    db.apply_batch(batch).map_err(dbe)?;
+    // Make the database durable before the log that fed it goes.
+    db.flush().map_err(dbe)?;
+    fsutil::sync_tree(db_dir)?;
+    // No log position yet: the segments replayed are retired below and
+    // the log starts again in a new one, named once it exists.
+    fsutil::write_checkpoint(
+        dir,
+        &fsutil::Checkpoint {
+            applied: end.last_lsn,
+            ..fsutil::Checkpoint::default()
+        },
+    )?;
+    Ok((applied, end))
+}
+
+/// Live payload pointers per log segment, and the furthest byte a pointer
+/// reaches in each.
+type Pointers = (payloads::Live, HashMap<u64, u64>);
+
+/// Payload pointers per segment and their reach (see [`count_payloads`]),
+/// counted while `load` reads the database on a thread of its own.
+fn count_while_loading<T, F>(
+    dir: &Path,
+    db: &sled::Db,
+    db_dir: &Path,
+    load: F,
+) -> Result<(Pointers, T)>
+where
+    T: Send,
+    F: FnOnce(&Reader) -> T + Send,
+{
+    let reader = Reader {
+        db: db.clone(),
+        path: db_dir.to_path_buf(),
+        reached: RankedMutex::default_with(Rank::REACHED, "reached"),
+    };
+    let (counted, loaded) = std::thread::scope(|s| {
+        let loading = std::thread::Builder::new()
+            .name("letterbox-load".into())
+            .spawn_scoped(s, || load(&reader))
+            .map_err(|e| StorageError::io("spawn a thread", dir, e))?;
+        let counted = count_payloads(db, db_dir);
+        if counted.is_ok() {
+            warm_metas(&reader);
+        }
+        let loaded = match loading.join() {
+            Ok(r) => r,
+            // sled panics on some damage: the caller reports it.
+            Err(p) => std::panic::resume_unwind(p),
+        };
+        Ok::<_, StorageError>((counted, loaded))
+    })?;
+    Ok((counted?, loaded))
+}
+
+/// Checks that every segment payloads point into is there and long
+/// enough; pins those, and retires the others (all their records are in
+/// the database now).
+fn sort_segments(
+    wal_dir: &Path,
+    pool: &wal::Pool,
+    live: &mut payloads::Live,
+    reach: &HashMap<u64, u64>,
+) -> Result<()> {
+    let present = wal::list_segments(wal_dir)?;
+    for seg in live.counts.keys() {
+        let path = wal::segment_path(wal_dir, *seg);
+        if !present.contains(seg) {
+            return Err(StorageError::corrupt(
+                path.display().to_string(),
+                format!(
+                    "{} payload(s) point into this log segment, which is missing",
+                    live.count(*seg)
+                ),
+            ));
+        }
+        let size = std::fs::metadata(&path)
+            .map_err(|e| StorageError::io("stat", &path, e))?
+            .len();
+        let need = reach.get(seg).copied().unwrap_or(0);
+        if size < need {
+            return Err(StorageError::corrupt(
+                path.display().to_string(),
+                format!(
+                    "payloads point up to byte {need} of this log segment, which has only {size}: it was truncated"
+                ),
+            ));
+        }
+    }
+    for number in present {
+        if live.count(number) > 0 {
+            live.pinned.insert(number);
+        } else {
+            pool.retire(&wal::segment_path(wal_dir, number))?;
+        }
+    }
+    fsutil::sync_dir(wal_dir)?;
+    Ok(())
+}
+
+/// Starts the log in a new segment and records it in `CHECKPOINT`.
+fn start_log(
+    dir: &Path,
+    wal_dir: &Path,
+    pool: &Arc<wal::Pool>,
+    end: &wal::ReplayEnd,
+) -> Result<(wal::Writer, fsutil::Checkpoint)> {
+    let writer = wal::Writer::start(Arc::clone(pool), end.last_segment)?;
+    let start_segment = writer.current_number();
+    // The new segment exists (created, directory fsynced): from now on
+    // a start checks that the log goes on there.
+    let recorded = fsutil::Checkpoint {
+        applied: end.last_lsn,
+        log: Some((start_segment, end.last_lsn + 1)),
+        sizes: segment_sizes(wal_dir, [start_segment])?,
+    };
+    fsutil::write_checkpoint(dir, &recorded)?;
+    Ok((writer, recorded))
+}
+
+/// What recovery leaves for the running store.
+struct Recovered {
+    db: sled::Db,
+    db_dir: PathBuf,
+    end: wal::ReplayEnd,
+    writer: wal::Writer,
+    recorded: fsutil::Checkpoint,
+    pool: Arc<wal::Pool>,
+    live: payloads::Live,
+}
+
+impl Inner {
+    /// The shared state of a store that recovery left as `r`.
+    fn new(dir: &Path, opts: StoreOptions, r: Recovered) -> Inner {
+        let Recovered {
+            db,
+            db_dir,
+            end,
+            writer,
+            recorded,
+            pool,
+            live,
+        } = r;
+        let wal_dir = dir.join("wal");
+        let start_segment = writer.current_number();
         let written = Arc::clone(&writer.written);
         let (failure, _) = watch::channel(None);
-        let inner = Arc::new(Inner {
+        Inner {
             dir: dir.to_path_buf(),
             db: RwLock::new(Database { db, path: db_dir }),
             rewritten_bytes: AtomicU64::new(0),
@@ -327,39 +452,18 @@ impl Store {
             volatile: RankedMutex::default_with(Rank::VOLATILE, "volatile"),
             #[cfg(test)]
             after_freeze: RankedMutex::default_with(Rank::HOOK, "after_freeze"),
-        });
-        inner.refresh_space();
-        let mut threads = Vec::new();
-        let i = Arc::clone(&inner);
-        threads.push(spawn("letterbox-log", move || log_writer(&i))?);
-        let i = Arc::clone(&inner);
-        threads.push(spawn("letterbox-apply", move || applier(&i))?);
-        let report = OpenReport {
-            applied_lsn: applied,
-            replayed: end.replayed,
-            elapsed: started.elapsed(),
-        };
-        Ok((
-            Store {
-                inner,
-                threads: RankedMutex::new(Rank::THREADS, "threads", threads),
-                _lock: dir_lock,
-            },
-            report,
-            loaded,
-        ))
-    }
-
-    /// Read access to the database, for [`Store::open`]'s callers that
-    /// rebuild from it (it reads the database, not the memtable: only
-    /// valid before the first submission).
-    pub fn reader(&self) -> Reader {
-        Reader {
-            db: self.inner.db(),
-            path: self.inner.db_path(),
-            reached: RankedMutex::default_with(Rank::REACHED, "reached"),
         }
     }
+}
+
+/// Starts the log writer and the applier.
+fn start_threads(inner: &Arc<Inner>) -> Result<Vec<std::thread::JoinHandle<()>>> {
+    let mut threads = Vec::new();
+    let i = Arc::clone(inner);
+    threads.push(spawn("letterbox-log", move || log_writer(&i))?);
+    let i = Arc::clone(inner);
+    threads.push(spawn("letterbox-apply", move || applier(&i))?);
+    Ok(threads)
 }
 
 /// Opens sled on `db_dir` as the store does. sled panics on some damage
