@@ -316,52 +316,117 @@ pub(super) fn commit_batch(inner: &Inner, log: &mut LogState, batch: Vec<Pending
             .borrow()
             .clone()
             .unwrap_or_else(|| "the log writer stopped".into());
-        for p in batch {
-            let _ = p.done.send(Err(reason.clone()));
-        }
+        refuse(batch, &reason);
         return false;
     }
     let keep = inner.opts.recent_payload_bytes;
-    let LogState {
-        writer,
-        frames,
-        bounds,
-        recent,
-        recent_bytes,
-        generation,
-        stopped,
-    } = log;
-    frames.clear();
-    bounds.clear();
-    let first = batch[0].lsn;
-    // (frame index, mutation index, value offset in the frame)
-    let mut located = Vec::new();
-    for (fi, p) in batch.iter().enumerate() {
-        for (mi, off) in wal::frame(p.lsn, first, &p.muts, frames, payloads::located) {
-            located.push((fi, mi, off));
-        }
-        bounds.push((frames.len(), p.lsn));
-    }
+    let located = log.frame_batch(&batch);
     let t = Instant::now();
-    let placed = match writer.write(frames, bounds) {
+    let placed = match log.writer.write(&log.frames, &log.bounds) {
         Ok(placed) => placed,
         Err(e) => {
-            let reason = e.to_string();
-            for p in batch {
-                let _ = p.done.send(Err(reason.clone()));
-            }
-            *stopped = true;
+            refuse(batch, &e.to_string());
+            log.stopped = true;
             inner.fail(&e);
             return false;
         }
     };
-    let now = inner.generations.load(Ordering::Relaxed);
-    if now != *generation {
-        *generation = now;
-        recent.clear();
-        *recent_bytes = 0;
+    log.note_places(inner, &batch, located, &placed);
+    let last = batch[batch.len() - 1].lsn;
+    inner.quiet.store(
+        (batch.len() == 1 || batch.iter().all(|p| p.unannounced))
+            && lock(&inner.state).pending.is_empty(),
+        Ordering::Relaxed,
+    );
+    count_sync(inner, batch.len(), log.frames.len(), t.elapsed());
+    *lock(&inner.durable) = last;
+    inner.durable_cv.notify_all();
+    // The oldest durable bodies beyond the most recent ones leave the
+    // memtable for their places (see `Slot`); they are freed below,
+    // outside the lock.
+    let places = log.oldest_beyond(keep);
+    let swapped = super::memtable::swap_for_places(inner, &places);
+    drop(places);
+    for p in batch {
+        inner
+            .metrics
+            .commit_seconds
+            .observe(p.submitted.elapsed().as_secs_f64());
+        let _ = p.done.send(Ok(()));
     }
-    if !located.is_empty() {
+    drop(swapped);
+    if log.frames.capacity() > 64 << 20 {
+        log.frames = Vec::with_capacity(1 << 20);
+    }
+    true
+}
+
+/// Answers every transaction of `batch` with an error.
+fn refuse(batch: Vec<Pending>, reason: &str) {
+    for p in batch {
+        let _ = p.done.send(Err(reason.to_string()));
+    }
+}
+
+/// The figures of one group commit: its write and `fdatasync` took
+/// `synced`.
+fn count_sync(inner: &Inner, records: usize, bytes: usize, synced: Duration) {
+    inner.counters.sync_micros.fetch_add(
+        u64::try_from(synced.as_micros()).unwrap_or(u64::MAX),
+        Ordering::Relaxed,
+    );
+    inner.metrics.sync_seconds.observe(synced.as_secs_f64());
+    #[allow(clippy::cast_precision_loss)]
+    inner.metrics.batch_records.observe(records as f64);
+    inner.counters.log_syncs.fetch_add(1, Ordering::Relaxed);
+    inner
+        .counters
+        .records
+        .fetch_add(records as u64, Ordering::Relaxed);
+    inner
+        .counters
+        .log_bytes
+        .fetch_add(bytes as u64, Ordering::Relaxed);
+}
+
+impl LogState {
+    /// Frames the transactions of `batch` into `frames` (their ends and
+    /// lsns in `bounds`); returns where each payload value is: (index in
+    /// the batch, mutation index, value offset in its frame).
+    fn frame_batch(&mut self, batch: &[Pending]) -> Vec<(usize, usize, usize)> {
+        self.frames.clear();
+        self.bounds.clear();
+        let first = batch[0].lsn;
+        let mut located = Vec::new();
+        for (fi, p) in batch.iter().enumerate() {
+            for (mi, off) in wal::frame(p.lsn, first, &p.muts, &mut self.frames, payloads::located)
+            {
+                located.push((fi, mi, off));
+            }
+            self.bounds.push((self.frames.len(), p.lsn));
+        }
+        located
+    }
+
+    /// Notes where the batch's payloads went (`placed`: segment and file
+    /// offset of each frame), in the store's map for the applier and in
+    /// the list of recent payloads of the active memtable generation.
+    fn note_places(
+        &mut self,
+        inner: &Inner,
+        batch: &[Pending],
+        located: Vec<(usize, usize, usize)>,
+        placed: &[(u64, u64)],
+    ) {
+        let now = inner.generations.load(Ordering::Relaxed);
+        if now != self.generation {
+            self.generation = now;
+            self.recent.clear();
+            self.recent_bytes = 0;
+        }
+        if located.is_empty() {
+            return;
+        }
         let mut map = lock(&inner.placed);
         for (fi, mi, off) in located {
             let (p, (seg, frame_off)) = (&batch[fi], placed[fi]);
@@ -373,59 +438,24 @@ pub(super) fn commit_batch(inner: &Inner, log: &mut LogState, batch: Vec<Pending
                 len: u32::try_from(len).unwrap_or(u32::MAX),
             };
             map.insert(m.key.clone(), (p.lsn, loc));
-            recent.push_back((m.key.clone(), p.lsn, loc));
-            *recent_bytes += usize::try_from(loc.len).unwrap_or(usize::MAX);
+            self.recent.push_back((m.key.clone(), p.lsn, loc));
+            self.recent_bytes += usize::try_from(loc.len).unwrap_or(usize::MAX);
         }
     }
-    let last = batch[batch.len() - 1].lsn;
-    inner.quiet.store(
-        (batch.len() == 1 || batch.iter().all(|p| p.unannounced))
-            && lock(&inner.state).pending.is_empty(),
-        Ordering::Relaxed,
-    );
-    let synced = t.elapsed();
-    inner.counters.sync_micros.fetch_add(
-        u64::try_from(synced.as_micros()).unwrap_or(u64::MAX),
-        Ordering::Relaxed,
-    );
-    inner.metrics.sync_seconds.observe(synced.as_secs_f64());
-    #[allow(clippy::cast_precision_loss)]
-    inner.metrics.batch_records.observe(batch.len() as f64);
-    inner.counters.log_syncs.fetch_add(1, Ordering::Relaxed);
-    inner
-        .counters
-        .records
-        .fetch_add(batch.len() as u64, Ordering::Relaxed);
-    inner
-        .counters
-        .log_bytes
-        .fetch_add(frames.len() as u64, Ordering::Relaxed);
-    *lock(&inner.durable) = last;
-    inner.durable_cv.notify_all();
-    // The oldest durable bodies beyond the most recent ones leave the
-    // memtable for their places (see `Slot`); they are freed below,
-    // outside the lock.
-    let mut places = Vec::new();
-    while *recent_bytes > keep {
-        let Some(place) = recent.pop_front() else {
-            break;
-        };
-        *recent_bytes =
-            recent_bytes.saturating_sub(usize::try_from(place.2.len).unwrap_or(usize::MAX));
-        places.push(place);
+
+    /// Takes the oldest recent payloads off the list until what is left
+    /// is at most `keep` bytes.
+    fn oldest_beyond(&mut self, keep: usize) -> Vec<(Bytes, u64, payloads::Loc)> {
+        let mut places = Vec::new();
+        while self.recent_bytes > keep {
+            let Some(place) = self.recent.pop_front() else {
+                break;
+            };
+            self.recent_bytes = self
+                .recent_bytes
+                .saturating_sub(usize::try_from(place.2.len).unwrap_or(usize::MAX));
+            places.push(place);
+        }
+        places
     }
-    let swapped = super::memtable::swap_for_places(inner, &places);
-    drop(places);
-    for p in batch {
-        inner
-            .metrics
-            .commit_seconds
-            .observe(p.submitted.elapsed().as_secs_f64());
-        let _ = p.done.send(Ok(()));
-    }
-    drop(swapped);
-    if frames.capacity() > 64 << 20 {
-        *frames = Vec::with_capacity(1 << 20);
-    }
-    true
 }
