@@ -35,11 +35,12 @@ pub const ENV: &str = "LETTERBOX_FAULT";
 pub enum Fault {
     /// `ack-before-fsync`: a group commit answers after its log write but
     /// without its fdatasync, which is left to the next group commit
-    /// (`storage/wal.rs`).
+    /// (`storage/wal/writer.rs`).
     AckBeforeFsync,
     /// `no-delivery-count`: the delivery count raised by a lease (and the
     /// lease) is kept in memory only, until something else writes the
-    /// message's record (`queue/delivery.rs`, `storage/mod.rs`).
+    /// message's record (`queue/delivery.rs`, `storage/txn.rs`,
+    /// `storage/commit.rs`, `storage/mod.rs`).
     NoDeliveryCount,
     /// `dlq-two-steps`: a dead-letter move writes the DLQ copy, waits for
     /// it to be durable, and removes the source 100 ms later in another
@@ -56,7 +57,7 @@ pub enum Fault {
     NoFifoRelease,
     /// `no-log-continuity`: the start does not check that the log goes on
     /// where the last checkpoint says (a missing, zeroed or truncated
-    /// segment is not refused; `storage/mod.rs`).
+    /// segment is not refused; `storage/open.rs`).
     NoLogContinuity,
 }
 

@@ -18,11 +18,12 @@ use std::collections::{BTreeSet, HashMap};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use bytes::Bytes;
 
 use super::error::{Result, StorageError};
+use super::rank::{Rank, RankedMutex};
 use super::wal;
 
 /// First byte of a pointer value (record values start with their version,
@@ -130,19 +131,19 @@ impl Live {
 #[derive(Debug)]
 pub(crate) struct Files {
     dir: PathBuf,
-    open: Mutex<HashMap<u64, Arc<File>>>,
+    open: RankedMutex<HashMap<u64, Arc<File>>>,
 }
 
 impl Files {
     pub(crate) fn new(dir: &Path) -> Files {
         Files {
             dir: dir.to_path_buf(),
-            open: Mutex::default(),
+            open: RankedMutex::default_with(Rank::FILES, "files"),
         }
     }
 
     fn file(&self, seg: u64) -> Result<Arc<File>> {
-        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let mut open = self.open.lock();
         if let Some(f) = open.get(&seg) {
             return Ok(Arc::clone(f));
         }
@@ -164,10 +165,7 @@ impl Files {
 
     /// Forgets a segment's file (it is being retired).
     pub(crate) fn close(&self, seg: u64) {
-        self.open
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&seg);
+        self.open.lock().remove(&seg);
     }
 }
 

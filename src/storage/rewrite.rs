@@ -113,7 +113,7 @@ pub(super) fn rewrite(inner: &Inner, size_before: u64) -> Result<()> {
     std::fs::remove_dir_all(&old_path).map_err(|e| StorageError::io("remove", &old_path, e))?;
     fsutil::sync_dir(&inner.dir)?;
     inner.rewritten_bytes.store(size_after, Ordering::Relaxed);
-    inner.rewrites.fetch_add(1, Ordering::Relaxed);
+    inner.counters.rewrites.fetch_add(1, Ordering::Relaxed);
     tracing::info!(
         records = copied,
         bytes_before = size_before,

@@ -1,0 +1,637 @@
+//! Opening the store: the data directory checked, the log replayed into
+//! the database, payload pointers counted, and the log writer and the
+//! applier started (recovery).
+
+use std::collections::{HashMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tokio::sync::watch;
+
+use super::apply::{applier, segment_sizes};
+use super::commit::{LogState, log_writer};
+use super::memtable::{Memtable, State};
+use super::rank::{Rank, RankedCondvar, RankedMutex};
+use super::space::Space;
+use super::stats::{Counters, StoreMetrics};
+use super::{
+    Database, Inner, Key, OpenReport, OwnedKey, Result, Space as KeySpace, StorageError, Store,
+    StoreOptions, SysKey, fsutil, keys, lock, payloads, records, wal,
+};
+use crate::faults::{self, Fault};
+
+/// The database as the log's replay left it, read while a store opens
+/// ([`Store::open_with`]) or before its first submission.
+pub struct Reader {
+    db: sled::Db,
+    path: PathBuf,
+    /// A recent key a scan reached (see [`warm_metas`]).
+    reached: RankedMutex<Vec<u8>>,
+}
+
+impl Reader {
+    /// Iterates the keys of one space with decoded values.
+    pub fn scan<T: serde::de::DeserializeOwned>(
+        &self,
+        space: KeySpace,
+    ) -> impl Iterator<Item = Result<(OwnedKey, T)>> + '_ {
+        let mut n = 0u32;
+        self.db.scan_prefix(space.prefix()).map(move |item| {
+            let (k, v) = item.map_err(StorageError::db(&self.path))?;
+            n = n.wrapping_add(1);
+            if n.is_multiple_of(WARM_STEP) {
+                let mut reached = lock(&self.reached);
+                reached.clear();
+                reached.extend_from_slice(&k);
+            }
+            let key = OwnedKey::decode(&k)
+                .ok_or_else(|| StorageError::corrupt(format!("key {k:?}"), "malformed key"))?;
+            let value = records::decode(&records::Lazy(&key), &v)?;
+            Ok((key, value))
+        })
+    }
+
+    /// Reads a system value.
+    pub fn get_sys(&self, key: SysKey) -> Result<Option<u64>> {
+        read_sys(&self.db, key, &self.path)
+    }
+}
+
+/// Items between two looks at the other thread's progress.
+pub(super) const WARM_STEP: u32 = 256;
+
+/// Reads the message records backwards from the last, until it meets the
+/// key the forward scan of `reader` reached: the pages that scan is going
+/// to need come into sled's cache from this thread (a page read from the
+/// file and decoded is most of a scan's cost).
+pub(super) fn warm_metas(reader: &Reader) {
+    let mut n = 0u32;
+    for item in reader.db.scan_prefix([keys::TAG_META]).rev() {
+        let Ok((k, _)) = item else { return };
+        n = n.wrapping_add(1);
+        if n.is_multiple_of(WARM_STEP) && lock(&reader.reached).as_slice() >= k.as_ref() {
+            return;
+        }
+    }
+}
+
+/// Live payload pointers per log segment, and the furthest byte a pointer
+/// reaches in each.
+pub(super) fn count_payloads(
+    db: &sled::Db,
+    db_dir: &Path,
+) -> Result<(payloads::Live, HashMap<u64, u64>)> {
+    let mut live = payloads::Live::default();
+    let mut reach: HashMap<u64, u64> = HashMap::new();
+    for item in db.scan_prefix([keys::TAG_PAYLOAD]) {
+        let (_, v) = item.map_err(StorageError::db(db_dir))?;
+        if let Some(loc) = payloads::Loc::decode(&v) {
+            live.add(loc.seg);
+            let end = reach.entry(loc.seg).or_default();
+            *end = (*end).max(loc.off + u64::from(loc.len));
+        }
+    }
+    Ok((live, reach))
+}
+
+impl Store {
+    /// Opens (or creates) the data directory: takes its lock, checks its
+    /// format, replays the log into the database, checkpoints, and starts
+    /// the log writer and the applier.
+    pub fn open(dir: &Path, opts: StoreOptions) -> Result<(Store, OpenReport)> {
+        let (store, report, ()) = Store::open_with(dir, opts, |_| ())?;
+        Ok((store, report))
+    }
+
+    /// [`Store::open`], running `load` on the database once the log is
+    /// replayed into it, on a thread of its own while the store counts its
+    /// payload pointers (the two full scans of a start overlap), and
+    /// returning what it returned. `load` sees the database as the replay
+    /// left it; nothing is submitted before it returns.
+    pub fn open_with<T, F>(
+        dir: &Path,
+        opts: StoreOptions,
+        load: F,
+    ) -> Result<(Store, OpenReport, T)>
+    where
+        T: Send,
+        F: FnOnce(&Reader) -> T + Send,
+    {
+        let started = Instant::now();
+        fsutil::create_private_dir(dir)?;
+        let dir_lock = fsutil::lock_dir(dir)?;
+        let (db, db_dir) = prepare_dir(dir, opts.cache_bytes)?;
+        let wal_dir = dir.join("wal");
+        let (applied, end) = recover(dir, &db, &db_dir)?;
+        // Count payload pointers (segments without any are retired, the
+        // others kept, pinned, for their payloads) while `load` reads.
+        let ((mut live, reach), loaded) = count_while_loading(dir, &db, &db_dir, load)?;
+        // Totals start at what is live now: a share of it must go before a
+        // segment is worth compacting.
+        let pool = Arc::new(wal::Pool::open(&wal_dir, opts.segment_size)?);
+        sort_segments(&wal_dir, &pool, &mut live, &reach)?;
+        let (writer, recorded) = start_log(dir, &wal_dir, &pool, &end)?;
+        let replayed = end.replayed;
+        let recovered = Recovered {
+            db,
+            db_dir,
+            end,
+            writer,
+            recorded,
+            pool,
+            live,
+        };
+        let inner = Arc::new(Inner::new(dir, opts, recovered));
+        inner.refresh_space();
+        let threads = start_threads(&inner)?;
+        let report = OpenReport {
+            applied_lsn: applied,
+            replayed,
+            elapsed: started.elapsed(),
+        };
+        Ok((
+            Store {
+                inner,
+                threads: RankedMutex::new(Rank::THREADS, "threads", threads),
+                _lock: dir_lock,
+            },
+            report,
+            loaded,
+        ))
+    }
+
+    /// Read access to the database, for [`Store::open`]'s callers that
+    /// rebuild from it (it reads the database, not the memtable: only
+    /// valid before the first submission).
+    pub fn reader(&self) -> Reader {
+        Reader {
+            db: self.inner.db(),
+            path: self.inner.db_path(),
+            reached: RankedMutex::default_with(Rank::REACHED, "reached"),
+        }
+    }
+}
+
+/// Checks the data directory (its format, a first start cut short, a
+/// database lost, databases left by an interrupted rewrite), creates the
+/// log's directory, and opens the database, checking its format.
+fn prepare_dir(dir: &Path, cache_bytes: u64) -> Result<(sled::Db, PathBuf)> {
+    let mut fresh = fsutil::check_or_init_format(dir)?;
+    let db_dir = fsutil::current_database(dir)?;
+    let wal_dir = dir.join("wal");
+    if !fresh && fsutil::first_start_unfinished(dir, &wal_dir)? {
+        // What a database directory holds then was never made durable
+        // as a whole (sled's files can be empty or cut short): it goes,
+        // and the start proceeds as the first one.
+        tracing::warn!(
+            path = %dir.display(),
+            "the first start of this data directory was cut short before it finished: initializing it again (nothing in it was ever acknowledged)"
+        );
+        if db_dir.exists() {
+            std::fs::remove_dir_all(&db_dir).map_err(|e| StorageError::io("remove", &db_dir, e))?;
+            fsutil::sync_dir(dir)?;
+        }
+        fresh = true;
+    }
+    if !fresh && !db_dir.join("db").exists() {
+        return Err(StorageError::corrupt(
+            db_dir.display().to_string(),
+            "the database is missing, but FORMAT says this directory holds data: refusing to start empty",
+        ));
+    }
+    // A rewrite that a crash interrupted: the database it was writing
+    // never became current, or the one it replaced was not deleted yet.
+    let stale = fsutil::stale_databases(dir, &db_dir)?;
+    for old in &stale {
+        tracing::info!(path = %old.display(), "removing a database left by an interrupted rewrite");
+        std::fs::remove_dir_all(old).map_err(|e| StorageError::io("remove", old, e))?;
+    }
+    if !stale.is_empty() {
+        fsutil::sync_dir(dir)?;
+    }
+    fsutil::create_private_dir(&wal_dir)?;
+    let db = open_db(&db_dir, cache_bytes)?;
+    // The entries of `wal/` and `db/` (created by sled) in the data
+    // directory must be durable before anything in them counts.
+    fsutil::sync_dir(dir)?;
+    check_db_format(&db, &db_dir, fresh)?;
+    Ok((db, db_dir))
+}
+
+/// Replays the log into the database (after checking it goes on where the
+/// last checkpoint says) and makes the result durable; returns the lsn the
+/// database had applied before, and where the log ends.
+fn recover(dir: &Path, db: &sled::Db, db_dir: &Path) -> Result<(u64, wal::ReplayEnd)> {
+    let wal_dir = dir.join("wal");
+    let dbe = StorageError::db(db_dir);
+    let applied = read_sys(db, SysKey::AppliedLsn, db_dir)?.unwrap_or(0);
+    let checkpoint = fsutil::read_checkpoint(dir)?;
+    // Negative control: the check skipped.
+    if !faults::on(Fault::NoLogContinuity)
+        && let Some(log) = checkpoint.log
+    {
+        wal::check_continuity(&wal_dir, checkpoint.applied, log, &checkpoint.sizes)?;
+    }
+    let (end, batch) = replay_into(db, &wal_dir, applied, db_dir)?;
+    let checkpointed = checkpoint.applied;
+    if end.last_lsn < checkpointed {
+        return Err(StorageError::corrupt(
+            db_dir.display().to_string(),
+            format!(
+                "the database holds changes up to lsn {applied} and the log continues it to lsn {}, but a checkpoint made lsn {checkpointed} durable: the database is damaged or truncated",
+                end.last_lsn
+            ),
+        ));
+    }
+    db.apply_batch(batch).map_err(dbe)?;
+    // Make the database durable before the log that fed it goes.
+    db.flush().map_err(dbe)?;
+    fsutil::sync_tree(db_dir)?;
+    // No log position yet: the segments replayed are retired below and
+    // the log starts again in a new one, named once it exists.
+    fsutil::write_checkpoint(
+        dir,
+        &fsutil::Checkpoint {
+            applied: end.last_lsn,
+            ..fsutil::Checkpoint::default()
+        },
+    )?;
+    Ok((applied, end))
+}
+
+/// Live payload pointers per log segment, and the furthest byte a pointer
+/// reaches in each.
+type Pointers = (payloads::Live, HashMap<u64, u64>);
+
+/// Payload pointers per segment and their reach (see [`count_payloads`]),
+/// counted while `load` reads the database on a thread of its own.
+fn count_while_loading<T, F>(
+    dir: &Path,
+    db: &sled::Db,
+    db_dir: &Path,
+    load: F,
+) -> Result<(Pointers, T)>
+where
+    T: Send,
+    F: FnOnce(&Reader) -> T + Send,
+{
+    let reader = Reader {
+        db: db.clone(),
+        path: db_dir.to_path_buf(),
+        reached: RankedMutex::default_with(Rank::REACHED, "reached"),
+    };
+    let (counted, loaded) = std::thread::scope(|s| {
+        let loading = std::thread::Builder::new()
+            .name("letterbox-load".into())
+            .spawn_scoped(s, || load(&reader))
+            .map_err(|e| StorageError::io("spawn a thread", dir, e))?;
+        let counted = count_payloads(db, db_dir);
+        if counted.is_ok() {
+            warm_metas(&reader);
+        }
+        let loaded = match loading.join() {
+            Ok(r) => r,
+            // sled panics on some damage: the caller reports it.
+            Err(p) => std::panic::resume_unwind(p),
+        };
+        Ok::<_, StorageError>((counted, loaded))
+    })?;
+    Ok((counted?, loaded))
+}
+
+/// Checks that every segment payloads point into is there and long
+/// enough; pins those, and retires the others (all their records are in
+/// the database now).
+fn sort_segments(
+    wal_dir: &Path,
+    pool: &wal::Pool,
+    live: &mut payloads::Live,
+    reach: &HashMap<u64, u64>,
+) -> Result<()> {
+    let present = wal::list_segments(wal_dir)?;
+    for seg in live.counts.keys() {
+        let path = wal::segment_path(wal_dir, *seg);
+        if !present.contains(seg) {
+            return Err(StorageError::corrupt(
+                path.display().to_string(),
+                format!(
+                    "{} payload(s) point into this log segment, which is missing",
+                    live.count(*seg)
+                ),
+            ));
+        }
+        let size = std::fs::metadata(&path)
+            .map_err(|e| StorageError::io("stat", &path, e))?
+            .len();
+        let need = reach.get(seg).copied().unwrap_or(0);
+        if size < need {
+            return Err(StorageError::corrupt(
+                path.display().to_string(),
+                format!(
+                    "payloads point up to byte {need} of this log segment, which has only {size}: it was truncated"
+                ),
+            ));
+        }
+    }
+    for number in present {
+        if live.count(number) > 0 {
+            live.pinned.insert(number);
+        } else {
+            pool.retire(&wal::segment_path(wal_dir, number))?;
+        }
+    }
+    fsutil::sync_dir(wal_dir)?;
+    Ok(())
+}
+
+/// Starts the log in a new segment and records it in `CHECKPOINT`.
+fn start_log(
+    dir: &Path,
+    wal_dir: &Path,
+    pool: &Arc<wal::Pool>,
+    end: &wal::ReplayEnd,
+) -> Result<(wal::Writer, fsutil::Checkpoint)> {
+    let writer = wal::Writer::start(Arc::clone(pool), end.last_segment)?;
+    let start_segment = writer.current_number();
+    // The new segment exists (created, directory fsynced): from now on
+    // a start checks that the log goes on there.
+    let recorded = fsutil::Checkpoint {
+        applied: end.last_lsn,
+        log: Some((start_segment, end.last_lsn + 1)),
+        sizes: segment_sizes(wal_dir, [start_segment])?,
+    };
+    fsutil::write_checkpoint(dir, &recorded)?;
+    Ok((writer, recorded))
+}
+
+/// What recovery leaves for the running store.
+struct Recovered {
+    db: sled::Db,
+    db_dir: PathBuf,
+    end: wal::ReplayEnd,
+    writer: wal::Writer,
+    recorded: fsutil::Checkpoint,
+    pool: Arc<wal::Pool>,
+    live: payloads::Live,
+}
+
+impl Inner {
+    /// The shared state of a store that recovery left as `r`.
+    fn new(dir: &Path, opts: StoreOptions, r: Recovered) -> Inner {
+        let Recovered {
+            db,
+            db_dir,
+            end,
+            writer,
+            recorded,
+            pool,
+            live,
+        } = r;
+        let wal_dir = dir.join("wal");
+        let start_segment = writer.current_number();
+        let written = Arc::clone(&writer.written);
+        let (failure, _) = watch::channel(None);
+        Inner {
+            dir: dir.to_path_buf(),
+            db: RwLock::new(Database { db, path: db_dir }),
+            rewritten_bytes: AtomicU64::new(0),
+            opts,
+            state: RankedMutex::new(
+                Rank::STATE,
+                "state",
+                State {
+                    next_lsn: end.last_lsn + 1,
+                    active: Memtable::default(),
+                    active_bytes: 0,
+                    active_deletes: false,
+                    frozen: None,
+                    frozen_bytes: 0,
+                    pending: Vec::new(),
+                    closed: None,
+                },
+            ),
+            commit_cv: RankedCondvar::new(),
+            quiet: AtomicBool::new(false),
+            #[cfg(test)]
+            writer_waiting: AtomicBool::new(false),
+            log: RankedMutex::new(
+                Rank::LOG,
+                "log",
+                LogState {
+                    writer,
+                    frames: Vec::with_capacity(1 << 20),
+                    bounds: Vec::new(),
+                    recent: VecDeque::new(),
+                    recent_bytes: 0,
+                    generation: 0,
+                    stopped: false,
+                },
+            ),
+            apply_cv: RankedCondvar::new(),
+            unapplied: AtomicUsize::new(0),
+            room: tokio::sync::Notify::new(),
+            durable: RankedMutex::new(Rank::DURABLE, "durable", end.last_lsn),
+            durable_cv: RankedCondvar::new(),
+            failure,
+            abandon: AtomicBool::new(false),
+            applied: AtomicU64::new(end.last_lsn),
+            generations: AtomicU64::new(0),
+            segments: written,
+            start_segment,
+            recorded: RankedMutex::new(Rank::RECORDED, "recorded", recorded),
+            pool,
+            placed: RankedMutex::default_with(Rank::PLACED, "placed"),
+            live: RankedMutex::new(Rank::LIVE, "live", live),
+            files: payloads::Files::new(&wal_dir),
+            space: Space::new(),
+            counters: Counters::default(),
+            metrics: StoreMetrics::new(),
+            volatile: RankedMutex::default_with(Rank::VOLATILE, "volatile"),
+            #[cfg(test)]
+            after_freeze: RankedMutex::default_with(Rank::HOOK, "after_freeze"),
+        }
+    }
+}
+
+/// Starts the log writer and the applier.
+fn start_threads(inner: &Arc<Inner>) -> Result<Vec<std::thread::JoinHandle<()>>> {
+    let mut threads = Vec::new();
+    let i = Arc::clone(inner);
+    threads.push(spawn("letterbox-log", move || log_writer(&i))?);
+    let i = Arc::clone(inner);
+    threads.push(spawn("letterbox-apply", move || applier(&i))?);
+    Ok(threads)
+}
+
+/// Opens sled on `db_dir` as the store does. sled panics on some damage
+/// instead of returning an error: that is turned into an error naming the
+/// directory.
+pub(crate) fn open_db(db_dir: &Path, cache_bytes: u64) -> Result<sled::Db> {
+    let open = || {
+        std::panic::catch_unwind(|| {
+            sled::Config::new()
+                .path(db_dir)
+                .flush_every_ms(None)
+                .cache_capacity(cache_bytes)
+                .mode(sled::Mode::HighThroughput)
+                .open()
+        })
+    };
+    let mut opened = open();
+    // sled's file lock outlives the last handle for as long as its
+    // background threads finish writes they were given; within one process
+    // (the data directory's own lock keeps other processes out) a reopen
+    // right after a close can find it still held for a moment.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while let Ok(Err(sled::Error::Io(e))) = &opened {
+        if e.kind() != std::io::ErrorKind::Other
+            || !e.to_string().contains("could not acquire lock")
+            || Instant::now() >= deadline
+        {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+        opened = open();
+    }
+    match opened {
+        Ok(r) => r.map_err(StorageError::db(db_dir)),
+        Err(panic) => Err(StorageError::corrupt(
+            db_dir.display().to_string(),
+            format!(
+                "the database cannot be read (it is damaged: {})",
+                panic_text(panic.as_ref())
+            ),
+        )),
+    }
+}
+
+/// The message of a caught panic.
+pub(crate) fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic".to_string()
+    }
+}
+
+/// Replays the log records newer than `applied` into `db` (payload puts
+/// become pointers to their place in the log); returns where the log ends
+/// and the last batch, not yet applied.
+pub(crate) fn replay_into(
+    db: &sled::Db,
+    wal_dir: &Path,
+    applied: u64,
+    db_dir: &Path,
+) -> Result<(wal::ReplayEnd, sled::Batch)> {
+    let dbe = StorageError::db(db_dir);
+    // Replay what the log has beyond the database. Payload values stay
+    // in the log: the database gets pointers to them.
+    let mut batch = sled::Batch::default();
+    let mut in_batch = 0usize;
+    // Keys changed by the batch being built (for conditional puts).
+    let mut touched: HashMap<Bytes, bool> = HashMap::new();
+    let end = wal::replay(wal_dir, applied, |lsn, muts, seg, data| {
+        for m in muts {
+            match m.value {
+                Some(v) => {
+                    if m.if_exists {
+                        let exists = match touched.get(&m.key) {
+                            Some(e) => *e,
+                            None => db.contains_key(m.key.as_ref()).map_err(dbe)?,
+                        };
+                        if !exists {
+                            continue;
+                        }
+                    }
+                    if payloads::located(&m.key) {
+                        let loc = payloads::loc_in(seg, data, &v);
+                        batch.insert(m.key.as_ref(), &loc.encode()[..]);
+                    } else {
+                        batch.insert(m.key.as_ref(), v.as_ref());
+                    }
+                    touched.insert(m.key.clone(), true);
+                }
+                None => {
+                    batch.remove(m.key.as_ref());
+                    touched.insert(m.key.clone(), false);
+                }
+            }
+            in_batch += 1;
+        }
+        if in_batch > 10_000 {
+            touched.clear();
+            batch.insert(
+                Key::Sys(SysKey::AppliedLsn).encode().as_ref(),
+                &lsn.to_be_bytes(),
+            );
+            db.apply_batch(std::mem::take(&mut batch)).map_err(dbe)?;
+            in_batch = 0;
+        }
+        Ok(())
+    })?;
+    batch.insert(
+        Key::Sys(SysKey::AppliedLsn).encode().as_ref(),
+        &end.last_lsn.to_be_bytes(),
+    );
+    Ok((end, batch))
+}
+
+pub(super) fn spawn(
+    name: &str,
+    f: impl FnOnce() + Send + 'static,
+) -> Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(f)
+        .map_err(|e| StorageError::io("spawn thread", name, e))
+}
+
+pub(crate) fn read_sys(db: &sled::Db, key: SysKey, path: &Path) -> Result<Option<u64>> {
+    let v = db
+        .get(Key::Sys(key).encode())
+        .map_err(StorageError::db(path))?;
+    match v {
+        None => Ok(None),
+        Some(iv) => Ok(Some(u64::from_be_bytes(iv.as_ref().try_into().map_err(
+            |_| {
+                StorageError::corrupt(
+                    format!("{} system key {key:?}", path.display()),
+                    "not 8 bytes",
+                )
+            },
+        )?))),
+    }
+}
+
+/// Checks the database's format version; a new directory's database gets
+/// it. An existing directory whose database lacks it lost its database
+/// (deleted, truncated, or replaced by an empty one): refused, rather than
+/// started empty.
+pub(super) fn check_db_format(db: &sled::Db, path: &Path, fresh: bool) -> Result<()> {
+    let supported = fsutil::FORMAT_VERSION;
+    match read_sys(db, SysKey::FormatVersion, path)? {
+        Some(v) if v == u64::from(supported) => Ok(()),
+        Some(v) => Err(StorageError::FormatVersion {
+            path: path.to_path_buf(),
+            found: v.to_string(),
+            supported,
+        }),
+        None if !fresh => Err(StorageError::corrupt(
+            path.display().to_string(),
+            "the database is empty or lost its records, but FORMAT says this directory holds data: refusing to start empty",
+        )),
+        None => {
+            db.insert(
+                Key::Sys(SysKey::FormatVersion).encode(),
+                &u64::from(supported).to_be_bytes(),
+            )
+            .map_err(StorageError::db(path))?;
+            Ok(())
+        }
+    }
+}
