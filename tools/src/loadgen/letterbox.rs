@@ -249,31 +249,7 @@ impl Target for LetterboxTarget {
     }
 
     async fn publisher(&self, q: &QueueSpec, p: &PublisherSpec) -> Result<Box<dyn Publisher>> {
-        let client = messaging(&self.url).await?;
-        if p.batch > 1 && p.ordered {
-            let batch = (p.batch as usize).min(MAX_PER_CALL);
-            Ok(Box::new(
-                OrderedBatchPublisher::open(client, q.name.clone(), batch).await?,
-            ))
-        } else if p.batch > 1 {
-            let batch = (p.batch as usize).min(MAX_PER_CALL);
-            let in_flight = (p.window as usize / batch).max(1);
-            Ok(Box::new(BatchPublisher::start(
-                client,
-                q.name.clone(),
-                batch,
-                in_flight,
-            )))
-        } else if std::env::var("LOADGEN_LETTERBOX_PUBLISH").as_deref() == Ok("unary") {
-            Ok(Box::new(SinglePublisher {
-                client,
-                queue: q.name.clone(),
-            }))
-        } else {
-            Ok(Box::new(
-                StreamPublisher::open(client, q.name.clone()).await?,
-            ))
-        }
+        publisher(&self.url, q, p).await
     }
 
     async fn consumer(&self, q: &QueueSpec, c: &ConsumerSpec) -> Result<Box<dyn Consumer>> {
@@ -350,6 +326,113 @@ impl Target for LetterboxTarget {
     }
 }
 
+/// The floor: `tonic-floor`, a bare tonic server of the same API with
+/// empty handlers, driven by the same publishers as [`LetterboxTarget`]
+/// (so every Letterbox row can be put as a share of what tonic itself
+/// allows). It stores nothing: no queues to make, no depth, no consumers.
+pub struct FloorTarget {
+    url: String,
+}
+
+impl FloorTarget {
+    /// Checks that the server answers (one connection, closed again).
+    pub async fn connect(url: &str) -> Result<Self> {
+        channel(url).await?;
+        Ok(FloorTarget {
+            url: url.to_string(),
+        })
+    }
+}
+
+#[async_trait]
+impl Target for FloorTarget {
+    fn name(&self) -> &str {
+        "tonic-floor"
+    }
+
+    fn caps(&self) -> Caps {
+        Caps {
+            publish_batch: true,
+            ..Caps::default()
+        }
+    }
+
+    fn describe(&self) -> String {
+        "tonic-floor: bare tonic server, empty handlers, nothing stored".into()
+    }
+
+    async fn reset(&self, _: &QueueSpec) -> Result<()> {
+        Ok(())
+    }
+
+    async fn publisher(&self, q: &QueueSpec, p: &PublisherSpec) -> Result<Box<dyn Publisher>> {
+        publisher(&self.url, q, p).await
+    }
+
+    async fn consumer(&self, _: &QueueSpec, _: &ConsumerSpec) -> Result<Box<dyn Consumer>> {
+        bail!("tonic-floor: publish workloads only")
+    }
+
+    async fn dead_letter_watch(&self, _: &QueueSpec) -> Result<Box<dyn DeadLetterWatch>> {
+        bail!("tonic-floor: publish workloads only")
+    }
+
+    async fn depth(&self, _: &QueueSpec) -> Result<Option<u64>> {
+        Ok(None)
+    }
+
+    async fn cleanup(&self, _: &QueueSpec) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// The publisher of a run (`--batch`, `LOADGEN_LETTERBOX_PUBLISH`), on
+/// connections of its own.
+async fn publisher(url: &str, q: &QueueSpec, p: &PublisherSpec) -> Result<Box<dyn Publisher>> {
+    let client = messaging(url).await?;
+    if p.batch > 1 && p.ordered {
+        let batch = (p.batch as usize).min(MAX_PER_CALL);
+        Ok(Box::new(
+            OrderedBatchPublisher::open(client, q.name.clone(), batch).await?,
+        ))
+    } else if p.batch > 1 {
+        let batch = (p.batch as usize).min(MAX_PER_CALL);
+        let in_flight = (p.window as usize / batch).max(1);
+        Ok(Box::new(BatchPublisher::start(
+            client,
+            q.name.clone(),
+            batch,
+            in_flight,
+        )))
+    } else if std::env::var("LOADGEN_LETTERBOX_PUBLISH").as_deref() == Ok("unary") {
+        let mut clients = vec![client];
+        for _ in 1..connections()? {
+            clients.push(messaging(url).await?);
+        }
+        Ok(Box::new(SinglePublisher {
+            clients,
+            next: 0,
+            queue: q.name.clone(),
+        }))
+    } else {
+        Ok(Box::new(
+            StreamPublisher::open(client, q.name.clone()).await?,
+        ))
+    }
+}
+
+/// `LOADGEN_LETTERBOX_CONNECTIONS`: HTTP/2 connections the unary
+/// publisher spreads its calls over, round robin (default 1).
+fn connections() -> Result<usize> {
+    match std::env::var("LOADGEN_LETTERBOX_CONNECTIONS") {
+        Ok(v) => match v.parse::<usize>() {
+            Ok(n) if (1..=256).contains(&n) => Ok(n),
+            _ => bail!("LOADGEN_LETTERBOX_CONNECTIONS={v:?}: a count from 1 to 256"),
+        },
+        Err(_) => Ok(1),
+    }
+}
+
 fn message(body: Bytes) -> PublishMessage {
     PublishMessage {
         body,
@@ -389,14 +472,17 @@ async fn publish_call(
 
 /// One unary `Publish` with one message per `publish()`.
 struct SinglePublisher {
-    client: Messaging,
+    /// One client per connection, used in turn.
+    clients: Vec<Messaging>,
+    next: usize,
     queue: String,
 }
 
 #[async_trait]
 impl Publisher for SinglePublisher {
     async fn publish(&mut self, payload: Bytes) -> Result<AckFuture> {
-        let mut client = self.client.clone();
+        let mut client = self.clients[self.next % self.clients.len()].clone();
+        self.next = self.next.wrapping_add(1);
         let queue = self.queue.clone();
         // Spawned, so the call goes out now, whatever order the workload
         // awaits the acks in.
