@@ -1090,20 +1090,10 @@ impl SegmentAccountant {
 
         assert!(!self.free.contains(&at), "double-free of a segment occurred");
 
-        let (completer, promise) = OneShot::pair();
-
         let config = self.config.clone();
 
         io_fail!(&config, "file truncation");
-        threadpool::spawn(move || {
-            debug!("truncating file to length {}", at);
-            let res = config
-                .file
-                .set_len(at)
-                .and_then(|_| config.file.sync_all())
-                .map_err(|e| e.into());
-            completer.fill(res);
-        })?;
+        let promise = spawn_truncation(config.file.clone(), at)?;
 
         if self.async_truncations.insert(at, promise).is_some() {
             panic!(
@@ -1126,5 +1116,101 @@ impl SegmentAccountant {
         }
 
         idx
+    }
+}
+
+/// Shrinks the file to `at` and syncs it, on a thread of its own.
+///
+/// `bump_tip` waits for this while it holds the segment accountant's
+/// lock. The IO threadpool's workers take that same lock to finish a
+/// buffer write (`IoBufs::write_to_log` -> `sa_stabilize`), so a
+/// truncation queued behind them on the pool could never run once every
+/// worker waited for the lock: the applier waited in `bump_tip`, the
+/// workers waited for the accountant, and the log stopped. The
+/// truncation takes no lock, so on its own thread it always finishes.
+fn spawn_truncation(
+    file: Arc<std::fs::File>,
+    at: LogOffset,
+) -> Result<OneShot<Result<()>>> {
+    let (completer, promise) = OneShot::pair();
+    let _handle = std::thread::Builder::new()
+        .name("sled-truncate".to_string())
+        .spawn(move || {
+            debug!("truncating file to length {}", at);
+            let res = file
+                .set_len(at)
+                .and_then(|_| file.sync_all())
+                .map_err(|e| e.into());
+            completer.fill(res);
+        })?;
+    Ok(promise)
+}
+
+#[cfg(test)]
+mod truncation_tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Arc, Barrier};
+
+    use crate::Arc as SledArc;
+    use std::time::Duration;
+
+    use super::spawn_truncation;
+
+    /// A truncation finishes while every worker of the IO threadpool is
+    /// blocked, as they are when they all wait for the segment
+    /// accountant that `bump_tip` holds while it waits for the
+    /// truncation.
+    #[test]
+    fn truncation_finishes_while_the_io_pool_is_blocked() {
+        let workers = 7; // the pool's immortal workers
+        let release = Arc::new(Barrier::new(workers + 1));
+        let started = Arc::new(AtomicUsize::new(0));
+        let mut blocked = Vec::new();
+        for _ in 0..workers {
+            let release = release.clone();
+            let started = started.clone();
+            blocked.push(
+                crate::threadpool::spawn(move || {
+                    started.fetch_add(1, Ordering::SeqCst);
+                    release.wait();
+                })
+                .expect("spawn a blocking task"),
+            );
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while started.load(Ordering::SeqCst) < workers {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the pool's workers never took the blocking tasks"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+
+        let path = std::env::temp_dir()
+            .join(format!("sled-truncation-test-{}", std::process::id()));
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .open(&path)
+            .expect("open file");
+        let _ = std::fs::remove_file(&path);
+        file.set_len(1 << 20).expect("grow file");
+        let file = SledArc::new(file);
+
+        let mut truncation =
+            spawn_truncation(file.clone(), 4096).expect("spawn truncation");
+        let outcome = truncation.wait_timeout(Duration::from_secs(10));
+
+        release.wait();
+        for task in blocked {
+            task.wait();
+        }
+
+        assert!(
+            outcome.is_ok(),
+            "the truncation did not finish while the IO pool was blocked"
+        );
+        assert_eq!(file.metadata().expect("metadata").len(), 4096);
     }
 }
