@@ -12,7 +12,7 @@ pub struct StoreStats {
     pub log_syncs: u64,
     /// Group commits made by the caller waiting for them, alone (its
     /// transaction, with at most one queued just before it), instead of
-    /// the log writer thread (see [`Commit::wait`]).
+    /// the log writer thread (see [`Commit::wait`](super::Commit::wait)).
     pub caller_commits: u64,
     /// Log records (transactions) made durable.
     pub records: u64,
