@@ -277,8 +277,8 @@ impl Broker {
             .into_iter()
             .map(|(name, qid, pos)| {
                 let age = pos
-                    .and_then(|p| self.store.get_meta(qid, p).ok().flatten())
-                    .map_or(0, |meta| now.saturating_sub(meta.enqueued_at));
+                    .and_then(|p| persist::get(&self.store, qid, p).ok().flatten())
+                    .map_or(0, |meta| now.saturating_sub(meta.enqueued_at()));
                 (name, age)
             })
             .collect()
@@ -295,8 +295,8 @@ impl Broker {
         };
         if let Some(pos) = first {
             // The message may have left meanwhile; then it is not the oldest.
-            if let Some(meta) = self.store.get_meta(qid, pos)? {
-                stats.oldest_age = now.saturating_sub(meta.enqueued_at);
+            if let Some(meta) = persist::get(&self.store, qid, pos)? {
+                stats.oldest_age = now.saturating_sub(meta.enqueued_at());
             }
         }
         Ok(stats)
@@ -333,12 +333,12 @@ impl Broker {
         let mut last = None;
         for (pos, state) in picked {
             last = Some(pos);
-            let Some(meta) = self.store.get_meta(qid, pos)? else {
+            let Some(meta) = persist::get(&self.store, qid, pos)? else {
                 continue;
             };
             // A damaged body is shown as such; the rest of the page is
             // read as usual.
-            let (payload, damaged) = match self.store.get_payload(meta.pid) {
+            let (payload, damaged) = match self.store.get_payload(meta.pid()) {
                 Ok(Some(p)) => (p, String::new()),
                 Ok(None) => continue,
                 Err(e) if e.is_corrupt() => {
@@ -353,27 +353,27 @@ impl Broker {
                 }
                 Err(e) => return Err(e.into()),
             };
-            let leased = meta.lease.as_ref().map_or(0, |l| l.deadline);
+            let leased = meta.current_lease().map_or(0, |l| l.deadline);
             messages.push(BrowsedMessage {
                 position: pos,
                 damaged,
-                message_id: meta.message_id.clone(),
+                message_id: meta.id().to_string(),
                 body: payload.body,
                 properties: payload.properties,
                 state,
-                delivery_count: meta.delivery_count,
+                delivery_count: meta.delivery_count(),
                 published_at: payload.published_at,
-                enqueued_at: meta.enqueued_at,
-                expires_at: meta.expires_at,
+                enqueued_at: meta.enqueued_at(),
+                expires_at: meta.expires_at(),
                 visible_at: if state == MessageState::Delayed {
-                    meta.visible_at
+                    meta.visible_at()
                 } else {
                     0
                 },
                 lease_deadline: leased,
-                group_id: meta.group.clone(),
-                dead_letters: persist::dead_letters(&meta),
-                attempts: persist::attempts(&meta),
+                group_id: meta.group().map(str::to_string),
+                dead_letters: meta.dead_letters().to_vec(),
+                attempts: meta.attempts().to_vec(),
             });
         }
         Ok(BrowsePage {

@@ -10,9 +10,10 @@ use std::time::{Duration, Instant};
 
 use crate::faults::{self, Fault};
 use crate::storage::Key;
-use crate::storage::records::{LeaseRecord, PayloadRecord};
+use crate::storage::records::PayloadRecord;
 
 use super::error::{QueueError, Result};
+use super::message::Message;
 use super::model::{
     AttemptOutcome, DeadLetterReason, Delivery, LeaseEnd, LeasedMessage, Nack, ReceiveOptions,
     Released, Settled,
@@ -31,7 +32,7 @@ struct Picked {
     fifo: bool,
     pid: u64,
     token: Option<AckToken>,
-    meta: crate::storage::records::MetaRecord,
+    meta: Message,
     deadline: u64,
     /// Auto-ack: the payload, read before it was deleted.
     payload: Option<crate::storage::records::PayloadRecord>,
@@ -256,15 +257,15 @@ impl Broker {
         };
         let mut read = PreRead::new();
         for pos in positions {
-            let Some(meta) = self.store.get_meta(qid, pos)? else {
+            let Some(meta) = persist::get(&self.store, qid, pos)? else {
                 continue;
             };
-            let body = match self.store.get_payload(meta.pid) {
+            let body = match self.store.get_payload(meta.pid()) {
                 Ok(p) => Ok(p),
                 Err(e) if e.is_corrupt() => Err(e.to_string()),
                 Err(e) => return Err(e.into()),
             };
-            read.insert(meta.pid, body);
+            read.insert(meta.pid(), body);
         }
         Ok(read)
     }
@@ -286,17 +287,12 @@ impl Broker {
     ) -> Result<Taken> {
         let mut meta = self.meta(qid, pos)?;
         let body = match preread {
-            Some(read) => match read.remove(&meta.pid) {
+            Some(read) => match read.remove(&meta.pid()) {
                 Some(body) => Some(body),
                 None => return Ok(Taken::NotRead),
             },
             None => None,
         };
-        meta.delivery_count += 1;
-        meta.leases += 1;
-        if meta.first_delivered_at == 0 {
-            meta.first_delivered_at = now;
-        }
         let State { queues, timers, .. } = st;
         let q = queues
             .get_mut(&qid)
@@ -310,16 +306,17 @@ impl Broker {
                     return Ok(Taken::SetAside);
                 }
             };
+            meta.take(now)?;
             q.remove(pos, timers);
             forget_client_id(q, &meta);
             change.txn.delete(Key::Meta(qid, pos));
-            change.txn.delete(Key::Payload(meta.pid));
+            change.txn.delete(Key::Payload(meta.pid()));
             q.counters.acked += 1;
             change.touch(qid);
             return Ok(Taken::Leased(Box::new(Picked {
                 qid,
                 fifo,
-                pid: meta.pid,
+                pid: meta.pid(),
                 token: None,
                 meta,
                 deadline: 0,
@@ -327,22 +324,17 @@ impl Broker {
             })));
         }
         let deadline = now + timeout;
-        let epoch = meta.leases;
-        meta.lease = Some(LeaseRecord {
-            epoch,
-            deadline,
-            started: now,
-        });
+        let epoch = meta.lease(now, deadline)?;
         if faults::on(Fault::NoDeliveryCount) {
-            change.txn.put_meta_unlogged(qid, pos, &meta);
+            persist::put_unlogged(&mut change.txn, qid, pos, &meta);
         } else {
-            change.txn.put_meta(qid, pos, &meta);
+            persist::put(&mut change.txn, qid, pos, &meta);
         }
         q.lease(pos, deadline, epoch, timers);
         Ok(Taken::Leased(Box::new(Picked {
             qid,
             fifo,
-            pid: meta.pid,
+            pid: meta.pid(),
             token: Some(AckToken { qid, pos, epoch }),
             meta,
             deadline,
@@ -376,7 +368,7 @@ impl Broker {
                 && let Some(t) = p.token
                 && damaged
                     .iter()
-                    .any(|(d, _, group)| d.qid == p.qid && *group == p.meta.group)
+                    .any(|(d, _, group)| d.qid == p.qid && group.as_deref() == p.meta.group())
             {
                 held_back.push(t);
                 continue;
@@ -387,7 +379,7 @@ impl Broker {
                     Ok(payload) => payload,
                     Err(e) if e.is_corrupt() => {
                         if let Some(t) = p.token {
-                            damaged.push((t, e.to_string(), p.meta.group.clone()));
+                            damaged.push((t, e.to_string(), p.meta.group().map(str::to_string)));
                         }
                         continue;
                     }
@@ -400,19 +392,19 @@ impl Broker {
             };
             out.push(Delivery {
                 queue: queue.to_string(),
-                message_id: p.meta.message_id.clone(),
+                message_id: p.meta.id().to_string(),
                 body: payload.body,
                 properties: payload.properties,
                 ack_token: p.token.map(|t| t.to_string()),
-                delivery_count: p.meta.delivery_count,
+                delivery_count: p.meta.delivery_count(),
                 published_at: payload.published_at,
-                first_delivered_at: p.meta.first_delivered_at,
-                enqueued_at: p.meta.enqueued_at,
-                expires_at: p.meta.expires_at,
+                first_delivered_at: p.meta.first_delivered_at(),
+                enqueued_at: p.meta.enqueued_at(),
+                expires_at: p.meta.expires_at(),
                 lease_deadline: p.deadline,
-                group_id: p.meta.group.clone(),
-                dead_letters: persist::dead_letters(&p.meta),
-                attempts: persist::attempts(&p.meta),
+                group_id: p.meta.group().map(str::to_string),
+                dead_letters: p.meta.dead_letters().to_vec(),
+                attempts: p.meta.attempts().to_vec(),
             });
         }
         let taken_back = if damaged.is_empty() {
@@ -445,38 +437,25 @@ impl Broker {
         for t in held_back {
             if current_lease(&st, t, now).is_ok() {
                 let meta = self.unlease(&mut st, t.qid, t.pos, now)?;
-                change.txn.put_meta(t.qid, t.pos, &meta);
-                self.make_ready_again(&mut st, t.qid, t.pos, now, now, meta.leases);
+                persist::put(&mut change.txn, t.qid, t.pos, &meta);
+                self.make_ready_again(&mut st, t.qid, t.pos, now, now, meta.leases());
                 change.wake(t.qid);
             }
         }
         Ok(self.submit(&st, change))
     }
 
-    /// The record of a message whose current lease (or auto-ack pick) is
-    /// being taken back before anything was handed out: the delivery count
-    /// and lease count the grant raised go back down, so the next grant
-    /// reuses the epoch of a token no one ever saw, and the lease is gone.
-    fn unlease(
-        &self,
-        st: &mut State,
-        qid: u32,
-        pos: u64,
-        now: u64,
-    ) -> Result<crate::storage::records::MetaRecord> {
+    /// A message whose current lease (or auto-ack pick) is being taken
+    /// back before anything was handed out ([`Message::take_back`]).
+    fn unlease(&self, st: &mut State, qid: u32, pos: u64, now: u64) -> Result<Message> {
         let mut meta = self.meta(qid, pos)?;
         let leased = st
             .queue(qid)?
             .msgs
             .get(pos)
             .is_some_and(|e| e.state() == EntryState::Leased);
-        if leased && meta.lease.is_some() {
-            meta.delivery_count = meta.delivery_count.saturating_sub(1);
-            meta.leases = meta.leases.saturating_sub(1);
-            meta.lease = None;
-            if meta.delivery_count == 0 && meta.first_delivered_at == now {
-                meta.first_delivered_at = 0;
-            }
+        if leased {
+            meta.take_back(now);
         }
         Ok(meta)
     }
@@ -529,7 +508,7 @@ impl Broker {
         let mut meta = self.unlease(st, qid, pos, now)?;
         self.note_corrupt();
         let q = st.queue(qid)?;
-        tracing::error!(queue = %q.name, message_id = %meta.message_id, error = %why,
+        tracing::error!(queue = %q.name, message_id = %meta.id(), error = %why,
             "a stored message body is damaged; it was not delivered");
         if q.config.dead_letter.is_some() {
             match self.dead_letter(
@@ -546,9 +525,9 @@ impl Broker {
                 done => return done,
             }
         }
-        meta.visible_at = now + super::model::HOUR;
-        change.txn.put_meta(qid, pos, &meta);
-        self.make_ready_again(st, qid, pos, meta.visible_at, now, meta.leases);
+        meta.visible_from(now + super::model::HOUR)?;
+        persist::put(&mut change.txn, qid, pos, &meta);
+        self.make_ready_again(st, qid, pos, meta.visible_at(), now, meta.leases());
         Ok(())
     }
 
@@ -726,16 +705,14 @@ impl Broker {
                 let Some(q) = queues.get_mut(&t.qid) else {
                     continue;
                 };
-                let Some(lease) = meta.lease.as_mut() else {
+                let Ok(deadline) = meta.extend(now, *timeout, q.config.max_lease_total) else {
                     results.push(Settled::LeaseExpired(format!(
                         "lease expired: token {text} is not leased"
                     )));
                     continue;
                 };
-                let deadline = (now + timeout).min(lease.started + q.config.max_lease_total);
-                lease.deadline = deadline;
                 q.set_deadline(t.pos, deadline, timers);
-                change.txn.put_meta(t.qid, t.pos, &meta);
+                persist::put(&mut change.txn, t.qid, t.pos, &meta);
                 results.push(Settled::Ok { deadline });
             }
             (results, self.submit(&st, change))
@@ -769,7 +746,7 @@ impl Broker {
         let meta = self.meta(t.qid, t.pos)?;
         Ok(Some(LeasedMessage {
             queue: q.name.clone(),
-            message_id: meta.message_id,
+            message_id: meta.id().to_string(),
             deadline: e.due(),
         }))
     }
@@ -908,19 +885,19 @@ impl Broker {
             None => self.meta(t.qid, t.pos)?,
         };
         let ended = meta
-            .leases
+            .leases()
             .saturating_sub(u32::from(e.state() == EntryState::Leased));
         if t.epoch == 0 || t.epoch > ended {
             return Ok(None);
         }
         let back = usize::try_from(ended - t.epoch).unwrap_or(usize::MAX);
-        let attempt = meta
-            .attempts
+        let attempts = meta.attempts();
+        let attempt = attempts
             .len()
             .checked_sub(back.saturating_add(1))
-            .and_then(|i| meta.attempts.get(i));
+            .and_then(|i| attempts.get(i));
         Ok(attempt
-            .filter(|a| a.outcome == persist::outcome_code(AttemptOutcome::Released))
+            .filter(|a| a.outcome == AttemptOutcome::Released)
             .map(|a| a.reason.clone()))
     }
 }
@@ -953,8 +930,8 @@ fn current_lease(st: &State, t: &AckToken, now: u64) -> std::result::Result<(), 
 }
 
 /// Drops a message's client id from its queue's index.
-pub(crate) fn forget_client_id(q: &mut QueueState, meta: &crate::storage::records::MetaRecord) {
-    if meta.client_id {
-        q.client_ids.remove(&meta.message_id);
+pub(crate) fn forget_client_id(q: &mut QueueState, meta: &Message) {
+    if meta.client_id() {
+        q.client_ids.remove(meta.id());
     }
 }

@@ -7,10 +7,11 @@
 
 use crate::faults::{self, Fault};
 use crate::storage::Key;
-use crate::storage::records::{DeadLetterRec, GroupRecord, MetaRecord};
+use crate::storage::records::GroupRecord;
 
 use super::delivery::forget_client_id;
 use super::error::{QueueError, Result};
+use super::message::Message;
 use super::model::{
     AttemptOutcome, DeadLetterReason, LeaseEnd, PoisonPolicy, QueueCounters, Released,
 };
@@ -35,12 +36,11 @@ impl Broker {
         change: &mut Change,
     ) -> Result<LeaseEnd> {
         let mut meta = self.meta(qid, pos)?;
+        meta.fail(now, outcome, reason)?;
         // Negative control: the followers left leased.
         if !faults::on(Fault::NoFifoRelease) {
             self.release_followers(st, qid, pos, &meta, now, change)?;
         }
-        meta.lease = None;
-        persist::push_attempt(&mut meta, now, outcome, reason);
         let q = st.queue(qid)?;
         q.counters.nacked += 1;
         change.touch(qid);
@@ -55,7 +55,7 @@ impl Broker {
             delivery_count,
         };
         if outcome == AttemptOutcome::Rejected {
-            let end = moved(DeadLetterReason::Rejected, meta.delivery_count);
+            let end = moved(DeadLetterReason::Rejected, meta.delivery_count());
             self.dead_letter(
                 st,
                 qid,
@@ -68,9 +68,9 @@ impl Broker {
             )?;
             return Ok(end);
         }
-        if meta.expires_at <= now {
+        if meta.expires_at() <= now {
             let end = if config.dead_letter_on_expiry && config.dead_letter.is_some() {
-                moved(DeadLetterReason::Expired, meta.delivery_count)
+                moved(DeadLetterReason::Expired, meta.delivery_count())
             } else {
                 LeaseEnd::Expired
             };
@@ -78,13 +78,13 @@ impl Broker {
             return Ok(end);
         }
         if let Some(dl) = &config.dead_letter
-            && meta.delivery_count >= dl.max_deliveries
+            && meta.delivery_count() >= dl.max_deliveries
         {
             if config.on_poison == PoisonPolicy::ParkGroup && config.kind.is_fifo() {
                 self.park(st, qid, pos, meta, now, change)?;
                 return Ok(LeaseEnd::Parked);
             }
-            let end = moved(DeadLetterReason::MaxDeliveries, meta.delivery_count);
+            let end = moved(DeadLetterReason::MaxDeliveries, meta.delivery_count());
             self.dead_letter(
                 st,
                 qid,
@@ -99,13 +99,13 @@ impl Broker {
         }
         let backoff = config
             .retry_backoff
-            .map(|b| b.delay(meta.delivery_count))
+            .map(|b| b.delay(meta.delivery_count()))
             .unwrap_or(0);
-        meta.visible_at = now + delay.unwrap_or(backoff);
-        change.txn.put_meta(qid, pos, &meta);
+        meta.visible_from(now + delay.unwrap_or(backoff))?;
+        persist::put(&mut change.txn, qid, pos, &meta);
         let State { queues, timers, .. } = st;
         if let Some(q) = queues.get_mut(&qid) {
-            q.release(pos, meta.visible_at, now, timers);
+            q.release(pos, meta.visible_at(), now, timers);
         }
         change.wake(qid);
         Ok(LeaseEnd::Requeued)
@@ -125,7 +125,7 @@ impl Broker {
         st: &mut State,
         qid: u32,
         pos: u64,
-        failed: &MetaRecord,
+        failed: &Message,
         now: u64,
         change: &mut Change,
     ) -> Result<()> {
@@ -154,22 +154,24 @@ impl Broker {
         if later.is_empty() {
             return Ok(());
         }
-        let group = failed.group.as_deref().unwrap_or("");
+        let group = failed.group().unwrap_or("");
         let why = format!(
             "released: the earlier message {} of group {group:?} failed first",
-            failed.message_id
+            failed.id()
         );
+        // Every release is decided before anything changes.
+        let mut released = Vec::with_capacity(later.len());
         for (p, epoch) in later {
             let mut meta = self.meta(qid, p)?;
-            meta.lease = None;
-            meta.delivery_count = meta.delivery_count.saturating_sub(1);
-            meta.visible_at = now;
-            persist::push_attempt(&mut meta, now, AttemptOutcome::Released, &why);
-            change.txn.put_meta(qid, p, &meta);
+            meta.release(now, &why)?;
+            released.push((p, epoch, meta));
+        }
+        for (p, epoch, meta) in released {
+            persist::put(&mut change.txn, qid, p, &meta);
             change.released.push(Released {
                 ack_token: AckToken { qid, pos: p, epoch }.to_string(),
-                message_id: meta.message_id,
-                because_of: failed.message_id.clone(),
+                message_id: meta.id().to_string(),
+                because_of: failed.id().to_string(),
             });
             let State { queues, timers, .. } = &mut *st;
             if let Some(q) = queues.get_mut(&qid) {
@@ -187,7 +189,7 @@ impl Broker {
         st: &mut State,
         qid: u32,
         pos: u64,
-        mut meta: MetaRecord,
+        mut meta: Message,
         reason: DeadLetterReason,
         note: &str,
         now: u64,
@@ -204,22 +206,7 @@ impl Broker {
                 dl.queue
             ))
         })?;
-        let last_nack_reason = meta
-            .attempts
-            .iter()
-            .rev()
-            .find(|a| !a.reason.is_empty())
-            .map(|a| a.reason.clone())
-            .unwrap_or_default();
-        let record = DeadLetterRec {
-            source_queue: source,
-            reason: persist::reason_code(reason),
-            delivery_count: meta.delivery_count,
-            last_nack_reason,
-            at: now,
-            note: note.to_string(),
-        };
-        persist::push_dead_letter(&mut meta, record);
+        meta.dead_letter(source, reason, note, now);
         // A new life in the DLQ, visible at once.
         let moves = Moving {
             from: qid,
@@ -236,14 +223,14 @@ impl Broker {
             // Negative control: the copy first, durable, then the removal
             // in a later transaction.
             let mut copy = crate::storage::Txn::new();
-            copy.put_new_meta(dlq_qid, new_pos, &meta);
+            persist::put_new(&mut copy, dlq_qid, new_pos, &meta);
             let c = self.store.submit(copy);
             self.store.wait_durable_blocking(c.lsn());
             std::thread::sleep(std::time::Duration::from_millis(100));
             change.txn.delete(Key::Meta(qid, pos));
         } else {
             change.txn.delete(Key::Meta(qid, pos));
-            change.txn.put_new_meta(dlq_qid, new_pos, &meta);
+            persist::put_new(&mut change.txn, dlq_qid, new_pos, &meta);
         }
         change.wake(qid);
         change.wake(dlq_qid);
@@ -274,7 +261,7 @@ impl Broker {
         st: &mut State,
         qid: u32,
         pos: u64,
-        meta: MetaRecord,
+        meta: Message,
         now: u64,
         change: &mut Change,
     ) -> Result<()> {
@@ -312,7 +299,7 @@ impl Broker {
         st: &mut State,
         qid: u32,
         pos: u64,
-        mut meta: MetaRecord,
+        mut meta: Message,
         now: u64,
         change: &mut Change,
     ) -> Result<()> {
@@ -320,16 +307,17 @@ impl Broker {
         let q = queues
             .get_mut(&qid)
             .ok_or_else(|| QueueError::Unavailable(format!("queue number {qid} vanished")))?;
-        meta.visible_at = now;
-        change.txn.put_meta(qid, pos, &meta);
+        meta.visible_from(now)?;
+        persist::put(&mut change.txn, qid, pos, &meta);
         let Some(gidx) = q.msgs.get(pos).map(|e| e.group()) else {
             return Ok(());
         };
         let reason = format!(
             "head message {} failed {} deliveries (on_poison = PARK_GROUP)",
-            meta.message_id, meta.delivery_count
+            meta.id(),
+            meta.delivery_count()
         );
-        let group = meta.group.clone().unwrap_or_default();
+        let group = meta.group().unwrap_or_default().to_string();
         change.txn.put_group(
             qid,
             &group,
@@ -342,7 +330,7 @@ impl Broker {
         // group ready.
         q.set_parked(gidx, Some((now, reason)));
         q.release(pos, now, now, timers);
-        tracing::warn!(queue = %q.name, group = %group, message_id = %meta.message_id, "FIFO group parked");
+        tracing::warn!(queue = %q.name, group = %group, message_id = %meta.id(), "FIFO group parked");
         Ok(())
     }
 }
@@ -377,10 +365,10 @@ pub(crate) struct Moving {
 pub(crate) fn move_message(
     st: &mut State,
     m: &Moving,
-    mut meta: MetaRecord,
+    mut meta: Message,
     now: u64,
     change: &mut Change,
-) -> Result<Option<(u64, MetaRecord)>> {
+) -> Result<Option<(u64, Message)>> {
     let new_pos = st.alloc_pos(&mut change.txn);
     let State { queues, timers, .. } = st;
     let q = queues
@@ -394,34 +382,28 @@ pub(crate) fn move_message(
     let t = queues
         .get_mut(&m.to)
         .ok_or_else(|| QueueError::Unavailable(format!("queue number {} vanished", m.to)))?;
-    meta.delivery_count = 0;
-    meta.leases = 0;
-    meta.lease = None;
-    meta.first_delivered_at = 0;
-    meta.attempts.clear();
-    meta.enqueued_at = now;
-    meta.expires_at = now + t.config.message_ttl;
-    meta.visible_at = now + m.delay.unwrap_or(t.config.delivery_delay);
-    meta.own_ttl = false;
-    if !t.config.kind.is_fifo() {
-        meta.group = None;
-    }
+    meta.enter_queue(
+        now,
+        t.config.message_ttl,
+        m.delay.unwrap_or(t.config.delivery_delay),
+        t.config.kind.is_fifo(),
+    );
     let group = match &mut t.fifo {
-        Some(f) => f.group_index(meta.group.as_deref().unwrap_or("")),
+        Some(f) => f.group_index(meta.group().unwrap_or("")),
         None => 0,
     };
     *(m.into)(&mut t.counters) += 1;
-    if meta.client_id {
-        t.client_ids.insert(meta.message_id.clone(), new_pos);
+    if meta.client_id() {
+        t.client_ids.insert(meta.id().to_string(), new_pos);
     }
-    let (state, due) = if meta.visible_at > now {
-        (EntryState::Delayed, meta.visible_at)
+    let (state, due) = if meta.visible_at() > now {
+        (EntryState::Delayed, meta.visible_at())
     } else {
         (EntryState::Ready, 0)
     };
     t.add(
         new_pos,
-        Entry::new(state, due, meta.expires_at, 0, old.size(), group),
+        Entry::new(state, due, meta.expires_at(), 0, old.size(), group),
         pid,
         timers,
     );

@@ -12,7 +12,7 @@ use crate::storage::Key;
 use super::error::{QueueError, Result};
 use super::model::{DeadLetterReason, GroupInfo, GroupState};
 use super::state::{EntryState, QueueState};
-use super::{Broker, Change, State, durable, validate};
+use super::{Broker, Change, State, durable, persist, validate};
 
 impl Broker {
     /// Lists a FIFO queue's groups in id order, after `after`, optionally
@@ -80,7 +80,7 @@ impl Broker {
         let mut out = Vec::with_capacity(rows.len());
         for (group_id, head, backlog, in_flight, state, reason) in rows {
             let meta = match head {
-                Some(pos) => self.store.get_meta(qid, pos)?,
+                Some(pos) => persist::get(&self.store, qid, pos)?,
                 None => None,
             };
             out.push(GroupInfo {
@@ -89,14 +89,14 @@ impl Broker {
                 in_flight,
                 oldest_age: meta
                     .as_ref()
-                    .map_or(0, |m| now.saturating_sub(m.enqueued_at)),
+                    .map_or(0, |m| now.saturating_sub(m.enqueued_at())),
                 state,
                 reason,
                 head_message_id: meta
                     .as_ref()
-                    .map(|m| m.message_id.clone())
+                    .map(|m| m.id().to_string())
                     .unwrap_or_default(),
-                head_delivery_count: meta.as_ref().map_or(0, |m| m.delivery_count),
+                head_delivery_count: meta.as_ref().map_or(0, |m| m.delivery_count()),
             });
         }
         let next = if more {
@@ -139,7 +139,7 @@ impl Broker {
             let mut change = Change::default();
             unpark(&mut st, qid, gidx, group, &mut change)?;
             let meta = self.meta(qid, pos)?;
-            let id = meta.message_id.clone();
+            let id = meta.id().to_string();
             self.dead_letter(
                 &mut st,
                 qid,
@@ -178,9 +178,9 @@ impl Broker {
             let mut id = String::new();
             if let Some(pos) = pos {
                 let mut meta = self.meta(qid, pos)?;
-                meta.delivery_count = 0;
-                id = meta.message_id.clone();
-                change.txn.put_meta(qid, pos, &meta);
+                meta.reset_deliveries();
+                id = meta.id().to_string();
+                persist::put(&mut change.txn, qid, pos, &meta);
             }
             unpark(&mut st, qid, gidx, group, &mut change)?;
             change.wake(qid);

@@ -30,6 +30,7 @@ pub mod error;
 pub mod exchange;
 mod expiry;
 mod fifo;
+mod message;
 pub mod model;
 mod persist;
 mod publish;
@@ -49,8 +50,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use crate::clock::Clock;
-use crate::storage::records::MetaRecord;
 use crate::storage::{OpenReport, Store, StoreOptions, SysKey, Txn};
+use message::Message;
 
 pub use error::{Exhausted, QueueError, Result};
 use state::{QueueState, Timers};
@@ -317,8 +318,8 @@ impl Broker {
     }
 
     /// Reads a message's stored state; its absence is a broken invariant.
-    pub(crate) fn meta(&self, qid: u32, pos: u64) -> Result<MetaRecord> {
-        self.store.get_meta(qid, pos)?.ok_or_else(|| {
+    pub(crate) fn meta(&self, qid: u32, pos: u64) -> Result<Message> {
+        persist::get(&self.store, qid, pos)?.ok_or_else(|| {
             QueueError::DataLoss(format!("message {qid}/{pos} is indexed but not stored"))
         })
     }
@@ -328,13 +329,8 @@ impl Broker {
     /// record after its own change wrote it (a lease its `catch_up` ended,
     /// a message a release made ready) must not act on the older one.
     /// `None` when the change deleted it.
-    pub(crate) fn meta_in(
-        &self,
-        change: &Change,
-        qid: u32,
-        pos: u64,
-    ) -> Result<Option<MetaRecord>> {
-        match change.txn.pending_meta(qid, pos)? {
+    pub(crate) fn meta_in(&self, change: &Change, qid: u32, pos: u64) -> Result<Option<Message>> {
+        match persist::pending(&change.txn, qid, pos)? {
             Some(pending) => Ok(pending),
             None => Ok(Some(self.meta(qid, pos)?)),
         }

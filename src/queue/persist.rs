@@ -1,14 +1,17 @@
-//! Translation between the engine's model and the storage records.
+//! Translation between the engine's model and the storage records: the
+//! only code of the engine that names a message's stored record
+//! (`MetaRecord`), mapping it to the engine's [`Message`] and back, field
+//! by field, and reading and writing it through the store.
 
+use crate::storage::records::LeaseRecord;
 use crate::storage::records::{AttemptRecord, DeadLetterRec, MetaRecord, QueueRecord};
+use crate::storage::{OwnedKey, Reader, Space, Store, Txn};
 
+use super::message::{Lease, Message, Stored};
 use super::model::{
     Attempt, AttemptOutcome, DeadLetter, DeadLetterPolicy, DeadLetterReason, PoisonPolicy,
     QueueConfig, QueueKind, RetryBackoff,
 };
-
-/// Most attempts kept per message, and most dead-letter records.
-pub(crate) const HISTORY_LIMIT: usize = 16;
 
 pub(crate) fn queue_record(qid: u32, created_at: u64, c: &QueueConfig) -> QueueRecord {
     QueueRecord {
@@ -58,7 +61,7 @@ pub(crate) fn queue_config(r: &QueueRecord) -> QueueConfig {
     }
 }
 
-pub(crate) fn outcome_code(o: AttemptOutcome) -> u8 {
+fn outcome_code(o: AttemptOutcome) -> u8 {
     match o {
         AttemptOutcome::Nacked => 1,
         AttemptOutcome::LeaseExpired => 2,
@@ -78,7 +81,7 @@ fn outcome(code: u8) -> AttemptOutcome {
     }
 }
 
-pub(crate) fn reason_code(r: DeadLetterReason) -> u8 {
+fn reason_code(r: DeadLetterReason) -> u8 {
     match r {
         DeadLetterReason::MaxDeliveries => 1,
         DeadLetterReason::Rejected => 2,
@@ -98,50 +101,355 @@ fn reason(code: u8) -> DeadLetterReason {
     }
 }
 
-pub(crate) fn attempts(m: &MetaRecord) -> Vec<Attempt> {
-    m.attempts
-        .iter()
-        .map(|a| Attempt {
-            at: a.at,
-            outcome: outcome(a.outcome),
-            reason: a.reason.clone(),
-        })
-        .collect()
+/// A message as its stored record holds it. An attempt outcome or a
+/// dead-letter reason of an unknown code reads as the first one (nacked,
+/// max deliveries), as it always has.
+pub(crate) fn message(r: MetaRecord) -> Message {
+    Message::restore(Stored {
+        pid: r.pid,
+        id: r.message_id,
+        client_id: r.client_id,
+        enqueued_at: r.enqueued_at,
+        expires_at: r.expires_at,
+        visible_at: r.visible_at,
+        delivery_count: r.delivery_count,
+        leases: r.leases,
+        lease: r.lease.map(|l| Lease {
+            epoch: l.epoch,
+            deadline: l.deadline,
+            started: l.started,
+        }),
+        first_delivered_at: r.first_delivered_at,
+        attempts: r
+            .attempts
+            .into_iter()
+            .map(|a| Attempt {
+                at: a.at,
+                outcome: outcome(a.outcome),
+                reason: a.reason,
+            })
+            .collect(),
+        dead_letters: r
+            .dead_letters
+            .into_iter()
+            .map(|d| DeadLetter {
+                source_queue: d.source_queue,
+                reason: reason(d.reason),
+                delivery_count: d.delivery_count,
+                last_nack_reason: d.last_nack_reason,
+                at: d.at,
+                note: d.note,
+            })
+            .collect(),
+        group: r.group,
+        size: r.size,
+        own_ttl: r.own_ttl,
+    })
 }
 
-pub(crate) fn dead_letters(m: &MetaRecord) -> Vec<DeadLetter> {
-    m.dead_letters
-        .iter()
-        .map(|d| DeadLetter {
-            source_queue: d.source_queue.clone(),
-            reason: reason(d.reason),
-            delivery_count: d.delivery_count,
-            last_nack_reason: d.last_nack_reason.clone(),
-            at: d.at,
-            note: d.note.clone(),
-        })
-        .collect()
-}
-
-/// Appends a failed attempt, keeping the most recent ones.
-pub(crate) fn push_attempt(m: &mut MetaRecord, at: u64, o: AttemptOutcome, reason: &str) {
-    m.attempts.push(AttemptRecord {
-        at,
-        outcome: outcome_code(o),
-        reason: reason.to_string(),
-    });
-    if m.attempts.len() > HISTORY_LIMIT {
-        let extra = m.attempts.len() - HISTORY_LIMIT;
-        m.attempts.drain(..extra);
+/// The record that stores a message.
+pub(crate) fn meta_record(m: &Message) -> MetaRecord {
+    MetaRecord {
+        pid: m.pid(),
+        message_id: m.id().to_string(),
+        client_id: m.client_id(),
+        enqueued_at: m.enqueued_at(),
+        expires_at: m.expires_at(),
+        visible_at: m.visible_at(),
+        delivery_count: m.delivery_count(),
+        leases: m.leases(),
+        lease: m.current_lease().map(|l| LeaseRecord {
+            epoch: l.epoch,
+            deadline: l.deadline,
+            started: l.started,
+        }),
+        first_delivered_at: m.first_delivered_at(),
+        attempts: m
+            .attempts()
+            .iter()
+            .map(|a| AttemptRecord {
+                at: a.at,
+                outcome: outcome_code(a.outcome),
+                reason: a.reason.clone(),
+            })
+            .collect(),
+        dead_letters: m
+            .dead_letters()
+            .iter()
+            .map(|d| DeadLetterRec {
+                source_queue: d.source_queue.clone(),
+                reason: reason_code(d.reason),
+                delivery_count: d.delivery_count,
+                last_nack_reason: d.last_nack_reason.clone(),
+                at: d.at,
+                note: d.note.clone(),
+            })
+            .collect(),
+        group: m.group().map(str::to_string),
+        size: m.size(),
+        own_ttl: m.own_ttl(),
     }
 }
 
-/// Appends a dead-letter record, keeping the most recent ones.
-pub(crate) fn push_dead_letter(m: &mut MetaRecord, rec: DeadLetterRec) {
-    m.dead_letters.push(rec);
-    if m.dead_letters.len() > HISTORY_LIMIT {
-        let extra = m.dead_letters.len() - HISTORY_LIMIT;
-        m.dead_letters.drain(..extra);
+/// A message's stored state (the memtable's, else the database's).
+pub(crate) fn get(store: &Store, qid: u32, pos: u64) -> crate::storage::Result<Option<Message>> {
+    Ok(store.get_meta(qid, pos)?.map(message))
+}
+
+/// A message's state as `txn`, not yet submitted, leaves it: `Some(None)`
+/// if it deletes the message, `None` if it does not touch it.
+pub(crate) fn pending(
+    txn: &Txn,
+    qid: u32,
+    pos: u64,
+) -> crate::storage::Result<Option<Option<Message>>> {
+    Ok(txn.pending_meta(qid, pos)?.map(|m| m.map(message)))
+}
+
+/// Stores a message's state at its position.
+pub(crate) fn put(txn: &mut Txn, qid: u32, pos: u64, m: &Message) {
+    txn.put_meta(qid, pos, &meta_record(m));
+}
+
+/// Stores a message at a position never used before.
+pub(crate) fn put_new(txn: &mut Txn, qid: u32, pos: u64, m: &Message) {
+    txn.put_new_meta(qid, pos, &meta_record(m));
+}
+
+/// Negative control (`Fault::NoDeliveryCount`): a message's state kept in
+/// memory only, never logged.
+pub(crate) fn put_unlogged(txn: &mut Txn, qid: u32, pos: u64, m: &Message) {
+    txn.put_meta_unlogged(qid, pos, &meta_record(m));
+}
+
+/// Every stored message, in key order (at start).
+pub(crate) fn scan(
+    store: &Reader,
+) -> impl Iterator<Item = crate::storage::Result<(OwnedKey, Message)>> + '_ {
+    store
+        .scan::<MetaRecord>(Space::Metas)
+        .map(|item| item.map(|(key, rec)| (key, message(rec))))
+}
+
+#[cfg(test)]
+mod message_tests {
+    use super::*;
+    use crate::storage::records;
+    use proptest::prelude::*;
+
+    fn attempt_record() -> impl Strategy<Value = AttemptRecord> {
+        (any::<u64>(), 1u8..=5, ".{0,8}").prop_map(|(at, outcome, reason)| AttemptRecord {
+            at,
+            outcome,
+            reason,
+        })
+    }
+
+    fn dead_letter_record() -> impl Strategy<Value = DeadLetterRec> {
+        (
+            ".{0,8}",
+            1u8..=5,
+            any::<u32>(),
+            ".{0,8}",
+            any::<u64>(),
+            ".{0,8}",
+        )
+            .prop_map(
+                |(source_queue, reason, delivery_count, last_nack_reason, at, note)| {
+                    DeadLetterRec {
+                        source_queue,
+                        reason,
+                        delivery_count,
+                        last_nack_reason,
+                        at,
+                        note,
+                    }
+                },
+            )
+    }
+
+    /// Any record a build writes: every field free, the codes among the
+    /// ones that exist.
+    fn meta() -> impl Strategy<Value = MetaRecord> {
+        (
+            (
+                any::<u64>(),
+                ".{0,12}",
+                any::<bool>(),
+                any::<u64>(),
+                any::<u64>(),
+                any::<u64>(),
+                any::<u32>(),
+                any::<u32>(),
+            ),
+            (
+                proptest::option::of((any::<u32>(), any::<u64>(), any::<u64>())),
+                any::<u64>(),
+                proptest::collection::vec(attempt_record(), 0..18),
+                proptest::collection::vec(dead_letter_record(), 0..18),
+                proptest::option::of(".{0,8}"),
+                any::<u32>(),
+                any::<bool>(),
+            ),
+        )
+            .prop_map(
+                |(
+                    (pid, message_id, client_id, enqueued_at, expires_at, visible_at, dc, leases),
+                    (lease, first, attempts, dead_letters, group, size, own_ttl),
+                )| MetaRecord {
+                    pid,
+                    message_id,
+                    client_id,
+                    enqueued_at,
+                    expires_at,
+                    visible_at,
+                    delivery_count: dc,
+                    leases,
+                    lease: lease.map(|(epoch, deadline, started)| LeaseRecord {
+                        epoch,
+                        deadline,
+                        started,
+                    }),
+                    first_delivered_at: first,
+                    attempts,
+                    dead_letters,
+                    group,
+                    size,
+                    own_ttl,
+                },
+            )
+    }
+
+    proptest! {
+        /// Every field of a stored record reaches the message and comes
+        /// back: the record, and so its bytes, are the same.
+        #[test]
+        fn a_record_maps_to_a_message_and_back_unchanged(rec in meta()) {
+            let m = message(rec.clone());
+            prop_assert_eq!(m.pid(), rec.pid);
+            prop_assert_eq!(m.id(), rec.message_id.as_str());
+            prop_assert_eq!(m.delivery_count(), rec.delivery_count);
+            prop_assert_eq!(m.leases(), rec.leases);
+            prop_assert_eq!(m.attempts().len(), rec.attempts.len());
+            prop_assert_eq!(m.dead_letters().len(), rec.dead_letters.len());
+            let back = meta_record(&m);
+            prop_assert_eq!(records::encode(&back), records::encode(&rec));
+            prop_assert_eq!(&back, &rec);
+            // And the message read back from those bytes is the same.
+            let decoded: MetaRecord =
+                records::decode(&"meta", &records::encode(&back)).expect("decodes");
+            prop_assert_eq!(message(decoded), m);
+        }
+    }
+
+    #[test]
+    fn every_field_is_mapped_to_its_own_place() {
+        let rec = MetaRecord {
+            pid: 1,
+            message_id: "id".to_string(),
+            client_id: true,
+            enqueued_at: 2,
+            expires_at: 3,
+            visible_at: 4,
+            delivery_count: 5,
+            leases: 6,
+            lease: Some(LeaseRecord {
+                epoch: 7,
+                deadline: 8,
+                started: 9,
+            }),
+            first_delivered_at: 10,
+            attempts: vec![AttemptRecord {
+                at: 11,
+                outcome: 5,
+                reason: "why".to_string(),
+            }],
+            dead_letters: vec![DeadLetterRec {
+                source_queue: "src".to_string(),
+                reason: 4,
+                delivery_count: 12,
+                last_nack_reason: "last".to_string(),
+                at: 13,
+                note: "note".to_string(),
+            }],
+            group: Some("g".to_string()),
+            size: 14,
+            own_ttl: true,
+        };
+        let m = message(rec.clone());
+        assert_eq!(
+            (
+                m.pid(),
+                m.id(),
+                m.client_id(),
+                m.enqueued_at(),
+                m.expires_at()
+            ),
+            (1, "id", true, 2, 3)
+        );
+        assert_eq!((m.visible_at(), m.delivery_count(), m.leases()), (4, 5, 6));
+        assert_eq!(
+            m.current_lease(),
+            Some(Lease {
+                epoch: 7,
+                deadline: 8,
+                started: 9
+            })
+        );
+        assert_eq!(m.first_delivered_at(), 10);
+        assert_eq!(
+            m.attempts(),
+            &[Attempt {
+                at: 11,
+                outcome: AttemptOutcome::Released,
+                reason: "why".to_string()
+            }]
+        );
+        assert_eq!(
+            m.dead_letters(),
+            &[DeadLetter {
+                source_queue: "src".to_string(),
+                reason: DeadLetterReason::Skipped,
+                delivery_count: 12,
+                last_nack_reason: "last".to_string(),
+                at: 13,
+                note: "note".to_string(),
+            }]
+        );
+        assert_eq!((m.group(), m.size(), m.own_ttl()), (Some("g"), 14, true));
+        assert_eq!(meta_record(&m), rec);
+    }
+
+    #[test]
+    fn outcome_and_reason_codes_are_a_format() {
+        // The stored numbers never change.
+        let outcomes = [
+            (AttemptOutcome::Nacked, 1),
+            (AttemptOutcome::LeaseExpired, 2),
+            (AttemptOutcome::Rejected, 3),
+            (AttemptOutcome::StreamClosed, 4),
+            (AttemptOutcome::Released, 5),
+        ];
+        for (o, code) in outcomes {
+            assert_eq!(outcome_code(o), code);
+            assert_eq!(outcome(code), o);
+        }
+        let reasons = [
+            (DeadLetterReason::MaxDeliveries, 1),
+            (DeadLetterReason::Rejected, 2),
+            (DeadLetterReason::Expired, 3),
+            (DeadLetterReason::Skipped, 4),
+            (DeadLetterReason::Corrupted, 5),
+        ];
+        for (r, code) in reasons {
+            assert_eq!(reason_code(r), code);
+            assert_eq!(reason(code), r);
+        }
+        // Unknown codes read as the first, as they always have.
+        assert_eq!(outcome(0), AttemptOutcome::Nacked);
+        assert_eq!(outcome(9), AttemptOutcome::Nacked);
+        assert_eq!(reason(0), DeadLetterReason::MaxDeliveries);
+        assert_eq!(reason(9), DeadLetterReason::MaxDeliveries);
     }
 }
 

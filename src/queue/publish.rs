@@ -8,12 +8,13 @@ use bytes::Bytes;
 use sha2::{Digest, Sha256};
 
 use crate::storage::encode_payload;
-use crate::storage::records::{DedupRecord, MetaRecord, PayloadRecord};
+use crate::storage::records::{DedupRecord, PayloadRecord};
 
 use super::error::{Exhausted, QueueError, Result};
+use super::message::{Message, Publication};
 use super::model::{Destination, NewMessage, Published, QueueKind};
 use super::state::{Entry, EntryState, QueueState};
-use super::{Broker, Change, State, durable, validate};
+use super::{Broker, Change, State, durable, persist, validate};
 
 /// Why a message of a batch is not stored.
 pub(crate) enum Dup {
@@ -228,28 +229,22 @@ pub(crate) fn store_new(
         Some(f) => f.group_index(m.group_id.as_deref().unwrap_or("")),
         None => 0,
     };
-    let meta = MetaRecord {
+    let meta = Message::publish(Publication {
         pid: pos,
-        message_id: message_id.clone(),
+        id: message_id.clone(),
         client_id,
-        enqueued_at: now,
-        expires_at,
-        visible_at,
-        delivery_count: 0,
-        leases: 0,
-        lease: None,
-        first_delivered_at: 0,
-        attempts: Vec::new(),
-        dead_letters: Vec::new(),
+        size,
         group: m
             .group_id
             .clone()
             .filter(|_| q.config.kind == QueueKind::Fifo),
-        size,
+        now,
+        visible_at,
+        expires_at,
         own_ttl: m.ttl.is_some(),
-    };
+    });
     change.txn.put_payload(pos, payload);
-    change.txn.put_new_meta(qid, pos, &meta);
+    persist::put_new(&mut change.txn, qid, pos, &meta);
     if client_id {
         q.client_ids.insert(message_id.clone(), pos);
     }

@@ -6,7 +6,7 @@
 //! are deleted.
 
 use crate::storage::records::{
-    CountersRecord, DedupRecord, ExchangeRecord, GroupRecord, MetaRecord, QueueRecord,
+    CountersRecord, DedupRecord, ExchangeRecord, GroupRecord, QueueRecord,
 };
 use crate::storage::{Key, OwnedKey, Reader, Space, SysKey, Txn};
 
@@ -85,7 +85,7 @@ pub(crate) fn load(store: &Reader, now: u64) -> Result<(State, Txn)> {
             q.add_all(entries, &mut st.timers);
         }
     };
-    for item in store.scan::<MetaRecord>(Space::Metas) {
+    for item in persist::scan(store) {
         let (key, meta) = item?;
         let OwnedKey::Meta(qid, pos) = key else {
             continue;
@@ -93,29 +93,36 @@ pub(crate) fn load(store: &Reader, now: u64) -> Result<(State, Txn)> {
         max_pos = max_pos.max(pos);
         let Some(q) = st.queues.get_mut(&qid) else {
             cleanup.delete(Key::Meta(qid, pos));
-            cleanup.delete(Key::Payload(meta.pid));
+            cleanup.delete(Key::Payload(meta.pid()));
             continue;
         };
-        let (state, due) = match meta.lease {
+        let (state, due) = match meta.current_lease() {
             Some(l) => (EntryState::Leased, l.deadline),
-            None if meta.visible_at > now => (EntryState::Delayed, meta.visible_at),
+            None if meta.visible_at() > now => (EntryState::Delayed, meta.visible_at()),
             None => (EntryState::Ready, 0),
         };
         let group = match &mut q.fifo {
-            Some(f) => f.group_index(meta.group.as_deref().unwrap_or("")),
+            Some(f) => f.group_index(meta.group().unwrap_or("")),
             None => 0,
         };
-        if meta.client_id {
-            q.client_ids.insert(meta.message_id.clone(), pos);
+        if meta.client_id() {
+            q.client_ids.insert(meta.id().to_string(), pos);
         }
-        let entry = Entry::new(state, due, meta.expires_at, meta.leases, meta.size, group);
+        let entry = Entry::new(
+            state,
+            due,
+            meta.expires_at(),
+            meta.leases(),
+            meta.size(),
+            group,
+        );
         if batch.as_ref().is_some_and(|(b, _)| *b != qid) {
             flush(&mut st, &mut batch);
         }
         batch
             .get_or_insert_with(|| (qid, Vec::new()))
             .1
-            .push((pos, entry, meta.pid));
+            .push((pos, entry, meta.pid()));
     }
     flush(&mut st, &mut batch);
     for item in store.scan::<DedupRecord>(Space::Dedups) {

@@ -19,6 +19,7 @@ use crate::storage::Key;
 
 use super::dlq::{Moving, move_message};
 use super::error::{QueueError, Result};
+use super::message::Message;
 use super::model::DeadLetterReason;
 use super::state::EntryState;
 use super::{Broker, Change, State, durable, persist, validate};
@@ -158,7 +159,7 @@ impl Broker {
                 step.matched += 1;
                 let target = match &spec.target {
                     Some(t) => Some(t.clone()),
-                    None => meta.dead_letters.last().map(|d| d.source_queue.clone()),
+                    None => meta.dead_letters().last().map(|d| d.source_queue.clone()),
                 };
                 let tqid = target.as_deref().and_then(|t| st.names.get(t).copied());
                 let tkind = tqid.and_then(|t| st.queues.get(&t)).map(|t| t.config.kind);
@@ -282,11 +283,11 @@ impl Broker {
 }
 
 /// True when the message's latest dead-letter record matches the selection.
-fn selected(spec: &RedriveSpec, meta: &crate::storage::records::MetaRecord) -> bool {
-    if !spec.message_ids.is_empty() && !spec.message_ids.contains(&meta.message_id) {
+fn selected(spec: &RedriveSpec, meta: &Message) -> bool {
+    if !spec.message_ids.is_empty() && !spec.message_ids.iter().any(|id| id == meta.id()) {
         return false;
     }
-    let Some(last) = meta.dead_letters.last() else {
+    let Some(last) = meta.dead_letters().last() else {
         // Published straight into the DLQ: no source, selected only by id
         // or with an explicit target.
         return spec.source_queue.is_none()
@@ -301,12 +302,7 @@ fn selected(spec: &RedriveSpec, meta: &crate::storage::records::MetaRecord) -> b
     {
         return false;
     }
-    if !spec.reasons.is_empty()
-        && !spec
-            .reasons
-            .iter()
-            .any(|r| persist::reason_code(*r) == last.reason)
-    {
+    if !spec.reasons.is_empty() && !spec.reasons.contains(&last.reason) {
         return false;
     }
     if spec.since != 0 && last.at < spec.since {
@@ -324,7 +320,7 @@ fn move_back(
     qid: u32,
     pos: u64,
     tqid: u32,
-    meta: crate::storage::records::MetaRecord,
+    meta: Message,
     now: u64,
     change: &mut Change,
 ) -> Result<()> {
@@ -340,7 +336,7 @@ fn move_back(
         return Ok(());
     };
     change.txn.delete(Key::Meta(qid, pos));
-    change.txn.put_new_meta(tqid, new_pos, &meta);
+    persist::put_new(&mut change.txn, tqid, new_pos, &meta);
     change.wake(tqid);
     Ok(())
 }

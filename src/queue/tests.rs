@@ -1171,7 +1171,7 @@ async fn damage(env: &Env, q: &str, body_text: &str) {
     };
     for pos in positions {
         let meta = b.meta(qid, pos).expect("meta");
-        let Some(mut rec) = b.store.get_payload(meta.pid).expect("payload") else {
+        let Some(mut rec) = b.store.get_payload(meta.pid()).expect("payload") else {
             continue;
         };
         if rec.body.as_ref() != body_text.as_bytes() {
@@ -1181,7 +1181,7 @@ async fn damage(env: &Env, q: &str, body_text: &str) {
         flipped[0] ^= 0x20;
         rec.body = Bytes::from(flipped);
         let mut txn = crate::storage::Txn::new();
-        txn.put_payload(meta.pid, crate::storage::encode_payload(&rec));
+        txn.put_payload(meta.pid(), crate::storage::encode_payload(&rec));
         let c = b.store.submit(txn);
         c.wait().await.expect("durable");
         return;
