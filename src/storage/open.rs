@@ -18,8 +18,8 @@ use super::rank::{Rank, RankedCondvar, RankedMutex};
 use super::space::Space;
 use super::stats::{Counters, StoreMetrics};
 use super::{
-    Database, Inner, Key, OpenReport, OwnedKey, Result, Space as KeySpace, StorageError, Store,
-    StoreOptions, SysKey, fsutil, keys, lock, payloads, records, wal,
+    Database, Inner, Key, LocalBackend, OpenReport, OwnedKey, Result, Space as KeySpace,
+    StorageError, Store, StoreOptions, SysKey, fsutil, keys, lock, payloads, records, wal,
 };
 use crate::faults::{self, Fault};
 
@@ -153,11 +153,11 @@ impl Store {
             elapsed: started.elapsed(),
         };
         Ok((
-            Store {
+            Store::with_backend(LocalBackend {
                 inner,
                 threads: RankedMutex::new(Rank::THREADS, "threads", threads),
                 _lock: dir_lock,
-            },
+            }),
             report,
             loaded,
         ))
@@ -168,8 +168,8 @@ impl Store {
     /// valid before the first submission).
     pub fn reader(&self) -> Reader {
         Reader {
-            db: self.inner.db(),
-            path: self.inner.db_path(),
+            db: self.backend.inner.db(),
+            path: self.backend.inner.db_path(),
             reached: RankedMutex::default_with(Rank::REACHED, "reached"),
         }
     }
