@@ -1,10 +1,15 @@
 //! Durable storage: our write-ahead log in front of sled.
 //!
+//! The engine uses [`Store`], a typed front over a [`Backend`] (the
+//! boundary, see `backend`); this module's own backend,
+//! [`LocalBackend`], is the log in front of sled described below, and
+//! `Store` alone means `Store<LocalBackend>`.
+//!
 //! The only module that names `sled`. It makes no policy decision and
 //! reads no clock: it stores what the queue engine tells it to, in the
 //! order it is told, and says when each change is durable.
 //!
-//! ## Durability contract
+//! ## Durability contract (the local backend)
 //!
 //! * [`Store::submit`] takes one transaction (a list of puts and deletes)
 //!   and gives it the next log sequence number (lsn). Transactions are

@@ -25,6 +25,11 @@ use crate::faults::{self, Fault};
 
 /// The database as the log's replay left it, read while a store opens
 /// ([`Store::open_with`]) or before its first submission.
+///
+/// Recovery reads sled directly, not through [`Backend`](super::Backend):
+/// the replay, the payload pointer count, and the engine's load through
+/// this reader. A backend of another kind would feed that load with
+/// [`Backend::scan`](super::Backend::scan) pages instead.
 pub struct Reader {
     db: sled::Db,
     path: PathBuf,
