@@ -5,8 +5,8 @@
 
 use std::sync::Arc;
 
-use std::collections::HashMap;
 use std::collections::hash_map::Entry;
+use std::collections::{BTreeMap, HashMap};
 
 use bytes::Bytes;
 
@@ -98,7 +98,7 @@ impl State {
     /// The latest submitted value of a key, if the memtable holds one
     /// (active generation first, then the frozen one): the value (`None`:
     /// deleted) and whether it is a payload's place in the log.
-    pub(super) fn lookup(&self, k: &Bytes) -> Option<(Option<Bytes>, bool)> {
+    pub(super) fn lookup(&self, k: &[u8]) -> Option<(Option<Bytes>, bool)> {
         self.active
             .get(k)
             .or_else(|| self.frozen.as_ref().and_then(|f| f.get(k)))
@@ -139,6 +139,27 @@ impl State {
         self.frozen = None;
         std::mem::take(&mut self.frozen_bytes)
     }
+}
+
+/// The memtable's changes to keys from `start` (inclusive) to `end`
+/// (exclusive), in key order: the active generation's over the frozen
+/// one's; the value (`None`: deleted) and whether it is a payload's
+/// place in the log. Every slot is looked at (the memtable is hashed):
+/// for scans, which are rare (a start, a takeover, tests), not for the
+/// paths of a message.
+pub(super) fn changes_in(
+    st: &State,
+    start: &[u8],
+    end: Option<&[u8]>,
+) -> BTreeMap<Bytes, (Option<Bytes>, bool)> {
+    let inside = |k: &Bytes| k.as_ref() >= start && end.is_none_or(|e| k.as_ref() < e);
+    let mut over = BTreeMap::new();
+    for table in st.frozen.as_deref().into_iter().chain([&st.active]) {
+        for (k, slot) in table.iter().filter(|(k, _)| inside(k)) {
+            over.insert(k.clone(), (slot.value.clone(), slot.placed));
+        }
+    }
+    over
 }
 
 /// Replaces each payload of `places` (key, lsn, place) that is still the

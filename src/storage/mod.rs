@@ -1,10 +1,15 @@
 //! Durable storage: our write-ahead log in front of sled.
 //!
+//! The engine uses [`Store`], a typed front over a [`Backend`] (the
+//! boundary, see `backend`); this module's own backend,
+//! [`LocalBackend`], is the log in front of sled described below, and
+//! `Store` alone means `Store<LocalBackend>`.
+//!
 //! The only module that names `sled`. It makes no policy decision and
 //! reads no clock: it stores what the queue engine tells it to, in the
 //! order it is told, and says when each change is durable.
 //!
-//! ## Durability contract
+//! ## Durability contract (the local backend)
 //!
 //! * [`Store::submit`] takes one transaction (a list of puts and deletes)
 //!   and gives it the next log sequence number (lsn). Transactions are
@@ -81,6 +86,7 @@
 //! handle, or by a rewrite to replace it, with no other lock held.
 
 mod apply;
+pub mod backend;
 mod commit;
 mod error;
 pub mod fsutil;
@@ -107,6 +113,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::sync::watch;
 
+pub use backend::Backend;
 pub use commit::Commit;
 use commit::{LogState, Placed};
 pub use error::{Result, StorageError};
@@ -268,17 +275,33 @@ struct Inner {
     metrics: StoreMetrics,
 }
 
-/// The durable store of one data directory.
-pub struct Store {
+/// The local backend: the log in front of sled, with the memtable, in one
+/// data directory (the module doc has its durability contract). Opened by
+/// [`Store::open`].
+pub struct LocalBackend {
     inner: Arc<Inner>,
     threads: RankedMutex<Vec<std::thread::JoinHandle<()>>>,
     _lock: fsutil::DirLock,
 }
 
-impl std::fmt::Debug for Store {
+impl std::fmt::Debug for LocalBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalBackend")
+            .field("dir", &self.inner.dir)
+            .finish()
+    }
+}
+
+/// The durable store the engine uses: typed reads and transactions over a
+/// [`Backend`] (by default the local one, a data directory).
+pub struct Store<B: Backend = LocalBackend> {
+    backend: B,
+}
+
+impl<B: Backend + std::fmt::Debug> std::fmt::Debug for Store<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Store")
-            .field("dir", &self.inner.dir)
+            .field("backend", &self.backend)
             .finish()
     }
 }
@@ -288,78 +311,26 @@ fn lock<T>(m: &RankedMutex<T>) -> RankedGuard<'_, T> {
     m.lock()
 }
 
-impl Store {
-    /// Tests: the next time the applier has frozen a generation and seen
-    /// it durable, it tells `frozen` and then waits, with everything it
-    /// froze still unapplied, until `release` is sent to (or dropped).
-    #[cfg(test)]
-    pub(crate) fn hold_applier(
-        &self,
-        frozen: std::sync::mpsc::Sender<()>,
-        release: std::sync::mpsc::Receiver<()>,
-    ) {
-        let mut once = Some((frozen, release));
-        *lock(&self.inner.after_freeze) = Some(Box::new(move || {
-            if let Some((frozen, release)) = once.take() {
-                let _ = frozen.send(());
-                let _ = release.recv();
-            }
-        }));
+impl<B: Backend> Store<B> {
+    /// A store over `backend`.
+    pub fn with_backend(backend: B) -> Store<B> {
+        Store { backend }
     }
 
-    /// Negative controls ([`Fault::DlqTwoSteps`],
-    /// [`Fault::ExchangeTwoSteps`]): blocks until `lsn` is durable. Called
-    /// only under those faults.
-    pub(crate) fn wait_durable_blocking(&self, lsn: u64) -> bool {
-        self.inner.wait_durable(lsn)
+    /// The backend.
+    pub fn backend(&self) -> &B {
+        &self.backend
     }
 
-    /// The data directory.
-    pub fn dir(&self) -> &Path {
-        &self.inner.dir
-    }
-
-    /// Logs a transaction (see the module's durability contract).
+    /// Submits a transaction (see [`Backend::submit`] and, for the local
+    /// backend, the module's durability contract).
     pub fn submit(&self, txn: Txn) -> Commit {
-        let mut commit = self.inner.submit(txn, true);
-        commit.store = Arc::downgrade(&self.inner);
-        commit
+        self.backend.submit(txn)
     }
 
     /// Reads a key as of the latest submitted transaction.
     pub fn get(&self, key: &Key<'_>) -> Result<Option<Bytes>> {
-        let k = key.encode();
-        if faults::on(Fault::NoDeliveryCount)
-            && let Some(v) = lock(&self.inner.volatile).get(&k)
-        {
-            return Ok(Some(v.clone()));
-        }
-        let slot = lock(&self.inner.state).lookup(&k);
-        match slot {
-            Some((Some(v), true)) => {
-                let loc = payloads::Loc::decode(&v).ok_or_else(|| {
-                    StorageError::corrupt(
-                        self.inner.dir.display().to_string(),
-                        "a payload's place in the log does not decode",
-                    )
-                })?;
-                return self.inner.files.read(loc).map(Some);
-            }
-            Some((v, _)) => return Ok(v),
-            None => {}
-        }
-        let v = self
-            .inner
-            .db()
-            .get(&k)
-            .map_err(|e| self.inner.db_error(e))?;
-        match v {
-            None => Ok(None),
-            Some(iv) => match payloads::Loc::decode(&iv).filter(|_| payloads::located(&k)) {
-                Some(loc) => self.inner.files.read(loc).map(Some),
-                None => Ok(Some(Bytes::copy_from_slice(&iv))),
-            },
-        }
+        self.backend.get(&key.encode())
     }
 
     /// Reads and decodes a message's payload, checking its checksum.
@@ -393,6 +364,52 @@ impl Store {
         }
     }
 
+    /// Watches for a fail-stop error: the value turns `Some(reason)` once
+    /// the store has stopped.
+    pub fn failure(&self) -> watch::Receiver<Option<String>> {
+        self.backend.failure()
+    }
+
+    /// Stops taking transactions, waits until every submitted one is
+    /// durable and lets the backend go (the local one applies them,
+    /// checkpoints and releases the directory). Returns the failure that
+    /// stopped the store, if any.
+    pub fn close(self) -> Result<()> {
+        self.backend.close()
+    }
+}
+
+impl Store {
+    /// Tests: the next time the applier has frozen a generation and seen
+    /// it durable, it tells `frozen` and then waits, with everything it
+    /// froze still unapplied, until `release` is sent to (or dropped).
+    #[cfg(test)]
+    pub(crate) fn hold_applier(
+        &self,
+        frozen: std::sync::mpsc::Sender<()>,
+        release: std::sync::mpsc::Receiver<()>,
+    ) {
+        let mut once = Some((frozen, release));
+        *lock(&self.backend.inner.after_freeze) = Some(Box::new(move || {
+            if let Some((frozen, release)) = once.take() {
+                let _ = frozen.send(());
+                let _ = release.recv();
+            }
+        }));
+    }
+
+    /// Negative controls ([`Fault::DlqTwoSteps`],
+    /// [`Fault::ExchangeTwoSteps`]): blocks until `lsn` is durable. Called
+    /// only under those faults.
+    pub(crate) fn wait_durable_blocking(&self, lsn: u64) -> bool {
+        self.backend.inner.wait_durable(lsn)
+    }
+
+    /// The data directory.
+    pub fn dir(&self) -> &Path {
+        &self.backend.inner.dir
+    }
+
     /// Waits while the changes not yet applied to the database are over
     /// `max_unapplied_bytes` (and wakes the applier). Publishers call it
     /// before they add messages, so a burst faster than the database can
@@ -400,7 +417,7 @@ impl Store {
     /// would also lengthen a graceful stop and the replay after a crash.
     /// Returns at once once the store has stopped (the submit then fails).
     pub async fn room(&self) {
-        let i = &self.inner;
+        let i = &self.backend.inner;
         if !i.room_wanted() {
             // The common case, without registering with the `Notify`.
             return;
@@ -422,21 +439,55 @@ impl Store {
         }
     }
 
-    /// Watches for a fail-stop error: the value turns `Some(reason)` once
-    /// the store has stopped.
-    pub fn failure(&self) -> watch::Receiver<Option<String>> {
+    /// Distributions of the commit path since open.
+    pub fn metrics(&self) -> &StoreMetrics {
+        &self.backend.inner.metrics
+    }
+
+    /// Stops like a crash: the log writer finishes what was submitted, but
+    /// nothing more is applied to the database and no checkpoint runs.
+    #[cfg(test)]
+    pub(crate) fn crash(self) {
+        self.backend.inner.abandon.store(true, Ordering::Relaxed);
+        drop(self);
+    }
+}
+
+impl Backend for LocalBackend {
+    fn submit(&self, txn: Txn) -> Commit {
+        let mut commit = self.inner.submit(txn, true);
+        commit.store = Arc::downgrade(&self.inner);
+        commit
+    }
+
+    fn get(&self, k: &[u8]) -> Result<Option<Bytes>> {
+        if faults::on(Fault::NoDeliveryCount)
+            && let Some(v) = lock(&self.inner.volatile).get(k)
+        {
+            return Ok(Some(v.clone()));
+        }
+        let slot = lock(&self.inner.state).lookup(k);
+        match slot {
+            Some((Some(v), placed)) => return self.inner.mem_value(v, placed).map(Some),
+            Some((None, _)) => return Ok(None),
+            None => {}
+        }
+        let v = self.inner.db().get(k).map_err(|e| self.inner.db_error(e))?;
+        match v {
+            None => Ok(None),
+            Some(iv) => self.inner.db_value(k, &iv).map(Some),
+        }
+    }
+
+    fn scan(&self, start: &[u8], end: Option<&[u8]>, limit: usize) -> Result<Vec<(Bytes, Bytes)>> {
+        self.inner.scan(start, end, limit)
+    }
+
+    fn failure(&self) -> watch::Receiver<Option<String>> {
         self.inner.failure.subscribe()
     }
 
-    /// Distributions of the commit path since open.
-    pub fn metrics(&self) -> &StoreMetrics {
-        &self.inner.metrics
-    }
-
-    /// Stops taking transactions, waits for the log writer to make every
-    /// submitted one durable, applies them, checkpoints and releases the
-    /// directory. Returns the failure that stopped the store, if any.
-    pub fn close(self) -> Result<()> {
+    fn close(&self) -> Result<()> {
         {
             let mut st = lock(&self.inner.state);
             if st.closed.is_none() {
@@ -456,17 +507,7 @@ impl Store {
     }
 }
 
-impl Store {
-    /// Stops like a crash: the log writer finishes what was submitted, but
-    /// nothing more is applied to the database and no checkpoint runs.
-    #[cfg(test)]
-    pub(crate) fn crash(self) {
-        self.inner.abandon.store(true, Ordering::Relaxed);
-        drop(self);
-    }
-}
-
-impl Drop for Store {
+impl Drop for LocalBackend {
     fn drop(&mut self) {
         let mut st = lock(&self.inner.state);
         if st.closed.is_none() {
@@ -508,6 +549,86 @@ impl Inner {
         StorageError::db(&self.db_path())(e)
     }
 
+    /// A memtable value as read: the payload itself when the slot holds
+    /// its place in the log (`placed`).
+    fn mem_value(&self, v: Bytes, placed: bool) -> Result<Bytes> {
+        if !placed {
+            return Ok(v);
+        }
+        let loc = payloads::Loc::decode(&v).ok_or_else(|| {
+            StorageError::corrupt(
+                self.dir.display().to_string(),
+                "a payload's place in the log does not decode",
+            )
+        })?;
+        self.files.read(loc)
+    }
+
+    /// A database value of key `k` as read: the payload itself when the
+    /// database holds its place in the log.
+    fn db_value(&self, k: &[u8], iv: &[u8]) -> Result<Bytes> {
+        match payloads::Loc::decode(iv).filter(|_| payloads::located(k)) {
+            Some(loc) => self.files.read(loc),
+            None => Ok(Bytes::copy_from_slice(iv)),
+        }
+    }
+
+    /// See [`Backend::scan`]: the memtable's changes in the range merged
+    /// over the database's entries.
+    fn scan(&self, start: &[u8], end: Option<&[u8]>, limit: usize) -> Result<Vec<(Bytes, Bytes)>> {
+        let mut out = Vec::new();
+        if limit == 0 {
+            return Ok(out);
+        }
+        // The memtable first, then the database (as `get` reads them): a
+        // generation the applier puts into the database meanwhile is read
+        // from the memtable's copy.
+        let over = memtable::changes_in(&lock(&self.state), start, end);
+        let mut over = over.into_iter().peekable();
+        let db = self.db();
+        let items = match end {
+            Some(end) => db.range::<&[u8], _>(start..end),
+            None => db.range::<&[u8], _>(start..),
+        };
+        // Takes a memtable change: false once the page is full.
+        let take = |out: &mut Vec<(Bytes, Bytes)>, k: Bytes, v: Option<Bytes>, placed: bool| {
+            if let Some(v) = v {
+                out.push((k, self.mem_value(v, placed)?));
+            }
+            Ok::<bool, StorageError>(out.len() < limit)
+        };
+        for item in items {
+            let (k, iv) = item.map_err(|e| self.db_error(e))?;
+            while let Some((mk, _)) = over.peek()
+                && mk.as_ref() < k.as_ref()
+            {
+                if let Some((mk, (v, placed))) = over.next()
+                    && !take(&mut out, mk, v, placed)?
+                {
+                    return Ok(out);
+                }
+            }
+            if over.peek().is_some_and(|(mk, _)| mk.as_ref() == k.as_ref()) {
+                if let Some((mk, (v, placed))) = over.next()
+                    && !take(&mut out, mk, v, placed)?
+                {
+                    return Ok(out);
+                }
+                continue;
+            }
+            out.push((Bytes::copy_from_slice(&k), self.db_value(&k, &iv)?));
+            if out.len() >= limit {
+                return Ok(out);
+            }
+        }
+        for (mk, (v, placed)) in over {
+            if !take(&mut out, mk, v, placed)? {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
     /// Stops the store for good after an I/O error.
     fn fail(&self, err: &StorageError) {
         let reason = err.to_string();
@@ -538,6 +659,8 @@ impl Inner {
     }
 }
 
+#[cfg(test)]
+mod backend_tests;
 #[cfg(test)]
 mod hostile_tests;
 #[cfg(test)]

@@ -18,13 +18,18 @@ use super::rank::{Rank, RankedCondvar, RankedMutex};
 use super::space::Space;
 use super::stats::{Counters, StoreMetrics};
 use super::{
-    Database, Inner, Key, OpenReport, OwnedKey, Result, Space as KeySpace, StorageError, Store,
-    StoreOptions, SysKey, fsutil, keys, lock, payloads, records, wal,
+    Database, Inner, Key, LocalBackend, OpenReport, OwnedKey, Result, Space as KeySpace,
+    StorageError, Store, StoreOptions, SysKey, fsutil, keys, lock, payloads, records, wal,
 };
 use crate::faults::{self, Fault};
 
 /// The database as the log's replay left it, read while a store opens
 /// ([`Store::open_with`]) or before its first submission.
+///
+/// Recovery reads sled directly, not through [`Backend`](super::Backend):
+/// the replay, the payload pointer count, and the engine's load through
+/// this reader. A backend of another kind would feed that load with
+/// [`Backend::scan`](super::Backend::scan) pages instead.
 pub struct Reader {
     db: sled::Db,
     path: PathBuf,
@@ -153,11 +158,11 @@ impl Store {
             elapsed: started.elapsed(),
         };
         Ok((
-            Store {
+            Store::with_backend(LocalBackend {
                 inner,
                 threads: RankedMutex::new(Rank::THREADS, "threads", threads),
                 _lock: dir_lock,
-            },
+            }),
             report,
             loaded,
         ))
@@ -168,8 +173,8 @@ impl Store {
     /// valid before the first submission).
     pub fn reader(&self) -> Reader {
         Reader {
-            db: self.inner.db(),
-            path: self.inner.db_path(),
+            db: self.backend.inner.db(),
+            path: self.backend.inner.db_path(),
             reached: RankedMutex::default_with(Rank::REACHED, "reached"),
         }
     }

@@ -43,6 +43,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use tokio_postgres::{Client, NoTls};
 
+use super::backend::prefix_end;
 use super::keys::{TAG_META, TAG_PAYLOAD};
 
 /// The schema version this server writes and reads.
@@ -561,19 +562,6 @@ impl PgState {
             .filter(|(k, _)| k.starts_with(prefix))
             .collect())
     }
-}
-
-/// The smallest byte string above every string starting with `prefix`,
-/// `None` if there is none (all bytes 0xff).
-fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
-    let mut end = prefix.to_vec();
-    while let Some(last) = end.pop() {
-        if last < 0xff {
-            end.push(last + 1);
-            return Some(end);
-        }
-    }
-    None
 }
 
 fn millis(d: Duration) -> f64 {

@@ -85,7 +85,7 @@ impl Store {
     /// [`Store::has_space`].
     pub fn above_floor(&self) -> bool {
         let _ = self.has_space();
-        self.inner.space.floor_ok.load(Ordering::Relaxed)
+        self.backend.inner.space.floor_ok.load(Ordering::Relaxed)
     }
 
     /// False while free space on the data directory's file system is below
@@ -96,32 +96,43 @@ impl Store {
     /// written, not only by the applier's periodic check: a fast publisher
     /// must not run through the headroom between two periodic checks.
     pub fn has_space(&self) -> bool {
-        let written = self.inner.counters.log_bytes.load(Ordering::Relaxed);
-        let checked = self.inner.space.space_checked_bytes.load(Ordering::Relaxed);
+        let written = self
+            .backend
+            .inner
+            .counters
+            .log_bytes
+            .load(Ordering::Relaxed);
+        let checked = self
+            .backend
+            .inner
+            .space
+            .space_checked_bytes
+            .load(Ordering::Relaxed);
         if written.saturating_sub(checked) >= SPACE_CHECK_BYTES
             && self
+                .backend
                 .inner
                 .space
                 .space_checked_bytes
                 .compare_exchange(checked, written, Ordering::Relaxed, Ordering::Relaxed)
                 .is_ok()
         {
-            self.inner.refresh_space();
+            self.backend.inner.refresh_space();
         }
-        self.inner.space.space_ok.load(Ordering::Relaxed)
+        self.backend.inner.space.space_ok.load(Ordering::Relaxed)
     }
 
     /// Free bytes on the data directory's file system as last measured
     /// for the publish floor (by the applier every 500 ms and after every
     /// MiB of log written); `None` if it could not be measured.
     pub fn free_bytes(&self) -> Option<u64> {
-        let f = self.inner.space.free_bytes.load(Ordering::Relaxed);
+        let f = self.backend.inner.space.free_bytes.load(Ordering::Relaxed);
         (f != u64::MAX).then_some(f)
     }
 
     /// The configured minimum of free bytes under which publishes are
     /// refused.
     pub fn min_free_bytes(&self) -> u64 {
-        self.inner.opts.min_free_bytes
+        self.backend.inner.opts.min_free_bytes
     }
 }

@@ -88,7 +88,7 @@ pub(super) struct Counters {
 impl Store {
     /// Figures since open.
     pub fn stats(&self) -> StoreStats {
-        let i = &self.inner;
+        let i = &self.backend.inner;
         StoreStats {
             log_syncs: i.counters.log_syncs.load(Ordering::Relaxed),
             caller_commits: i.counters.caller_commits.load(Ordering::Relaxed),

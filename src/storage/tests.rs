@@ -25,6 +25,7 @@ fn payload(i: u64) -> Bytes {
 /// Whether the database (not the memtable) holds the payload.
 fn in_database(store: &Store, pid: u64) -> bool {
     store
+        .backend
         .inner
         .db()
         .get(Key::Payload(pid).encode())
@@ -161,8 +162,9 @@ async fn concurrent_submissions_share_fsyncs() {
 /// Waits up to `limit` for `lsn` to be durable, without waking the log
 /// writer (unlike [`Inner::wait_durable`]).
 fn durable_within(store: &Store, lsn: u64, limit: Duration) -> bool {
-    let d = lock(&store.inner.durable);
+    let d = lock(&store.backend.inner.durable);
     let d = store
+        .backend
         .inner
         .durable_cv
         .wait_timeout_while(d, limit, |d| *d < lsn);
@@ -201,7 +203,7 @@ async fn a_caller_alone_commits_its_own_transaction() {
 /// commits callers make waits for it before each submission.
 async fn writer_asleep(store: &Store) {
     let until = Instant::now() + Duration::from_secs(10);
-    while !store.inner.writer_waiting.load(Ordering::Relaxed) {
+    while !store.backend.inner.writer_waiting.load(Ordering::Relaxed) {
         assert!(Instant::now() < until, "the log writer never went to sleep");
         tokio::time::sleep(Duration::from_micros(200)).await;
     }
@@ -221,7 +223,7 @@ async fn quiet_store(dir: &std::path::Path) -> Store {
         writer_asleep(&store).await;
         store.submit(one_payload(i)).wait().await.expect("durable");
     }
-    assert!(store.inner.quiet.load(Ordering::Relaxed));
+    assert!(store.backend.inner.quiet.load(Ordering::Relaxed));
     store
 }
 
@@ -251,7 +253,7 @@ async fn a_caller_alone_commits_the_pair_it_submitted() {
         after.caller_commits - before.caller_commits >= 9,
         "{after:?}"
     );
-    assert!(store.inner.quiet.load(Ordering::Relaxed));
+    assert!(store.backend.inner.quiet.load(Ordering::Relaxed));
     // Three at once are more than a caller takes on: the log writer groups
     // them.
     let (a, b) = (
@@ -301,7 +303,7 @@ async fn commits_not_waited_for_are_made_durable() {
     for i in 20..22u64 {
         store.submit(one_payload(i)).wait().await.expect("durable");
     }
-    assert!(store.inner.quiet.load(Ordering::Relaxed));
+    assert!(store.backend.inner.quiet.load(Ordering::Relaxed));
     let lsn = {
         let c = store.submit(one_payload(13));
         let lsn = c.lsn();
@@ -413,7 +415,7 @@ async fn a_second_open_of_the_same_directory_is_refused() {
 async fn submissions_after_close_fail() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (store, _) = Store::open(dir.path(), small_opts()).expect("open");
-    store.inner.fail(&StorageError::Stopped {
+    store.backend.inner.fail(&StorageError::Stopped {
         reason: "test".into(),
     });
     let mut t = Txn::new();
@@ -442,18 +444,18 @@ async fn fresh_keys_created_and_deleted_between_applies_never_reach_the_database
     store.submit(t).wait().await.expect("durable");
     assert_eq!(body(&store, 1), None);
     assert_eq!(
-        lock(&store.inner.state).active.len(),
+        lock(&store.backend.inner.state).active.len(),
         1,
         "only pid 2 is left to apply"
     );
-    apply_once(&store.inner).expect("apply");
+    apply_once(&store.backend.inner).expect("apply");
     assert!(!in_database(&store, 1));
     assert!(in_database(&store, 2));
     // Deleting a key that reached the database deletes it there.
     let mut t = Txn::new();
     t.delete(Key::Payload(2));
     store.submit(t).wait().await.expect("durable");
-    apply_once(&store.inner).expect("apply");
+    apply_once(&store.backend.inner).expect("apply");
     assert!(!in_database(&store, 2));
     store.crash();
     let (store, _) = Store::open(dir.path(), small_opts()).expect("reopen");
@@ -471,10 +473,10 @@ async fn a_payload_deleted_while_its_relocation_is_pending_stays_deleted() {
     };
     let (store, _) = Store::open(dir.path(), opts.clone()).expect("open");
     put_payloads(&store, 0..400).await;
-    apply_once(&store.inner).expect("apply");
+    apply_once(&store.backend.inner).expect("apply");
     delete_payloads(&store, (0..400).filter(|i| i % 10 != 0)).await;
-    apply_once(&store.inner).expect("apply");
-    checkpoint(&store.inner).expect("checkpoint and compact");
+    apply_once(&store.backend.inner).expect("apply");
+    checkpoint(&store.backend.inner).expect("checkpoint and compact");
     assert!(store.stats().relocated > 0);
     // Deleted after its relocation was logged, before it was applied.
     delete_payloads(&store, [0u64, 10].into_iter()).await;
@@ -496,7 +498,7 @@ async fn a_payload_deleted_while_its_relocation_is_pending_stays_deleted() {
     );
     // The same, applied before the crash.
     delete_payloads(&store, [20u64].into_iter()).await;
-    apply_once(&store.inner).expect("apply");
+    apply_once(&store.backend.inner).expect("apply");
     store.crash();
     let (store, _) = Store::open(dir.path(), opts).expect("reopen");
     assert!(store.get_payload(20).expect("read").is_none());
@@ -517,7 +519,7 @@ async fn put_states(store: &Store, range: std::ops::Range<u64>) {
         }
         store.submit(t).wait().await.expect("durable");
     }
-    apply_once(&store.inner).expect("apply");
+    apply_once(&store.backend.inner).expect("apply");
 }
 
 fn rewrite_opts() -> StoreOptions {
@@ -532,7 +534,7 @@ fn rewrite_opts() -> StoreOptions {
 }
 
 fn db_size(store: &Store) -> u64 {
-    store.inner.db().size_on_disk().expect("size")
+    store.backend.inner.db().size_on_disk().expect("size")
 }
 
 #[tokio::test]
@@ -540,7 +542,7 @@ async fn a_drained_database_is_rewritten_and_gives_its_space_back() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (store, _) = Store::open(dir.path(), rewrite_opts()).expect("open");
     put_states(&store, 0..32_000).await;
-    checkpoint(&store.inner).expect("checkpoint");
+    checkpoint(&store.backend.inner).expect("checkpoint");
     let full = db_size(&store);
     assert_eq!(store.stats().rewrites, 0, "all of it is live ({full} B)");
     assert!(full > 16 << 20, "{full}");
@@ -551,8 +553,8 @@ async fn a_drained_database_is_rewritten_and_gives_its_space_back() {
         t.delete(Key::Payload(i));
     }
     store.submit(t).wait().await.expect("durable");
-    apply_once(&store.inner).expect("apply");
-    checkpoint(&store.inner).expect("checkpoint");
+    apply_once(&store.backend.inner).expect("apply");
+    checkpoint(&store.backend.inner).expect("checkpoint");
     assert_eq!(store.stats().rewrites, 1);
     let after = db_size(&store);
     assert!(after * 4 < full, "{after} after, {full} before");
@@ -565,7 +567,7 @@ async fn a_drained_database_is_rewritten_and_gives_its_space_back() {
         dir.path().join("db-1")
     );
     // Nothing to give back now: no second rewrite.
-    checkpoint(&store.inner).expect("checkpoint");
+    checkpoint(&store.backend.inner).expect("checkpoint");
     assert_eq!(store.stats().rewrites, 1);
     // Reads and writes go to the new database, before and after a crash.
     let meta = |store: &Store, i| store.get(&Key::Meta(1, i)).expect("read");
@@ -592,7 +594,7 @@ async fn a_rewrite_interrupted_before_or_after_its_switch_is_cleaned_up_at_open(
     assert!(!dir.path().join("db-1").exists());
     assert!(store.get(&Key::Meta(1, 9)).expect("read").is_some());
     // After the switch: the old database not yet removed.
-    rewrite::rewrite(&store.inner, 0).expect("rewrite");
+    rewrite::rewrite(&store.backend.inner, 0).expect("rewrite");
     store.close().expect("close");
     assert!(!dir.path().join("db").exists());
     let copy = |from: &Path, to: &Path| {
@@ -714,6 +716,7 @@ async fn room_is_given_back_when_everything_held_was_created_and_deleted() {
 /// when the applier knew where the log writer put the payload.
 fn stored_pointer(store: &Store, pid: u64) -> Option<payloads::Loc> {
     let raw = store
+        .backend
         .inner
         .db()
         .get(Key::Payload(pid).encode())
@@ -744,7 +747,7 @@ async fn payloads_logged_while_a_generation_is_applied_keep_their_places() {
     c.wait().await.expect("durable");
     release.send(()).expect("release");
     let deadline = Instant::now() + Duration::from_secs(10);
-    while store.inner.applied.load(Ordering::Relaxed) < lsn2 {
+    while store.backend.inner.applied.load(Ordering::Relaxed) < lsn2 {
         assert!(Instant::now() < deadline, "payload 2 never applied");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
@@ -775,7 +778,7 @@ fn manual_apply_opts() -> StoreOptions {
 /// Whether the memtable holds the payload's place in the log rather than
 /// the payload itself.
 fn is_placed(store: &Store, pid: u64) -> bool {
-    let st = lock(&store.inner.state);
+    let st = lock(&store.backend.inner.state);
     let slot = st
         .active
         .get(&Key::Payload(pid).encode())
@@ -827,9 +830,9 @@ async fn durable_payloads_leave_the_memtable_for_their_places() {
     // deleted in one generation still never reaches the database.
     delete_payloads(&store, [2].into_iter()).await;
     assert_eq!(body(&store, 2), None);
-    apply_once(&store.inner).expect("apply");
+    apply_once(&store.backend.inner).expect("apply");
     let loc = stored_pointer(&store, 1).expect("payload 1 applied as a pointer");
-    assert_eq!(lock(&store.inner.live).count(loc.seg), 1);
+    assert_eq!(lock(&store.backend.inner.live).count(loc.seg), 1);
     assert!(!in_database(&store, 2));
     assert_eq!(body(&store, 1), want(1));
     store.close().expect("close");
@@ -851,7 +854,7 @@ fn held_apply(
     let (frozen_tx, frozen) = std::sync::mpsc::channel();
     let (release, release_rx) = std::sync::mpsc::channel();
     store.hold_applier(frozen_tx, release_rx);
-    let inner = Arc::clone(&store.inner);
+    let inner = Arc::clone(&store.backend.inner);
     let first = std::thread::spawn(move || apply_once(&inner));
     frozen
         .recv_timeout(Duration::from_secs(10))
@@ -878,10 +881,14 @@ async fn a_swapped_payload_logged_again_during_its_apply_is_counted_once() {
     // The held apply stored the older place, and counted it: until the
     // relocation is applied, its segment must not look empty.
     let older = stored_pointer(&store, 1).expect("payload 1 stored as a pointer");
-    assert_eq!(lock(&store.inner.live).count(older.seg), 1, "{older:?}");
-    apply_once(&store.inner).expect("apply the relocation");
+    assert_eq!(
+        lock(&store.backend.inner.live).count(older.seg),
+        1,
+        "{older:?}"
+    );
+    apply_once(&store.backend.inner).expect("apply the relocation");
     let loc = stored_pointer(&store, 1).expect("payload 1 stored as a pointer");
-    let live = lock(&store.inner.live);
+    let live = lock(&store.backend.inner.live);
     assert_eq!(
         live.counts.values().sum::<u64>(),
         1,
@@ -899,7 +906,7 @@ async fn puts_overtaken_by_a_durable_delete_are_left_out_of_the_database() {
     let (store, _) = Store::open(dir.path(), manual_apply_opts()).expect("open");
     // Payload 3 reaches the database first.
     put_payloads(&store, 3..4).await;
-    apply_once(&store.inner).expect("apply");
+    apply_once(&store.backend.inner).expect("apply");
     let older = stored_pointer(&store, 3).expect("payload 3 stored as a pointer");
     // The next generation creates payloads 1 and 2 and writes payload 3
     // again (a compaction's relocation: a put of a key the database
@@ -927,7 +934,7 @@ async fn puts_overtaken_by_a_durable_delete_are_left_out_of_the_database() {
     {
         // The delete of payload 1 now concerns a key the database never
         // held; that of payload 3 still has its older pointer to remove.
-        let st = lock(&store.inner.state);
+        let st = lock(&store.backend.inner.state);
         let slot = |pid: u64| {
             st.active
                 .get(&Key::Payload(pid).encode())
@@ -943,9 +950,9 @@ async fn puts_overtaken_by_a_durable_delete_are_left_out_of_the_database() {
         (body(&store, 1), body(&store, 2), body(&store, 3)),
         (None, Some(format!("{:0>900}", 2)), None)
     );
-    apply_once(&store.inner).expect("apply the deletes");
+    apply_once(&store.backend.inner).expect("apply the deletes");
     assert!(!in_database(&store, 1) && !in_database(&store, 3));
-    let live = lock(&store.inner.live);
+    let live = lock(&store.backend.inner.live);
     assert_eq!(
         live.counts.values().sum::<u64>(),
         1,
@@ -963,7 +970,7 @@ async fn a_delete_not_yet_durable_overtakes_no_put() {
     // The test holds the log, so the delete of payload 1 is submitted
     // (readers see it) but neither written nor durable while the held
     // apply goes on.
-    let log = lock(&store.inner.log);
+    let log = lock(&store.backend.inner.log);
     let mut t = Txn::new();
     t.delete(Key::Payload(1));
     let delete = store.submit(t);
@@ -972,7 +979,7 @@ async fn a_delete_not_yet_durable_overtakes_no_put() {
     let overtaken = store.stats().overtaken;
     let stored = in_database(&store, 1);
     let fresh = {
-        let st = lock(&store.inner.state);
+        let st = lock(&store.backend.inner.state);
         let slot = st
             .active
             .get(&Key::Payload(1).encode())
@@ -981,7 +988,7 @@ async fn a_delete_not_yet_durable_overtakes_no_put() {
         slot.fresh
     };
     drop(log);
-    store.inner.commit_cv.notify_one();
+    store.backend.inner.commit_cv.notify_one();
     // A crash now would lose the delete: the put must be in the database.
     assert_eq!(overtaken, 0, "{:?}", store.stats());
     assert!(
@@ -995,7 +1002,7 @@ async fn a_delete_not_yet_durable_overtakes_no_put() {
     );
     assert_eq!(body(&store, 1), None);
     delete.wait().await.expect("durable");
-    apply_once(&store.inner).expect("apply the delete");
+    apply_once(&store.backend.inner).expect("apply the delete");
     assert!(!in_database(&store, 1));
     assert_eq!(body(&store, 1), None);
 }
