@@ -8,17 +8,16 @@
 //! (the engine reads what it has just decided, durable or not); it reports
 //! a fail-stop error on its failure watch; and it closes.
 //!
-//! [`Store`](super::Store) is the engine's typed front over a backend. Two
-//! backends exist:
+//! [`Store`](super::Store) is the engine's typed front over a backend. One
+//! backend exists:
 //!
 //! * [`LocalBackend`](super::LocalBackend): the write-ahead log in front of
 //!   sled, with its memtable, in one data directory (the module doc of
 //!   `storage` has its durability contract). The server runs on it.
-//! * [`PgBackend`](super::pg_backend::PgBackend): a PostgreSQL shard
-//!   ([`super::pg`]): submitted changes are held in memory until the
-//!   committer's batch that carries them has committed; one batch in
-//!   flight, fenced by the shard's lease epoch. Not yet wired into the
-//!   server.
+//!
+//! The PostgreSQL state of [`super::pg`] (fenced batch commits, a commit
+//! marker, reads and scans) is the ground of the next one; it does not
+//! implement this trait yet.
 //!
 //! ## Limits a backend may have
 //!
