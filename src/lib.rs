@@ -37,3 +37,6 @@ pub mod queue;
 pub mod server;
 pub mod storage;
 pub mod units;
+
+#[cfg(test)]
+mod queue_config_tests;

@@ -36,7 +36,7 @@ use super::{Api, body_bytes, json_body, json_response, param, query};
 use crate::auth::Action;
 use crate::queue::QueueError;
 use crate::queue::exchange::ExchangeInfo;
-use crate::queue::model::{QueueConfigInput, QueueInfo, QueueKind, QueueRemovals};
+use crate::queue::model::{QueueConfig, QueueConfigInput, QueueInfo, QueueKind, QueueRemovals};
 use crate::queue::validate::limits;
 
 const ADMIN: &str = "/mq/admin/api/v1/organizations/{org}/environments/{env}/regions/{region}";
@@ -446,6 +446,36 @@ impl Api {
     }
 }
 
+/// The request of a `PUT` (see [`put_queue`]).
+fn put_request(b: QueueBody) -> Result<(QueueConfigInput, QueueRemovals), ApiError> {
+    let dead_letter = match (b.dlq, b.max_deliveries) {
+        // No maxDeliveries: 0, the engine's default.
+        (Some(q), n) => Some((q, n.unwrap_or(0))),
+        (None, Some(_)) => {
+            return Err(ApiError::bad(
+                "maxDeliveries needs deadLetterQueueId (the queue to move messages to)",
+            ));
+        }
+        (None, None) => None,
+    };
+    // The fields of this API left out take the engine's defaults; the
+    // others are Letterbox's own and stay as they are.
+    let defaults = QueueConfig::default();
+    let removals = QueueRemovals {
+        dead_letter: dead_letter.is_none(),
+        ..QueueRemovals::default()
+    };
+    let input = QueueConfigInput {
+        kind: kind_of(b.fifo),
+        message_ttl: Some(b.ttl.unwrap_or(defaults.message_ttl)),
+        ack_timeout: Some(b.lock_ttl.unwrap_or(defaults.ack_timeout)),
+        delivery_delay: Some(b.delay.unwrap_or(defaults.delivery_delay)),
+        dead_letter,
+        ..QueueConfigInput::default()
+    };
+    Ok((input, removals))
+}
+
 /// `PUT .../destinations/queues/{queue}`: create the queue, or make an
 /// existing one's configuration exactly this (fields left out take their
 /// defaults, and no `deadLetterQueueId` means no dead letter queue).
@@ -459,28 +489,7 @@ async fn put_queue(
     let name = api.administered(p, &headers)?;
     let b = queue_body(&object_body(body)?, &name)?;
     api.refuse_exchange_name(&name)?;
-    let dead_letter = match (b.dlq, b.max_deliveries) {
-        (Some(q), n) => Some((q, n.unwrap_or(limits::MAX_DELIVERIES.2))),
-        (None, Some(_)) => {
-            return Err(ApiError::bad(
-                "maxDeliveries needs deadLetterQueueId (the queue to move messages to)",
-            )
-            .into());
-        }
-        (None, None) => None,
-    };
-    let input = QueueConfigInput {
-        kind: kind_of(b.fifo),
-        message_ttl: Some(b.ttl.unwrap_or(limits::TTL.2)),
-        ack_timeout: Some(b.lock_ttl.unwrap_or(limits::ACK_TIMEOUT.2)),
-        delivery_delay: Some(b.delay.unwrap_or(0)),
-        dead_letter: dead_letter.clone(),
-        ..QueueConfigInput::default()
-    };
-    let removals = QueueRemovals {
-        dead_letter: dead_letter.is_none(),
-        ..QueueRemovals::default()
-    };
+    let (input, removals) = put_request(b)?;
     let (q, action) = match api.broker.get_queue(&name) {
         Ok(_) => (
             api.broker.update_queue(&name, &input, removals).await,
@@ -530,8 +539,8 @@ async fn patch_queue(
         (Some(q), n) => (
             Some((
                 q,
-                n.or(existing.map(|d| d.max_deliveries))
-                    .unwrap_or(limits::MAX_DELIVERIES.2),
+                // Neither given nor set: 0, the engine's default.
+                n.or(existing.map(|d| d.max_deliveries)).unwrap_or(0),
             )),
             false,
         ),
@@ -1119,4 +1128,59 @@ async fn queue_stats(
         }
     }
     Ok(listing(out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::queue::validate::{default_config, updated_config};
+
+    /// The Admin API carries a subset of a queue's configuration: those
+    /// values come back from a queue's JSON sent as a `PUT`, and the
+    /// others take their defaults. A new field of `QueueConfig` must be
+    /// placed in one group or the other below.
+    #[test]
+    fn a_queues_json_put_back_keeps_the_values_of_this_api() {
+        for c in [
+            crate::queue_config_tests::full(),
+            crate::queue_config_tests::full_standard(),
+        ] {
+            let info = QueueInfo {
+                name: "orders".into(),
+                config: c.clone(),
+                dead_letter_sources: vec!["upstream".into()],
+                created_at: 5,
+            };
+            let Value::Object(json) = queue_json(&info) else {
+                panic!("a queue's JSON is an object");
+            };
+            let body = queue_body(&json, "orders").expect("its own JSON is a valid body");
+            let (input, removals) = put_request(body).expect("a valid request");
+            let back = updated_config(&default_config(c.kind), &input, removals).expect("valid");
+            let QueueConfig {
+                kind,
+                message_ttl,
+                ack_timeout,
+                delivery_delay,
+                dead_letter,
+                // Not in the Admin API: Letterbox's own.
+                retry_backoff: _,
+                dead_letter_on_expiry: _,
+                max_length: _,
+                max_lease_total: _,
+                dedup_window: _,
+                on_poison: _,
+                content_based_dedup: _,
+            } = c;
+            let expected = QueueConfig {
+                kind,
+                message_ttl,
+                ack_timeout,
+                delivery_delay,
+                dead_letter,
+                ..default_config(kind)
+            };
+            assert_eq!(back, expected);
+        }
+    }
 }

@@ -22,8 +22,8 @@ mod dlq;
 mod exchange;
 mod group;
 mod message;
-mod output;
-mod queue;
+pub(crate) mod output;
+pub(crate) mod queue;
 
 use std::process::ExitCode;
 

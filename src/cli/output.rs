@@ -116,20 +116,36 @@ pub(super) fn group_state_name(v: i32) -> String {
     })
 }
 
-pub(super) fn config_json(c: &pb::QueueConfig) -> Value {
+/// A queue's configuration as `--json` prints it: every field of the
+/// message, under the names of the definitions document.
+pub(crate) fn config_json(c: &pb::QueueConfig) -> Value {
+    let pb::QueueConfig {
+        kind,
+        message_ttl_ms,
+        ack_timeout_ms,
+        delivery_delay_ms,
+        dead_letter,
+        retry_backoff,
+        dead_letter_on_expiry,
+        max_length,
+        max_lease_total_ms,
+        dedup_window_ms,
+        on_poison,
+        content_based_dedup,
+    } = c;
     json!({
-        "kind": kind_name(c.kind),
-        "message_ttl_ms": c.message_ttl_ms,
-        "ack_timeout_ms": c.ack_timeout_ms,
-        "delivery_delay_ms": c.delivery_delay_ms,
-        "dead_letter": c.dead_letter.as_ref().map(|d| json!({"queue": d.queue, "max_deliveries": d.max_deliveries})),
-        "retry_backoff": c.retry_backoff.as_ref().map(|b| json!({"initial_ms": b.initial_ms, "max_ms": b.max_ms, "multiplier": b.multiplier})),
-        "dead_letter_on_expiry": c.dead_letter_on_expiry,
-        "max_length": c.max_length,
-        "max_lease_total_ms": c.max_lease_total_ms,
-        "dedup_window_ms": c.dedup_window_ms,
-        "on_poison": enum_name(c.on_poison, |p: pb::PoisonPolicy| p.as_str_name().trim_start_matches("POISON_POLICY_")),
-        "content_based_dedup": c.content_based_dedup,
+        "kind": kind_name(*kind),
+        "message_ttl_ms": message_ttl_ms,
+        "ack_timeout_ms": ack_timeout_ms,
+        "delivery_delay_ms": delivery_delay_ms,
+        "dead_letter": dead_letter.as_ref().map(|d| json!({"queue": d.queue, "max_deliveries": d.max_deliveries})),
+        "retry_backoff": retry_backoff.as_ref().map(|b| json!({"initial_ms": b.initial_ms, "max_ms": b.max_ms, "multiplier": b.multiplier})),
+        "dead_letter_on_expiry": dead_letter_on_expiry,
+        "max_length": max_length,
+        "max_lease_total_ms": max_lease_total_ms,
+        "dedup_window_ms": dedup_window_ms,
+        "on_poison": enum_name(*on_poison, |p: pb::PoisonPolicy| p.as_str_name().trim_start_matches("POISON_POLICY_")),
+        "content_based_dedup": content_based_dedup,
     })
 }
 

@@ -120,56 +120,74 @@ pub struct ConfigArgs {
 }
 
 impl ConfigArgs {
-    fn to_pb(&self) -> Result<pb::QueueConfig> {
-        let backoff = match &self.backoff {
-            None => None,
-            Some(s) => {
-                let parts: Vec<&str> = s.split(',').collect();
-                let [initial, max, mult] = parts.as_slice() else {
-                    return Err(usage(format!(
-                        "--backoff {s:?}: expected INITIAL,MAX,MULTIPLIER"
-                    )));
-                };
-                let ms = |v: &str| {
-                    v.parse::<Millis>()
-                        .map(Millis::as_ms)
-                        .map_err(|e| usage(format!("--backoff: {e}")))
-                };
-                Some(pb::RetryBackoff {
-                    initial_ms: ms(initial)?,
-                    max_ms: ms(max)?,
-                    multiplier: mult.parse().map_err(|_| {
-                        usage(format!("--backoff: multiplier {mult:?} is not a number"))
-                    })?,
-                })
-            }
-        };
+    /// The request these flags make, each flag one field of the message
+    /// (the server checks the values).
+    pub(crate) fn to_pb(&self) -> Result<pb::QueueConfig> {
+        let ConfigArgs {
+            fifo,
+            ttl,
+            ack_timeout,
+            delay,
+            dlq,
+            max_deliveries,
+            dead_letter_on_expiry,
+            backoff,
+            max_length,
+            max_lease_total,
+            dedup_window,
+            on_poison,
+            content_based_dedup,
+        } = self;
+        let ms = |v: &Option<Millis>| v.map(Millis::as_ms);
         Ok(pb::QueueConfig {
-            kind: if self.fifo {
+            kind: if *fifo {
                 pb::QueueKind::Fifo as i32
             } else {
-                0
+                pb::QueueKind::Unspecified as i32
             },
-            message_ttl_ms: self.ttl.map(Millis::as_ms),
-            ack_timeout_ms: self.ack_timeout.map(Millis::as_ms),
-            delivery_delay_ms: self.delay.map(Millis::as_ms),
-            dead_letter: self.dlq.as_ref().map(|q| pb::DeadLetterPolicy {
+            message_ttl_ms: ms(ttl),
+            ack_timeout_ms: ms(ack_timeout),
+            delivery_delay_ms: ms(delay),
+            dead_letter: dlq.as_ref().map(|q| pb::DeadLetterPolicy {
                 queue: q.clone(),
-                max_deliveries: self.max_deliveries.unwrap_or(0),
+                // No --max-deliveries: 0, the server's default.
+                max_deliveries: max_deliveries.unwrap_or(0),
             }),
-            retry_backoff: backoff,
-            dead_letter_on_expiry: self.dead_letter_on_expiry,
-            max_length: self.max_length,
-            max_lease_total_ms: self.max_lease_total.map(Millis::as_ms),
-            dedup_window_ms: self.dedup_window.map(Millis::as_ms),
-            on_poison: match self.on_poison {
-                None => 0,
-                Some(OnPoison::DeadLetter) => pb::PoisonPolicy::DeadLetterAndContinue as i32,
-                Some(OnPoison::Park) => pb::PoisonPolicy::ParkGroup as i32,
-            },
-            content_based_dedup: self.content_based_dedup,
+            retry_backoff: backoff.as_deref().map(parse_backoff).transpose()?,
+            dead_letter_on_expiry: *dead_letter_on_expiry,
+            max_length: *max_length,
+            max_lease_total_ms: ms(max_lease_total),
+            dedup_window_ms: ms(dedup_window),
+            on_poison: match on_poison {
+                None => pb::PoisonPolicy::Unspecified,
+                Some(OnPoison::DeadLetter) => pb::PoisonPolicy::DeadLetterAndContinue,
+                Some(OnPoison::Park) => pb::PoisonPolicy::ParkGroup,
+            } as i32,
+            content_based_dedup: *content_based_dedup,
         })
     }
+}
+
+/// `--backoff INITIAL,MAX,MULTIPLIER`.
+fn parse_backoff(s: &str) -> Result<pb::RetryBackoff> {
+    let parts: Vec<&str> = s.split(',').collect();
+    let [initial, max, mult] = parts.as_slice() else {
+        return Err(usage(format!(
+            "--backoff {s:?}: expected INITIAL,MAX,MULTIPLIER"
+        )));
+    };
+    let ms = |v: &str| {
+        v.parse::<Millis>()
+            .map(Millis::as_ms)
+            .map_err(|e| usage(format!("--backoff: {e}")))
+    };
+    Ok(pb::RetryBackoff {
+        initial_ms: ms(initial)?,
+        max_ms: ms(max)?,
+        multiplier: mult
+            .parse()
+            .map_err(|_| usage(format!("--backoff: multiplier {mult:?} is not a number")))?,
+    })
 }
 
 fn show_queue(out: &Out, q: &pb::Queue) {
@@ -216,6 +234,10 @@ fn show_queue(out: &Out, q: &pb::Queue) {
                 "dead letter and continue"
             }
             .into(),
+        ));
+        pairs.push((
+            "content based dedup",
+            c.content_based_dedup.unwrap_or(false).to_string(),
         ));
     }
     pairs.push((

@@ -19,8 +19,8 @@ use super::layout::{self, BodyView, age, csrf, time};
 use super::{Failure, Flash, Posted, Session, Shared, allow};
 use crate::auth::Action;
 use crate::queue::model::{
-    BrowsedMessage, GroupState, NewMessage, PoisonPolicy, QueueConfigInput, QueueInfo, QueueKind,
-    QueueRemovals,
+    BrowsedMessage, GroupState, NewMessage, PoisonPolicy, QueueConfig, QueueConfigInput, QueueInfo,
+    QueueKind, QueueRemovals,
 };
 use crate::units::Millis;
 
@@ -219,6 +219,7 @@ fn config_view(info: &QueueInfo) -> Markup {
             @if c.kind == QueueKind::Fifo {
                 dt { "poison policy" } dd { (if c.on_poison == PoisonPolicy::ParkGroup { "park the group" } else { "dead-letter and go on" }) }
                 dt { "dedup window" } dd { (Millis(std::time::Duration::from_millis(c.dedup_window)).to_string()) }
+                dt { "content-based dedup" } dd { (c.content_based_dedup) }
             }
             dt { "created" } dd { (time(info.created_at)) }
         }
@@ -230,29 +231,76 @@ fn ms_text(ms: u64) -> String {
 }
 
 fn config_form(s: &Session, info: &QueueInfo) -> Markup {
-    let c = &info.config;
     let name = &info.name;
     html! {
         h2 { "Change the configuration" }
         form #edit-config .box method="post" action=(format!("/queues/{name}/config")) {
             (csrf(s))
-            div.row {
-                label { "Ack timeout" input type="text" name="ack_timeout" value=(ms_text(c.ack_timeout)); }
-                label { "Message TTL" input type="text" name="message_ttl" value=(ms_text(c.message_ttl)); }
-                label { "Delivery delay" input type="text" name="delivery_delay" value=(ms_text(c.delivery_delay)); }
-                label { "Max length (empty: none)" input type="number" min="1" name="max_length" value=(c.max_length.map(|m| m.to_string()).unwrap_or_default()); }
-            }
-            div.row {
-                label { "Dead letter queue (empty: none)" input type="text" name="dead_letter_queue" value=(c.dead_letter.as_ref().map(|d| d.queue.clone()).unwrap_or_default()); }
-                label { "Max deliveries" input type="number" min="1" name="max_deliveries" value=(c.dead_letter.as_ref().map(|d| d.max_deliveries.to_string()).unwrap_or_default()); }
-                label { "Dead-letter on expiry" select name="dead_letter_on_expiry" {
-                    option value="false" selected[!c.dead_letter_on_expiry] { "no" }
-                    option value="true" selected[c.dead_letter_on_expiry] { "yes" }
-                } }
-            }
+            (config_fields(&info.config))
             button.primary type="submit" { "Save" }
         }
     }
+}
+
+/// The form's fields, each showing the value in force; [`config_request`]
+/// reads them back.
+fn config_fields(c: &QueueConfig) -> Markup {
+    html! {
+        div.row {
+            label { "Ack timeout" input type="text" name="ack_timeout" value=(ms_text(c.ack_timeout)); }
+            label { "Message TTL" input type="text" name="message_ttl" value=(ms_text(c.message_ttl)); }
+            label { "Delivery delay" input type="text" name="delivery_delay" value=(ms_text(c.delivery_delay)); }
+            label { "Max length (empty: none)" input type="number" min="1" name="max_length" value=(c.max_length.map(|m| m.to_string()).unwrap_or_default()); }
+        }
+        div.row {
+            label { "Dead letter queue (empty: none)" input type="text" name="dead_letter_queue" value=(c.dead_letter.as_ref().map(|d| d.queue.clone()).unwrap_or_default()); }
+            label { "Max deliveries" input type="number" min="1" name="max_deliveries" value=(c.dead_letter.as_ref().map(|d| d.max_deliveries.to_string()).unwrap_or_default()); }
+            label { "Dead-letter on expiry" select name="dead_letter_on_expiry" {
+                option value="false" selected[!c.dead_letter_on_expiry] { "no" }
+                option value="true" selected[c.dead_letter_on_expiry] { "yes" }
+            } }
+        }
+    }
+}
+
+/// The update a posted configuration form asks for: the values of its
+/// fields, an empty dead letter queue or max length removing it.
+fn config_request(form: &Posted) -> Result<(QueueConfigInput, QueueRemovals), Failure> {
+    let mut input = QueueConfigInput {
+        ack_timeout: duration("ack timeout", form.text("ack_timeout"))?,
+        message_ttl: duration("message TTL", form.text("message_ttl"))?,
+        delivery_delay: duration("delivery delay", form.text("delivery_delay"))?,
+        dead_letter_on_expiry: Some(form.text("dead_letter_on_expiry") == "true"),
+        ..QueueConfigInput::default()
+    };
+    let mut removals = QueueRemovals::default();
+    match form.text("max_length") {
+        "" => removals.max_length = true,
+        m => {
+            input.max_length = Some(m.parse().map_err(|_| {
+                Failure::new(
+                    StatusCode::BAD_REQUEST,
+                    format!("max length: {m:?} is not a whole number"),
+                )
+            })?);
+        }
+    }
+    match form.text("dead_letter_queue") {
+        "" => removals.dead_letter = true,
+        d => {
+            let max = match form.text("max_deliveries") {
+                "" => 0,
+                m => m.parse().map_err(|_| {
+                    Failure::new(
+                        StatusCode::BAD_REQUEST,
+                        format!("max deliveries: {m:?} is not a whole number"),
+                    )
+                })?,
+            };
+            input.dead_letter = Some((d.to_string(), max));
+        }
+    }
+    Ok((input, removals))
 }
 
 fn messages_table(name: &str, msgs: &[BrowsedMessage]) -> Markup {
@@ -443,40 +491,7 @@ pub(crate) async fn update_config(
 ) -> Response {
     let done = async {
         allow(&c, &s, Action::Admin, &name)?;
-        let mut input = QueueConfigInput {
-            ack_timeout: duration("ack timeout", form.text("ack_timeout"))?,
-            message_ttl: duration("message TTL", form.text("message_ttl"))?,
-            delivery_delay: duration("delivery delay", form.text("delivery_delay"))?,
-            dead_letter_on_expiry: Some(form.text("dead_letter_on_expiry") == "true"),
-            ..QueueConfigInput::default()
-        };
-        let mut removals = QueueRemovals::default();
-        match form.text("max_length") {
-            "" => removals.max_length = true,
-            m => {
-                input.max_length = Some(m.parse().map_err(|_| {
-                    Failure::new(
-                        StatusCode::BAD_REQUEST,
-                        format!("max length: {m:?} is not a whole number"),
-                    )
-                })?);
-            }
-        }
-        match form.text("dead_letter_queue") {
-            "" => removals.dead_letter = true,
-            d => {
-                let max = match form.text("max_deliveries") {
-                    "" => 0,
-                    m => m.parse().map_err(|_| {
-                        Failure::new(
-                            StatusCode::BAD_REQUEST,
-                            format!("max deliveries: {m:?} is not a whole number"),
-                        )
-                    })?,
-                };
-                input.dead_letter = Some((d.to_string(), max));
-            }
-        }
+        let (input, removals) = config_request(&form)?;
         c.broker.update_queue(&name, &input, removals).await?;
         s.audit_done("queue.update", &name, "");
         Ok(format!("configuration of {name} saved"))
@@ -709,5 +724,81 @@ fn group_outcome(c: &Shared, s: &Session, name: &str, done: Result<String, Failu
     match done {
         Ok(t) => groups_page(c, s, name, &q, Some(Flash::ok(t)), StatusCode::OK),
         Err(f) => groups_page(c, s, name, &q, Some(Flash::error(f.text)), f.status),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::queue::validate::{default_config, updated_config};
+
+    /// The values of the fields a page shows (inputs, and the selected
+    /// option of each select), as a browser posts them.
+    fn posted(html: &str) -> Posted {
+        let attr = |tag: &str, name: &str| -> Option<String> {
+            let start = tag.find(&format!(" {name}=\""))? + name.len() + 3;
+            let len = tag[start..].find('"')?;
+            Some(tag[start..start + len].to_string())
+        };
+        let mut fields = Vec::new();
+        let mut select = None;
+        for tag in html.split('<').filter_map(|t| t.split('>').next()) {
+            if tag.starts_with("input ") {
+                if let Some(name) = attr(tag, "name") {
+                    fields.push((name, attr(tag, "value").unwrap_or_default()));
+                }
+            } else if tag.starts_with("select ") {
+                select = attr(tag, "name");
+            } else if tag.starts_with("option ")
+                && tag.contains(" selected")
+                && let (Some(name), Some(v)) = (&select, attr(tag, "value"))
+            {
+                fields.push((name.clone(), v));
+            }
+        }
+        Posted(fields)
+    }
+
+    /// The form carries a subset of a queue's configuration: those values
+    /// come back when it is posted as shown, the others stay as they
+    /// were. A new field of `QueueConfig` must be placed in one group or
+    /// the other below.
+    #[test]
+    fn the_configuration_form_posted_as_shown_keeps_its_values() {
+        for c in [
+            crate::queue_config_tests::full(),
+            crate::queue_config_tests::full_standard(),
+        ] {
+            let html = config_fields(&c).into_string();
+            let (input, removals) = config_request(&posted(&html)).expect("a valid form");
+            let before = default_config(c.kind);
+            let back = updated_config(&before, &input, removals).expect("valid");
+            let QueueConfig {
+                kind,
+                message_ttl,
+                ack_timeout,
+                delivery_delay,
+                dead_letter,
+                dead_letter_on_expiry,
+                max_length,
+                // Not on the form: shown on the page, changed elsewhere.
+                retry_backoff: _,
+                max_lease_total: _,
+                dedup_window: _,
+                on_poison: _,
+                content_based_dedup: _,
+            } = c;
+            let expected = QueueConfig {
+                kind,
+                message_ttl,
+                ack_timeout,
+                delivery_delay,
+                dead_letter,
+                dead_letter_on_expiry,
+                max_length,
+                ..before
+            };
+            assert_eq!(back, expected, "{html}");
+        }
     }
 }

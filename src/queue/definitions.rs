@@ -135,40 +135,72 @@ pub struct ImportReport {
     pub bindings_changed: u32,
 }
 
-fn queue_def(name: &str, c: &QueueConfig) -> QueueDef {
+/// A queue's entry: every value in force, the FIFO-only ones for FIFO
+/// queues only.
+pub(crate) fn queue_def(name: &str, c: &QueueConfig) -> QueueDef {
+    let QueueConfig {
+        kind,
+        message_ttl,
+        ack_timeout,
+        delivery_delay,
+        dead_letter,
+        retry_backoff,
+        dead_letter_on_expiry,
+        max_length,
+        max_lease_total,
+        dedup_window,
+        on_poison,
+        content_based_dedup,
+    } = c;
+    let fifo = kind.is_fifo();
     QueueDef {
         name: name.to_string(),
-        kind: Some(c.kind.to_string()),
-        message_ttl_ms: Some(c.message_ttl),
-        ack_timeout_ms: Some(c.ack_timeout),
-        delivery_delay_ms: Some(c.delivery_delay),
-        dead_letter: c.dead_letter.as_ref().map(|d| DeadLetterDef {
+        kind: Some(kind.to_string()),
+        message_ttl_ms: Some(*message_ttl),
+        ack_timeout_ms: Some(*ack_timeout),
+        delivery_delay_ms: Some(*delivery_delay),
+        dead_letter: dead_letter.as_ref().map(|d| DeadLetterDef {
             queue: d.queue.clone(),
             max_deliveries: d.max_deliveries,
         }),
-        retry_backoff: c.retry_backoff.map(|b| BackoffDef {
+        retry_backoff: retry_backoff.map(|b| BackoffDef {
             initial_ms: b.initial,
             max_ms: b.max,
             multiplier: b.multiplier,
         }),
-        dead_letter_on_expiry: Some(c.dead_letter_on_expiry),
-        max_length: c.max_length,
-        max_lease_total_ms: Some(c.max_lease_total),
-        dedup_window_ms: c.kind.is_fifo().then_some(c.dedup_window),
-        on_poison: c.kind.is_fifo().then(|| c.on_poison.name().to_string()),
-        content_based_dedup: c.kind.is_fifo().then_some(c.content_based_dedup),
+        dead_letter_on_expiry: Some(*dead_letter_on_expiry),
+        max_length: *max_length,
+        max_lease_total_ms: Some(*max_lease_total),
+        dedup_window_ms: fifo.then_some(*dedup_window),
+        on_poison: fifo.then(|| on_poison.name().to_string()),
+        content_based_dedup: fifo.then_some(*content_based_dedup),
     }
 }
 
-fn input(i: usize, d: &QueueDef) -> Result<QueueConfigInput> {
-    let kind = match d.kind.as_deref() {
+/// The request an entry makes (the engine's checks follow).
+pub(crate) fn input(i: usize, d: &QueueDef) -> Result<QueueConfigInput> {
+    let QueueDef {
+        name: _,
+        kind,
+        message_ttl_ms,
+        ack_timeout_ms,
+        delivery_delay_ms,
+        dead_letter,
+        retry_backoff,
+        dead_letter_on_expiry,
+        max_length,
+        max_lease_total_ms,
+        dedup_window_ms,
+        on_poison,
+        content_based_dedup,
+    } = d;
+    let kind = match kind.as_deref() {
         None => QueueKind::Standard,
         Some(k) => QueueKind::from_name(k).ok_or_else(|| {
             QueueError::invalid(format!("queues[{i}].kind"), k, "must be STANDARD or FIFO")
         })?,
     };
-    let on_poison = d
-        .on_poison
+    let on_poison = on_poison
         .as_deref()
         .map(|p| {
             PoisonPolicy::from_name(p).ok_or_else(|| {
@@ -182,24 +214,23 @@ fn input(i: usize, d: &QueueDef) -> Result<QueueConfigInput> {
         .transpose()?;
     Ok(QueueConfigInput {
         kind: Some(kind),
-        message_ttl: d.message_ttl_ms,
-        ack_timeout: d.ack_timeout_ms,
-        delivery_delay: d.delivery_delay_ms,
-        dead_letter: d
-            .dead_letter
+        message_ttl: *message_ttl_ms,
+        ack_timeout: *ack_timeout_ms,
+        delivery_delay: *delivery_delay_ms,
+        dead_letter: dead_letter
             .as_ref()
             .map(|x| (x.queue.clone(), x.max_deliveries)),
-        retry_backoff: d.retry_backoff.as_ref().map(|b| RetryBackoff {
+        retry_backoff: retry_backoff.as_ref().map(|b| RetryBackoff {
             initial: b.initial_ms,
             max: b.max_ms,
             multiplier: b.multiplier,
         }),
-        dead_letter_on_expiry: d.dead_letter_on_expiry,
-        max_length: d.max_length,
-        max_lease_total: d.max_lease_total_ms,
-        dedup_window: d.dedup_window_ms,
+        dead_letter_on_expiry: *dead_letter_on_expiry,
+        max_length: *max_length,
+        max_lease_total: *max_lease_total_ms,
+        dedup_window: *dedup_window_ms,
         on_poison,
-        content_based_dedup: d.content_based_dedup,
+        content_based_dedup: *content_based_dedup,
     })
 }
 

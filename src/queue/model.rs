@@ -194,6 +194,52 @@ pub struct QueueConfig {
     pub content_based_dedup: bool,
 }
 
+impl Default for QueueConfig {
+    /// A standard queue's defaults
+    /// ([`default_config`](super::validate::default_config)).
+    fn default() -> Self {
+        super::validate::default_config(QueueKind::Standard)
+    }
+}
+
+impl QueueConfig {
+    /// The request that asks for exactly this configuration: every value
+    /// set, nothing removed (the FIFO-only values only for a FIFO queue,
+    /// as a standard queue refuses them).
+    pub fn to_input(&self) -> QueueConfigInput {
+        let QueueConfig {
+            kind,
+            message_ttl,
+            ack_timeout,
+            delivery_delay,
+            dead_letter,
+            retry_backoff,
+            dead_letter_on_expiry,
+            max_length,
+            max_lease_total,
+            dedup_window,
+            on_poison,
+            content_based_dedup,
+        } = self;
+        QueueConfigInput {
+            kind: Some(*kind),
+            message_ttl: Some(*message_ttl),
+            ack_timeout: Some(*ack_timeout),
+            delivery_delay: Some(*delivery_delay),
+            dead_letter: dead_letter
+                .as_ref()
+                .map(|d| (d.queue.clone(), d.max_deliveries)),
+            retry_backoff: *retry_backoff,
+            dead_letter_on_expiry: Some(*dead_letter_on_expiry),
+            max_length: *max_length,
+            max_lease_total: Some(*max_lease_total),
+            dedup_window: kind.is_fifo().then_some(*dedup_window),
+            on_poison: kind.is_fifo().then_some(*on_poison),
+            content_based_dedup: kind.is_fifo().then_some(*content_based_dedup),
+        }
+    }
+}
+
 /// A configuration as requested: `None` means "the default" on create and
 /// "unchanged" on update.
 #[derive(Debug, Clone, Default, PartialEq)]

@@ -77,32 +77,31 @@ fn range(field: &str, v: u64, lo: u64, hi: u64) -> Result<()> {
     Ok(())
 }
 
+/// The configuration of a queue of that kind created with no value
+/// given: the one list of the defaults (SPEC §1), which every interface
+/// takes from here.
+pub fn default_config(kind: QueueKind) -> QueueConfig {
+    QueueConfig {
+        kind,
+        message_ttl: limits::TTL.2,
+        ack_timeout: limits::ACK_TIMEOUT.2,
+        delivery_delay: 0,
+        dead_letter: None,
+        retry_backoff: None,
+        dead_letter_on_expiry: false,
+        max_length: None,
+        max_lease_total: limits::MAX_LEASE_TOTAL,
+        dedup_window: limits::DEDUP_WINDOW.2,
+        on_poison: PoisonPolicy::default(),
+        content_based_dedup: false,
+    }
+}
+
 /// Builds a new queue's configuration from a request, with defaults.
 pub fn new_config(input: &QueueConfigInput) -> Result<QueueConfig> {
     let kind = input.kind.unwrap_or_default();
-    let ack_timeout = input.ack_timeout.unwrap_or(limits::ACK_TIMEOUT.2);
-    let cfg = QueueConfig {
-        kind,
-        message_ttl: input.message_ttl.unwrap_or(limits::TTL.2),
-        ack_timeout,
-        delivery_delay: input.delivery_delay.unwrap_or(0),
-        dead_letter: input.dead_letter.as_ref().map(|(q, n)| DeadLetterPolicy {
-            queue: q.clone(),
-            max_deliveries: if *n == 0 {
-                limits::MAX_DELIVERIES.2
-            } else {
-                *n
-            },
-        }),
-        retry_backoff: input.retry_backoff,
-        dead_letter_on_expiry: input.dead_letter_on_expiry.unwrap_or(false),
-        max_length: input.max_length,
-        max_lease_total: input.max_lease_total.unwrap_or(limits::MAX_LEASE_TOTAL),
-        dedup_window: input.dedup_window.unwrap_or(limits::DEDUP_WINDOW.2),
-        on_poison: input.on_poison.unwrap_or_default(),
-        content_based_dedup: input.content_based_dedup.unwrap_or(false),
-    };
     fifo_only(kind, input)?;
+    let cfg = overlay(default_config(kind), input, QueueRemovals::default());
     check_config(&cfg)?;
     Ok(cfg)
 }
@@ -123,20 +122,52 @@ pub fn updated_config(
         ));
     }
     fifo_only(current.kind, input)?;
-    let mut cfg = current.clone();
-    let set = |slot: &mut u64, v: Option<u64>| {
+    let cfg = overlay(current.clone(), input, removals);
+    check_config(&cfg)?;
+    Ok(cfg)
+}
+
+/// The values a request sets, over `cfg`, then the removals: the one
+/// place where a request's fields meet the configuration's (a field
+/// added to [`QueueConfigInput`] does not compile until it is handled
+/// here). The kind is decided by the callers.
+fn overlay(mut cfg: QueueConfig, input: &QueueConfigInput, removals: QueueRemovals) -> QueueConfig {
+    let QueueConfigInput {
+        kind: _,
+        message_ttl,
+        ack_timeout,
+        delivery_delay,
+        dead_letter,
+        retry_backoff,
+        dead_letter_on_expiry,
+        max_length,
+        max_lease_total,
+        dedup_window,
+        on_poison,
+        content_based_dedup,
+    } = input;
+    let QueueRemovals {
+        dead_letter: remove_dead_letter,
+        retry_backoff: remove_retry_backoff,
+        max_length: remove_max_length,
+    } = removals;
+    fn set<T: Clone>(slot: &mut T, v: &Option<T>) {
         if let Some(v) = v {
-            *slot = v;
+            *slot = v.clone();
         }
-    };
-    set(&mut cfg.message_ttl, input.message_ttl);
-    set(&mut cfg.ack_timeout, input.ack_timeout);
-    set(&mut cfg.delivery_delay, input.delivery_delay);
-    set(&mut cfg.max_lease_total, input.max_lease_total);
-    set(&mut cfg.dedup_window, input.dedup_window);
-    if let Some((q, n)) = &input.dead_letter {
+    }
+    set(&mut cfg.message_ttl, message_ttl);
+    set(&mut cfg.ack_timeout, ack_timeout);
+    set(&mut cfg.delivery_delay, delivery_delay);
+    set(&mut cfg.dead_letter_on_expiry, dead_letter_on_expiry);
+    set(&mut cfg.max_lease_total, max_lease_total);
+    set(&mut cfg.dedup_window, dedup_window);
+    set(&mut cfg.on_poison, on_poison);
+    set(&mut cfg.content_based_dedup, content_based_dedup);
+    if let Some((q, n)) = dead_letter {
         cfg.dead_letter = Some(DeadLetterPolicy {
             queue: q.clone(),
+            // 0 asks for the default.
             max_deliveries: if *n == 0 {
                 limits::MAX_DELIVERIES.2
             } else {
@@ -144,32 +175,22 @@ pub fn updated_config(
             },
         });
     }
-    if removals.dead_letter {
+    if retry_backoff.is_some() {
+        cfg.retry_backoff = *retry_backoff;
+    }
+    if max_length.is_some() {
+        cfg.max_length = *max_length;
+    }
+    if remove_dead_letter {
         cfg.dead_letter = None;
     }
-    if input.retry_backoff.is_some() {
-        cfg.retry_backoff = input.retry_backoff;
-    }
-    if removals.retry_backoff {
+    if remove_retry_backoff {
         cfg.retry_backoff = None;
     }
-    if input.max_length.is_some() {
-        cfg.max_length = input.max_length;
-    }
-    if removals.max_length {
+    if remove_max_length {
         cfg.max_length = None;
     }
-    if let Some(v) = input.dead_letter_on_expiry {
-        cfg.dead_letter_on_expiry = v;
-    }
-    if let Some(v) = input.on_poison {
-        cfg.on_poison = v;
-    }
-    if let Some(v) = input.content_based_dedup {
-        cfg.content_based_dedup = v;
-    }
-    check_config(&cfg)?;
-    Ok(cfg)
+    cfg
 }
 
 fn fifo_only(kind: QueueKind, input: &QueueConfigInput) -> Result<()> {

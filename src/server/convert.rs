@@ -40,54 +40,82 @@ pub(crate) fn config_input(c: Option<pb::QueueConfig>) -> Result<QueueConfigInpu
     let Some(c) = c else {
         return Ok(QueueConfigInput::default());
     };
+    let pb::QueueConfig {
+        kind,
+        message_ttl_ms,
+        ack_timeout_ms,
+        delivery_delay_ms,
+        dead_letter,
+        retry_backoff,
+        dead_letter_on_expiry,
+        max_length,
+        max_lease_total_ms,
+        dedup_window_ms,
+        on_poison,
+        content_based_dedup,
+    } = c;
     Ok(QueueConfigInput {
-        kind: kind_from("config.kind", c.kind)?,
-        message_ttl: c.message_ttl_ms,
-        ack_timeout: c.ack_timeout_ms,
-        delivery_delay: c.delivery_delay_ms,
-        dead_letter: c.dead_letter.map(|d| (d.queue, d.max_deliveries)),
-        retry_backoff: c.retry_backoff.map(|b| RetryBackoff {
+        kind: kind_from("config.kind", kind)?,
+        message_ttl: message_ttl_ms,
+        ack_timeout: ack_timeout_ms,
+        delivery_delay: delivery_delay_ms,
+        dead_letter: dead_letter.map(|d| (d.queue, d.max_deliveries)),
+        retry_backoff: retry_backoff.map(|b| RetryBackoff {
             initial: b.initial_ms,
             max: b.max_ms,
             multiplier: b.multiplier,
         }),
-        dead_letter_on_expiry: c.dead_letter_on_expiry,
-        max_length: c.max_length,
-        max_lease_total: c.max_lease_total_ms,
-        dedup_window: c.dedup_window_ms,
-        on_poison: poison_from("config.on_poison", c.on_poison)?,
-        content_based_dedup: c.content_based_dedup,
+        dead_letter_on_expiry,
+        max_length,
+        max_lease_total: max_lease_total_ms,
+        dedup_window: dedup_window_ms,
+        on_poison: poison_from("config.on_poison", on_poison)?,
+        content_based_dedup,
     })
 }
 
 /// A configuration in force, every field set.
 pub(crate) fn config_pb(c: &QueueConfig) -> pb::QueueConfig {
+    let QueueConfig {
+        kind,
+        message_ttl,
+        ack_timeout,
+        delivery_delay,
+        dead_letter,
+        retry_backoff,
+        dead_letter_on_expiry,
+        max_length,
+        max_lease_total,
+        dedup_window,
+        on_poison,
+        content_based_dedup,
+    } = c;
     pb::QueueConfig {
-        kind: match c.kind {
+        kind: match kind {
             QueueKind::Standard => pb::QueueKind::Standard,
             QueueKind::Fifo => pb::QueueKind::Fifo,
         } as i32,
-        message_ttl_ms: Some(c.message_ttl),
-        ack_timeout_ms: Some(c.ack_timeout),
-        delivery_delay_ms: Some(c.delivery_delay),
-        dead_letter: c.dead_letter.as_ref().map(|d| pb::DeadLetterPolicy {
+        message_ttl_ms: Some(*message_ttl),
+        ack_timeout_ms: Some(*ack_timeout),
+        delivery_delay_ms: Some(*delivery_delay),
+        dead_letter: dead_letter.as_ref().map(|d| pb::DeadLetterPolicy {
             queue: d.queue.clone(),
             max_deliveries: d.max_deliveries,
         }),
-        retry_backoff: c.retry_backoff.map(|b| pb::RetryBackoff {
+        retry_backoff: retry_backoff.map(|b| pb::RetryBackoff {
             initial_ms: b.initial,
             max_ms: b.max,
             multiplier: b.multiplier,
         }),
-        dead_letter_on_expiry: Some(c.dead_letter_on_expiry),
-        max_length: c.max_length,
-        max_lease_total_ms: Some(c.max_lease_total),
-        dedup_window_ms: Some(c.dedup_window),
-        on_poison: match c.on_poison {
+        dead_letter_on_expiry: Some(*dead_letter_on_expiry),
+        max_length: *max_length,
+        max_lease_total_ms: Some(*max_lease_total),
+        dedup_window_ms: Some(*dedup_window),
+        on_poison: match on_poison {
             PoisonPolicy::DeadLetterAndContinue => pb::PoisonPolicy::DeadLetterAndContinue,
             PoisonPolicy::ParkGroup => pb::PoisonPolicy::ParkGroup,
         } as i32,
-        content_based_dedup: Some(c.content_based_dedup),
+        content_based_dedup: Some(*content_based_dedup),
     }
 }
 

@@ -10,7 +10,7 @@ mod access;
 pub(crate) mod audit;
 pub(crate) mod conns;
 pub(crate) mod consumers;
-mod convert;
+pub(crate) mod convert;
 mod metrics;
 mod publish_stream;
 pub(crate) mod redrive;

@@ -276,4 +276,32 @@ mod tests {
         assert!(decode::<PayloadRecord>(&"p", &[9, 1, 2]).is_err());
         assert!(decode::<PayloadRecord>(&"p", &bytes[..bytes.len() - 2]).is_err());
     }
+
+    /// The stored bytes of a queue's configuration are a format: existing
+    /// data directories hold them. These are the bytes of version 1.
+    #[test]
+    fn a_queue_record_is_stored_as_it_always_was() {
+        let r = QueueRecord {
+            qid: 3,
+            created_at: 1_700_000_000_000,
+            kind: 2,
+            message_ttl: 172_800_000,
+            ack_timeout: 90_000,
+            delivery_delay: 5_000,
+            dead_letter: Some(("dlq".into(), 7)),
+            retry_backoff: Some((2_000, 180_000, 3.0)),
+            dead_letter_on_expiry: true,
+            max_length: Some(12_345),
+            max_lease_total: 21_600_000,
+            dedup_window: 600_000,
+            on_poison: 2,
+            content_based_dedup: true,
+        };
+        let bytes = encode(&r);
+        let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(hex, GOLDEN_QUEUE_RECORD);
+        assert_eq!(decode::<QueueRecord>(&"q", &bytes).expect("decodes"), r);
+    }
+
+    const GOLDEN_QUEUE_RECORD: &str = "01030000000068e5cf8b0100000200b84c0a00000000905f0100000000008813000000000000010300000000000000646c710700000001d00700000000000020bf0200000000000000000000000840010139300000000000000097490100000000c0270900000000000201";
 }

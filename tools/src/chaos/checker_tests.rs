@@ -22,7 +22,7 @@ fn at(base: Stamp, ms: u64) -> Stamp {
 
 /// Publishes `ids` to the FIFO queue's group, one answered call each, in
 /// order, all before 5 ms.
-fn published(base: Stamp, ids: &[&str]) -> Vec<Publish> {
+pub(super) fn published(base: Stamp, ids: &[&str]) -> Vec<Publish> {
     ids.iter()
         .enumerate()
         .map(|(i, id)| Publish {
@@ -45,7 +45,14 @@ fn published(base: Stamp, ids: &[&str]) -> Vec<Publish> {
 
 /// A delivery of `id` from `queue`, arriving `ms` after `base` with a lease
 /// of `lease_ms`.
-fn delivered(base: Stamp, call: u64, queue: &str, id: &str, ms: u64, lease_ms: u64) -> Delivery {
+pub(super) fn delivered(
+    base: Stamp,
+    call: u64,
+    queue: &str,
+    id: &str,
+    ms: u64,
+    lease_ms: u64,
+) -> Delivery {
     Delivery {
         idx: 0,
         call,
@@ -67,7 +74,7 @@ fn delivered(base: Stamp, call: u64, queue: &str, id: &str, ms: u64, lease_ms: u
 /// `id` as received from the DLQ, dead-lettered from the FIFO queue at
 /// `moved_ms` after `base` (its deliveries in the group all lost to the
 /// client).
-fn from_dlq(base: Stamp, call: u64, id: &str, moved_ms: u64) -> Delivery {
+pub(super) fn from_dlq(base: Stamp, call: u64, id: &str, moved_ms: u64) -> Delivery {
     let mut d = delivered(base, call, &dlq_of(FIFO), id, moved_ms + 100, 1_000);
     d.dead_letters.push(DeadLetter {
         source: FIFO.to_string(),
@@ -80,7 +87,13 @@ fn from_dlq(base: Stamp, call: u64, id: &str, moved_ms: u64) -> Delivery {
 
 /// A settle of delivery `delivery` (its index in the list), invoked `ms`
 /// after `base` and answered 1 ms later.
-fn settle(base: Stamp, delivery: usize, kind: SettleKind, ms: u64, result: SettleResult) -> Settle {
+pub(super) fn settle(
+    base: Stamp,
+    delivery: usize,
+    kind: SettleKind,
+    ms: u64,
+    result: SettleResult,
+) -> Settle {
     Settle {
         delivery,
         kind,
@@ -91,7 +104,7 @@ fn settle(base: Stamp, delivery: usize, kind: SettleKind, ms: u64, result: Settl
     }
 }
 
-fn ok() -> SettleResult {
+pub(super) fn ok() -> SettleResult {
     SettleResult::Ok { deadline: 0 }
 }
 

@@ -930,28 +930,11 @@ impl LetterboxConsumer {
         let per_call = prefetch.min(MAX_PER_CALL);
         let refill = (prefetch / 2).clamp(1, per_call);
         loop {
-            // Wait until half the window is free, then ask for all of it.
-            let acquired = tokio::select! {
-                p = credits.clone().acquire_many_owned(refill as u32) => p,
-                _ = closed.changed() => return,
-            };
-            let Ok(mut permits) = acquired else {
+            let Some(mut permits) = take_credits(&credits, refill, per_call, &mut closed).await
+            else {
                 return;
             };
-            let more = credits.available_permits().min(per_call - refill);
-            if more > 0
-                && let Ok(p) = credits.clone().try_acquire_many_owned(more as u32)
-            {
-                permits.merge(p);
-            }
-            let acks = match &ctx.riding {
-                Some(r) => {
-                    let mut r = r.lock().unwrap_or_else(|e| e.into_inner());
-                    let n = r.len().min(MAX_PER_CALL);
-                    r.drain(..n).collect()
-                }
-                None => Vec::new(),
-            };
+            let acks = riding_acks(&ctx);
             let n_acks = acks.len();
             let req = ReceiveRequest {
                 queue: queue.clone(),
@@ -960,51 +943,115 @@ impl LetterboxConsumer {
                 ack_tokens: acks,
                 ..Default::default()
             };
-            let answer = if n_acks > 0 {
-                client.receive(req).await
-            } else {
-                tokio::select! {
-                    r = client.receive(req) => r,
-                    _ = closed.changed() => return,
-                }
-            };
-            let deliveries = match answer {
-                Ok(r) => {
-                    let r = r.into_inner();
-                    if let Err(e) = check_settled("Ack riding on Receive", n_acks, &r.ack_results) {
-                        let _ = tx.send(Err(e)).await;
-                        return;
-                    }
-                    r.deliveries
-                }
-                Err(s) => {
-                    let _ = tx.send(Err(anyhow!("Receive {queue}: {s}"))).await;
+            let deliveries = match receive(&mut client, req, n_acks, &mut closed).await {
+                Some(Ok(deliveries)) => deliveries,
+                Some(Err(e)) => {
+                    let _ = tx.send(Err(e)).await;
                     return;
                 }
+                None => return,
             };
-            for d in deliveries {
-                let Some(credit) = permits.split(1) else {
-                    let _ = tx
-                        .send(Err(anyhow!("Receive returned more than max_messages")))
-                        .await;
-                    return;
-                };
-                let delivery = Delivery {
-                    payload: d.body,
-                    delivery_count: Some(u64::from(d.delivery_count)),
-                    settle: Box::new(LetterboxSettle {
-                        token: d.ack_token,
-                        ctx: ctx.clone(),
-                        _credit: credit,
-                    }),
-                };
-                if tx.send(Ok(delivery)).await.is_err() {
-                    return; // consumer closed
-                }
+            if !hand_out(deliveries, &mut permits, &ctx, &tx).await {
+                return;
             }
             // unused credits (fewer deliveries than asked) return here
         }
     }
+}
+
+/// Waits until `refill` credits are free, then takes as many more as are
+/// free, up to `per_call` in all; `None` once the consumer closes.
+async fn take_credits(
+    credits: &Arc<Semaphore>,
+    refill: usize,
+    per_call: usize,
+    closed: &mut watch::Receiver<bool>,
+) -> Option<OwnedSemaphorePermit> {
+    // Wait until half the window is free, then ask for all of it.
+    let acquired = tokio::select! {
+        p = credits.clone().acquire_many_owned(refill as u32) => p,
+        _ = closed.changed() => return None,
+    };
+    let mut permits = acquired.ok()?;
+    let more = credits.available_permits().min(per_call - refill);
+    if more > 0
+        && let Ok(p) = credits.clone().try_acquire_many_owned(more as u32)
+    {
+        permits.merge(p);
+    }
+    Some(permits)
+}
+
+/// The acks waiting to ride on the next `Receive` (async ack mode), at
+/// most a call's worth.
+fn riding_acks(ctx: &SettleCtx) -> Vec<String> {
+    match &ctx.riding {
+        Some(r) => {
+            let mut r = r.lock().unwrap_or_else(|e| e.into_inner());
+            let n = r.len().min(MAX_PER_CALL);
+            r.drain(..n).collect()
+        }
+        None => Vec::new(),
+    }
+}
+
+/// One `Receive` carrying `n_acks` acks: its deliveries, once the acks
+/// are checked. `None` when the consumer closes during a wait (a call
+/// with acks is not cut short).
+async fn receive(
+    client: &mut Messaging,
+    req: ReceiveRequest,
+    n_acks: usize,
+    closed: &mut watch::Receiver<bool>,
+) -> Option<Result<Vec<letterbox::pb::Delivery>>> {
+    let queue = req.queue.clone();
+    let answer = if n_acks > 0 {
+        client.receive(req).await
+    } else {
+        tokio::select! {
+            r = client.receive(req) => r,
+            _ = closed.changed() => return None,
+        }
+    };
+    Some(match answer {
+        Ok(r) => {
+            let r = r.into_inner();
+            check_settled("Ack riding on Receive", n_acks, &r.ack_results).map(|()| r.deliveries)
+        }
+        Err(s) => Err(anyhow!("Receive {queue}: {s}")),
+    })
+}
+
+/// Hands the deliveries to the consumer, each with one of `permits` as
+/// its credit; false when the receive loop must end (more deliveries than
+/// credits, or the consumer closed).
+async fn hand_out(
+    deliveries: Vec<letterbox::pb::Delivery>,
+    permits: &mut OwnedSemaphorePermit,
+    ctx: &SettleCtx,
+    tx: &mpsc::Sender<Result<Delivery>>,
+) -> bool {
+    for d in deliveries {
+        let Some(credit) = permits.split(1) else {
+            let _ = tx
+                .send(Err(anyhow!("Receive returned more than max_messages")))
+                .await;
+            return false;
+        };
+        let delivery = Delivery {
+            payload: d.body,
+            delivery_count: Some(u64::from(d.delivery_count)),
+            settle: Box::new(LetterboxSettle {
+                token: d.ack_token,
+                ctx: ctx.clone(),
+                _credit: credit,
+            }),
+        };
+        if tx.send(Ok(delivery)).await.is_err() {
+            return false; // consumer closed
+        }
+    }
+    true
 }
 
 #[async_trait]
