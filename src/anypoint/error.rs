@@ -110,7 +110,8 @@ fn storage_status(e: &StorageError) -> StatusCode {
         | StorageError::Db { .. }
         | StorageError::FormatVersion { .. }
         | StorageError::NotDataDir { .. }
-        | StorageError::Locked { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+        | StorageError::Locked { .. }
+        | StorageError::Pg(_) => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
 

@@ -50,7 +50,8 @@ fn storage_status(e: &StorageError, message: String) -> Status {
         | StorageError::Db { .. }
         | StorageError::FormatVersion { .. }
         | StorageError::NotDataDir { .. }
-        | StorageError::Locked { .. } => Status::internal(message),
+        | StorageError::Locked { .. }
+        | StorageError::Pg(_) => Status::internal(message),
     }
 }
 

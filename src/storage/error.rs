@@ -59,6 +59,10 @@ pub enum StorageError {
         /// The lock file.
         path: PathBuf,
     },
+    /// PostgreSQL failed or refused (the PostgreSQL backend; see
+    /// [`super::pg`]).
+    #[error(transparent)]
+    Pg(#[from] super::pg::PgError),
     /// The store stopped after an earlier I/O error (fail-stop) or is
     /// shutting down; nothing more is written.
     #[error("storage stopped: {reason}")]

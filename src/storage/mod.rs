@@ -664,4 +664,6 @@ mod backend_tests;
 #[cfg(test)]
 mod hostile_tests;
 #[cfg(test)]
+mod pg_harness;
+#[cfg(test)]
 mod tests;

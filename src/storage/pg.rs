@@ -36,6 +36,18 @@
 //! settings: message records (`lb_meta`, rewritten on every delivery),
 //! bodies (`lb_payload`) and everything else (`lb_small`). `bytea`
 //! compares as bytes, so a table's order is the key space's order.
+//!
+//! ## Chunks
+//!
+//! A value longer than the chunk size ([`DEFAULT_CHUNK_SIZE`], see
+//! [`PgState::set_chunk_size`]) is kept in pieces: its row holds an empty
+//! `v` and the number of pieces in `chunks`, and the pieces are rows
+//! `(shard, k, n, v)` of `lb_chunk`, `n` from 0. A commit that writes or
+//! deletes a key first deletes the chunks of the value it replaces, in
+//! the same transaction; reads put the pieces back together in the same
+//! statement (one snapshot), so a caller never sees chunks. Schema
+//! version 2 added them (the `chunks` column, default 0, and `lb_chunk`);
+//! a version 1 database is migrated when a server first connects.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -47,7 +59,13 @@ use super::backend::prefix_end;
 use super::keys::{TAG_META, TAG_PAYLOAD};
 
 /// The schema version this server writes and reads.
-pub const SCHEMA_VERSION: i32 = 1;
+pub const SCHEMA_VERSION: i32 = 2;
+
+/// Values longer than this many bytes are stored in chunks of this size
+/// unless [`PgState::set_chunk_size`] says otherwise (below
+/// FoundationDB's 100 kB value limit, so that the layout would carry
+/// over to a backend with one).
+pub const DEFAULT_CHUNK_SIZE: usize = 64 << 10;
 
 /// What went wrong with PostgreSQL.
 #[derive(Debug, thiserror::Error)]
@@ -89,6 +107,18 @@ pub enum PgError {
         lsn: u64,
         /// The error `COMMIT` gave.
         detail: String,
+    },
+    /// Another node holds the shard's lease (see [`PgState::acquire`]).
+    #[error(
+        "shard {shard} is owned by node {:?} (epoch {}) for another {} ms: \
+         not taking it over while that lease runs",
+        .holder.node, .holder.epoch, .holder.remaining.as_millis()
+    )]
+    Held {
+        /// The shard.
+        shard: i32,
+        /// Who holds it.
+        holder: Holder,
     },
     /// A statement failed; nothing of the transaction was committed.
     #[error("PostgreSQL: {0}")]
@@ -148,6 +178,7 @@ pub struct PgState {
     client: Client,
     shard: i32,
     target: String,
+    chunk_size: usize,
 }
 
 impl std::fmt::Debug for PgState {
@@ -155,6 +186,7 @@ impl std::fmt::Debug for PgState {
         f.debug_struct("PgState")
             .field("shard", &self.shard)
             .field("target", &self.target)
+            .field("chunk_size", &self.chunk_size)
             .finish()
     }
 }
@@ -191,6 +223,19 @@ CREATE TABLE lb_small (shard int NOT NULL, k bytea NOT NULL, v bytea NOT NULL,
                        PRIMARY KEY (shard, k)) WITH (fillfactor = 50);
 ";
 
+/// Chunked values (see the module doc). Adding a column with a constant
+/// default rewrites no table.
+const MIGRATION_2: &str = "
+ALTER TABLE lb_meta ADD COLUMN chunks int NOT NULL DEFAULT 0;
+ALTER TABLE lb_payload ADD COLUMN chunks int NOT NULL DEFAULT 0;
+ALTER TABLE lb_small ADD COLUMN chunks int NOT NULL DEFAULT 0;
+CREATE TABLE lb_chunk (shard int NOT NULL, k bytea NOT NULL, n int NOT NULL, v bytea NOT NULL,
+                       PRIMARY KEY (shard, k, n));
+";
+
+/// Each migration and the version it leads to, in order.
+const MIGRATIONS: [(i32, &str); 2] = [(1, MIGRATION_1), (2, MIGRATION_2)];
+
 /// The table a key lives in, by its tag.
 fn table(key: &[u8]) -> &'static str {
     match key.first() {
@@ -225,6 +270,7 @@ impl PgState {
             client,
             shard,
             target,
+            chunk_size: DEFAULT_CHUNK_SIZE,
         };
         state.migrate().await?;
         state
@@ -241,6 +287,17 @@ impl PgState {
     /// The hosts and database this state is kept in.
     pub fn target(&self) -> &str {
         &self.target
+    }
+
+    /// The shard.
+    pub fn shard(&self) -> i32 {
+        self.shard
+    }
+
+    /// Stores values longer than `bytes` (at least 1) in chunks of that
+    /// size from now on. Reads do not depend on it.
+    pub fn set_chunk_size(&mut self, bytes: usize) {
+        self.chunk_size = bytes.max(1);
     }
 
     /// Creates the schema, or checks that the one there is not newer.
@@ -277,9 +334,12 @@ impl PgState {
                 supported: SCHEMA_VERSION,
             });
         }
-        if found < 1 {
-            let sql = format!("BEGIN; {MIGRATION_1} INSERT INTO lb_schema VALUES (1); COMMIT;");
-            self.client.batch_execute(&sql).await?;
+        for (version, migration) in MIGRATIONS {
+            if found < version {
+                let sql =
+                    format!("BEGIN; {migration} INSERT INTO lb_schema VALUES ({version}); COMMIT;");
+                self.client.batch_execute(&sql).await?;
+            }
         }
         Ok(())
     }
@@ -415,19 +475,52 @@ impl PgState {
                 current: epoch.unwrap_or(0),
             });
         }
+        let chunk = self.chunk_size;
         for t in TABLES {
+            let mut touched: Vec<&[u8]> = Vec::new();
             let mut deletes: Vec<&[u8]> = Vec::new();
             let mut keys: Vec<&[u8]> = Vec::new();
             let mut values: Vec<&[u8]> = Vec::new();
+            let mut counts: Vec<i32> = Vec::new();
+            let mut chunk_keys: Vec<&[u8]> = Vec::new();
+            let mut chunk_ns: Vec<i32> = Vec::new();
+            let mut chunk_values: Vec<&[u8]> = Vec::new();
             for (k, v) in last.iter().filter(|(k, _)| table(k) == t) {
+                touched.push(k);
                 match v {
+                    Some(v) if v.len() > chunk => {
+                        let pieces = v.chunks(chunk);
+                        let n = i32::try_from(pieces.len())
+                            .map_err(|_| PgError::Db(format!("a value of {} bytes", v.len())))?;
+                        keys.push(k);
+                        values.push(&[]);
+                        counts.push(n);
+                        for (i, piece) in (0..n).zip(pieces) {
+                            chunk_keys.push(k);
+                            chunk_ns.push(i);
+                            chunk_values.push(piece);
+                        }
+                    }
                     Some(v) => {
                         keys.push(k);
                         values.push(v.as_ref());
+                        counts.push(0);
                     }
                     None => deletes.push(k),
                 }
             }
+            if touched.is_empty() {
+                continue;
+            }
+            // The chunks of the values being replaced or deleted.
+            txn.execute(
+                &format!(
+                    "DELETE FROM lb_chunk WHERE shard = $1 AND k IN
+                       (SELECT k FROM {t} WHERE shard = $1 AND k = ANY($2) AND chunks > 0)"
+                ),
+                &[&shard, &touched],
+            )
+            .await?;
             if !deletes.is_empty() {
                 txn.execute(
                     &format!("DELETE FROM {t} WHERE shard = $1 AND k = ANY($2)"),
@@ -438,10 +531,19 @@ impl PgState {
             if !keys.is_empty() {
                 txn.execute(
                     &format!(
-                        "INSERT INTO {t} (shard, k, v) SELECT $1, * FROM unnest($2::bytea[], $3::bytea[])
-                         ON CONFLICT (shard, k) DO UPDATE SET v = excluded.v"
+                        "INSERT INTO {t} (shard, k, v, chunks)
+                         SELECT $1, * FROM unnest($2::bytea[], $3::bytea[], $4::int[])
+                         ON CONFLICT (shard, k) DO UPDATE SET v = excluded.v, chunks = excluded.chunks"
                     ),
-                    &[&shard, &keys, &values],
+                    &[&shard, &keys, &values, &counts],
+                )
+                .await?;
+            }
+            if !chunk_keys.is_empty() {
+                txn.execute(
+                    "INSERT INTO lb_chunk (shard, k, n, v)
+                     SELECT $1, * FROM unnest($2::bytea[], $3::int[], $4::bytea[])",
+                    &[&shard, &chunk_keys, &chunk_ns, &chunk_values],
                 )
                 .await?;
             }
@@ -503,11 +605,14 @@ impl PgState {
         let row = self
             .client
             .query_opt(
-                &format!("SELECT v FROM {} WHERE shard = $1 AND k = $2", table(key)),
+                &format!(
+                    "SELECT k, v, chunks, {CHUNKS} FROM {} t WHERE shard = $1 AND k = $2",
+                    table(key)
+                ),
                 &[&self.shard, &key],
             )
             .await?;
-        Ok(row.map(|r| Bytes::from(r.get::<_, Vec<u8>>(0))))
+        row.map(|r| whole(&r).map(|(_, v)| v)).transpose()
     }
 
     /// Up to `limit` keys starting with `prefix`, in order, after `after`
@@ -518,50 +623,89 @@ impl PgState {
         after: Option<&[u8]>,
         limit: usize,
     ) -> Result<Vec<(Bytes, Bytes)>> {
+        let start = match after {
+            Some(after) if after >= prefix => {
+                let mut s = after.to_vec();
+                s.push(0);
+                s
+            }
+            _ => prefix.to_vec(),
+        };
+        let end = prefix_end(prefix);
+        let mut got = self.scan_range(&start, end.as_deref(), limit).await?;
+        got.retain(|(k, _)| k.starts_with(prefix));
+        Ok(got)
+    }
+
+    /// Up to `limit` entries with keys from `start` (inclusive) to `end`
+    /// (exclusive; `None`: to the end of the key space), in key order,
+    /// over every table, read in one statement.
+    pub async fn scan_range(
+        &self,
+        start: &[u8],
+        end: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Vec<(Bytes, Bytes)>> {
+        if limit == 0 || end.is_some_and(|end| end <= start) {
+            return Ok(Vec::new());
+        }
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let from: &[u8] = after.unwrap_or(prefix);
-        let op = if after.is_some() { ">" } else { ">=" };
-        // Every key with the prefix sorts below the prefix's successor; a
-        // prefix of 0xff bytes only has no successor.
-        let sql_end;
-        let rows = match prefix_end(prefix) {
+        let bound = if end.is_some() { "AND k < $4" } else { "" };
+        let parts: Vec<String> = TABLES
+            .iter()
+            .map(|t| {
+                format!(
+                    "(SELECT k, v, chunks FROM {t} WHERE shard = $1 AND k >= $2 {bound}
+                      ORDER BY k LIMIT $3)"
+                )
+            })
+            .collect();
+        let sql = format!(
+            "SELECT k, v, chunks, {CHUNKS} FROM ({}) t ORDER BY k LIMIT $3",
+            parts.join(" UNION ALL ")
+        );
+        let rows = match end {
             Some(end) => {
-                sql_end = end;
                 self.client
-                    .query(
-                        &format!(
-                            "SELECT k, v FROM {} WHERE shard = $1 AND k {op} $2 AND k < $3
-                             ORDER BY k LIMIT $4",
-                            table(prefix)
-                        ),
-                        &[&self.shard, &from, &sql_end, &limit],
-                    )
+                    .query(&sql, &[&self.shard, &start, &limit, &end])
                     .await?
             }
             None => {
                 self.client
-                    .query(
-                        &format!(
-                            "SELECT k, v FROM {} WHERE shard = $1 AND k {op} $2
-                             ORDER BY k LIMIT $3",
-                            table(prefix)
-                        ),
-                        &[&self.shard, &from, &limit],
-                    )
+                    .query(&sql, &[&self.shard, &start, &limit])
                     .await?
             }
         };
-        Ok(rows
-            .into_iter()
-            .map(|r| {
-                (
-                    Bytes::from(r.get::<_, Vec<u8>>(0)),
-                    Bytes::from(r.get::<_, Vec<u8>>(1)),
-                )
-            })
-            .filter(|(k, _)| k.starts_with(prefix))
-            .collect())
+        rows.iter().map(whole).collect()
     }
+}
+
+/// The chunks of a row `t` of a chunked value, in order, in the same
+/// statement as the row (one snapshot); NULL for a value kept inline.
+const CHUNKS: &str = "CASE WHEN t.chunks > 0 THEN
+    (SELECT array_agg(c.v ORDER BY c.n) FROM lb_chunk c WHERE c.shard = $1 AND c.k = t.k) END";
+
+/// A row's key and whole value (`k, v, chunks, the chunks`): its value,
+/// or its chunks put together.
+fn whole(row: &tokio_postgres::Row) -> Result<(Bytes, Bytes)> {
+    let k: Vec<u8> = row.get(0);
+    let count: i32 = row.get(2);
+    if count == 0 {
+        return Ok((Bytes::from(k), Bytes::from(row.get::<_, Vec<u8>>(1))));
+    }
+    let pieces: Vec<Vec<u8>> = row.get::<_, Option<Vec<Vec<u8>>>>(3).unwrap_or_default();
+    if usize::try_from(count).ok() != Some(pieces.len()) {
+        return Err(PgError::Db(format!(
+            "key {}: {count} chunks recorded, {} found",
+            hex(&k),
+            pieces.len()
+        )));
+    }
+    Ok((Bytes::from(k), Bytes::from(pieces.concat())))
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 fn millis(d: Duration) -> f64 {

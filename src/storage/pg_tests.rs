@@ -4,166 +4,14 @@
 //! Without PostgreSQL's programs (Debian's `postgresql` package) they
 //! skip, unless LETTERBOX_REQUIRE_ECOSYSTEM=1, when they fail.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::{Outcome, PgError, PgState, SCHEMA_VERSION};
+use super::{MIGRATION_1, Outcome, PgError, PgState, SCHEMA_VERSION};
 use crate::storage::keys::{Key, Space, SysKey};
-
-/// A PostgreSQL server of its own, stopped (immediately) on drop.
-struct LocalPg {
-    bin: PathBuf,
-    data: PathBuf,
-    port: u16,
-    owner: Option<(u32, u32)>,
-    _dir: tempfile::TempDir,
-}
-
-fn pg_bin() -> Option<PathBuf> {
-    let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
-        .ok()?
-        .filter_map(|e| e.ok())
-        .map(|e| e.path().join("bin"))
-        .filter(|b| b.join("initdb").exists() && b.join("pg_ctl").exists())
-        .collect();
-    found.sort();
-    found.pop()
-}
-
-/// The uid and gid of the `postgres` user, from /etc/passwd.
-fn postgres_user() -> Option<(u32, u32)> {
-    let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
-    passwd.lines().find_map(|l| {
-        let f: Vec<&str> = l.split(':').collect();
-        (f.first() == Some(&"postgres") && f.len() > 3)
-            .then(|| Some((f[2].parse().ok()?, f[3].parse().ok()?)))
-            .flatten()
-    })
-}
-
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr").port()
-}
-
-impl LocalPg {
-    fn start(test: &str) -> Option<LocalPg> {
-        let Some(bin) = pg_bin() else {
-            let why =
-                "no PostgreSQL programs under /usr/lib/postgresql (apt-get install postgresql)";
-            assert!(
-                std::env::var("LETTERBOX_REQUIRE_ECOSYSTEM").as_deref() != Ok("1"),
-                "{test}: {why}"
-            );
-            eprintln!("SKIP {test}: {why}");
-            return None;
-        };
-        let root = rustix::process::geteuid().is_root();
-        let owner = if root {
-            Some(postgres_user().expect("running as root needs the postgres user"))
-        } else {
-            None
-        };
-        let dir = tempfile::tempdir().expect("tempdir");
-        if let Some((uid, gid)) = owner {
-            std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid)).expect("chown");
-        }
-        let data = dir.path().join("data");
-        let pg = LocalPg {
-            bin,
-            data,
-            port: free_port(),
-            owner,
-            _dir: dir,
-        };
-        pg.run(
-            "initdb",
-            &[
-                "-D",
-                &pg.data.display().to_string(),
-                "-A",
-                "trust",
-                "-U",
-                "postgres",
-                "--no-sync",
-            ],
-        );
-        let opts = format!(
-            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=on -c max_connections=20",
-            pg.port,
-            pg._dir.path().display()
-        );
-        pg.run(
-            "pg_ctl",
-            &[
-                "-D",
-                &pg.data.display().to_string(),
-                "-o",
-                &opts,
-                "-l",
-                &pg._dir.path().join("log").display().to_string(),
-                "-w",
-                "start",
-            ],
-        );
-        Some(pg)
-    }
-
-    fn command(&self, program: &str) -> Command {
-        let path = self.bin.join(program);
-        match self.owner {
-            Some(_) => {
-                let mut c = Command::new("runuser");
-                c.args(["-u", "postgres", "--"]).arg(path);
-                c
-            }
-            None => Command::new(path),
-        }
-    }
-
-    fn run(&self, program: &str, args: &[&str]) {
-        let out = self
-            .command(program)
-            .args(args)
-            .current_dir(self._dir.path())
-            .output()
-            .expect("run a PostgreSQL program");
-        assert!(
-            out.status.success(),
-            "{program} {args:?}: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-
-    fn url(&self) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
-    }
-
-    fn dir(&self) -> &Path {
-        self._dir.path()
-    }
-}
-
-impl Drop for LocalPg {
-    fn drop(&mut self) {
-        let _ = self
-            .command("pg_ctl")
-            .args([
-                "-D",
-                &self.data.display().to_string(),
-                "-m",
-                "immediate",
-                "stop",
-            ])
-            .current_dir(self.dir())
-            .output();
-    }
-}
+use crate::storage::pg_harness::{LocalPg, session_waiting, set_sync_standby};
 
 fn b(s: &[u8]) -> Bytes {
     Bytes::copy_from_slice(s)
@@ -461,13 +309,13 @@ async fn the_schema_is_created_once_and_a_newer_one_refused() {
         .expect("connect");
     tokio::spawn(conn);
     let versions: Vec<i32> = c
-        .query("SELECT version FROM lb_schema", &[])
+        .query("SELECT version FROM lb_schema ORDER BY version", &[])
         .await
         .expect("versions")
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(versions, vec![SCHEMA_VERSION]);
+    assert_eq!(versions, (1..=SCHEMA_VERSION).collect::<Vec<i32>>());
     c.execute(
         "INSERT INTO lb_schema VALUES ($1)",
         &[&(SCHEMA_VERSION + 1)],
@@ -484,58 +332,6 @@ async fn the_schema_is_created_once_and_a_newer_one_refused() {
         .await
         .expect_err("unreachable");
     assert!(err.to_string().contains("127.0.0.1:1/nowhere"), "{err}");
-}
-
-/// The pid of the session running a statement that starts with `sql`,
-/// once it waits for `event` (or fails after 20 s).
-async fn session_waiting(c: &tokio_postgres::Client, sql: &str, event: &str) -> i32 {
-    for _ in 0..400 {
-        let row = c
-            .query_opt(
-                "SELECT pid FROM pg_stat_activity
-                 WHERE wait_event = $1 AND starts_with(query, $2) LIMIT 1",
-                &[&event, &sql],
-            )
-            .await
-            .expect("pg_stat_activity");
-        if let Some(row) = row {
-            return row.get(0);
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("no session ran {sql:?} waiting for {event}");
-}
-
-/// Sets `synchronous_standby_names` and reloads the configuration.
-async fn set_sync_standby(c: &tokio_postgres::Client, url: &str, names: &str) {
-    c.batch_execute(&format!(
-        "ALTER SYSTEM SET synchronous_standby_names = {names}"
-    ))
-    .await
-    .expect("alter system");
-    c.batch_execute("SELECT pg_reload_conf()")
-        .await
-        .expect("reload");
-    // Sessions take the new value at their next statement, once the
-    // postmaster has passed the signal on: wait until a fresh one sees it.
-    let want = names.trim_matches('\'');
-    for _ in 0..400 {
-        let (fresh, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-            .await
-            .expect("connect");
-        tokio::spawn(conn);
-        let now: String = fresh
-            .query_one("SHOW synchronous_standby_names", &[])
-            .await
-            .expect("show")
-            .get(0);
-        if now == want {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("synchronous_standby_names never became {names}");
 }
 
 #[tokio::test]
@@ -617,5 +413,145 @@ async fn an_unknown_commit_outcome_is_settled_by_the_marker() {
     assert_eq!(
         again.get(&Key::Counters(1).encode()).await.expect("get"),
         Some(b(b"two"))
+    );
+}
+
+#[tokio::test]
+async fn a_version_1_database_is_migrated_and_keeps_its_rows() {
+    let Some(pg) = LocalPg::start("a_version_1_database_is_migrated_and_keeps_its_rows") else {
+        return;
+    };
+    let url = pg.url();
+    let (c, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(conn);
+    // What a server of schema version 1 left.
+    c.batch_execute(&format!(
+        "CREATE TABLE lb_schema (version int NOT NULL); {MIGRATION_1}
+         INSERT INTO lb_schema VALUES (1);
+         INSERT INTO lb_small VALUES (1, '\\x0100000001', 'old');
+         INSERT INTO lb_marker VALUES (1, 9);"
+    ))
+    .await
+    .expect("version 1");
+    let mut s = PgState::connect(&url, 1).await.expect("connect");
+    let versions: Vec<i32> = c
+        .query("SELECT version FROM lb_schema ORDER BY version", &[])
+        .await
+        .expect("versions")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(versions, vec![1, 2]);
+    assert_eq!(s.committed_lsn().await.expect("marker"), 9);
+    let old = Bytes::from_static(b"\x01\x00\x00\x00\x01");
+    assert_eq!(s.get(&old).await.expect("get"), Some(b(b"old")));
+    // Chunked values work on the migrated schema.
+    s.set_chunk_size(2);
+    let fence = s.acquire("a", TTL).await.expect("acquire").expect("free");
+    s.commit(&fence, &[(old.clone(), Some(b(b"older")))], 10)
+        .await
+        .expect("commit");
+    assert_eq!(s.get(&old).await.expect("get"), Some(b(b"older")));
+    let chunks: i64 = c
+        .query_one("SELECT count(*) FROM lb_chunk", &[])
+        .await
+        .expect("count")
+        .get(0);
+    assert_eq!(chunks, 3);
+}
+
+#[tokio::test]
+async fn chunked_values_read_whole_and_leave_no_chunks_behind() {
+    let Some(pg) = LocalPg::start("chunked_values_read_whole_and_leave_no_chunks_behind") else {
+        return;
+    };
+    let url = pg.url();
+    let (c, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(conn);
+    let chunks = || async {
+        c.query("SELECT k, n, length(v) FROM lb_chunk ORDER BY k, n", &[])
+            .await
+            .expect("chunks")
+            .iter()
+            .map(|r| {
+                (
+                    r.get::<_, Vec<u8>>(0),
+                    r.get::<_, i32>(1),
+                    r.get::<_, i32>(2),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    let mut s = PgState::connect(&url, 1).await.expect("connect");
+    s.set_chunk_size(4);
+    let fence = s.acquire("a", TTL).await.expect("acquire").expect("free");
+    let (m1, m2, p1) = (Key::Meta(1, 1), Key::Meta(1, 2), Key::Payload(1));
+    s.commit(
+        &fence,
+        &[
+            put(m1.clone(), b"0123456789"),
+            put(m2.clone(), b"four"),
+            put(p1.clone(), b"abcdefgh"),
+        ],
+        1,
+    )
+    .await
+    .expect("commit");
+    let m1k = m1.encode().to_vec();
+    let p1k = p1.encode().to_vec();
+    assert_eq!(
+        chunks().await,
+        vec![
+            (m1k.clone(), 0, 4),
+            (m1k.clone(), 1, 4),
+            (m1k.clone(), 2, 2),
+            (p1k.clone(), 0, 4),
+            (p1k.clone(), 1, 4)
+        ]
+    );
+    assert_eq!(
+        s.get(&m1.encode()).await.expect("get"),
+        Some(b(b"0123456789"))
+    );
+    // A range over every table: key order, values whole.
+    let all = s.scan_range(&[], None, 10).await.expect("scan");
+    assert_eq!(
+        all,
+        vec![
+            (m1.encode(), b(b"0123456789")),
+            (m2.encode(), b(b"four")),
+            (p1.encode(), b(b"abcdefgh"))
+        ]
+    );
+    let bounded = s
+        .scan_range(&m2.encode(), Some(&p1.encode()), 10)
+        .await
+        .expect("scan");
+    assert_eq!(bounded, vec![(m2.encode(), b(b"four"))]);
+    // Overwritten small, deleted, and overwritten large by a shorter one.
+    s.commit(
+        &fence,
+        &[
+            put(m1.clone(), b"tiny"),
+            del(p1.clone()),
+            put(m2.clone(), b"0123456"),
+        ],
+        2,
+    )
+    .await
+    .expect("commit");
+    let m2k = m2.encode().to_vec();
+    assert_eq!(chunks().await, vec![(m2k.clone(), 0, 4), (m2k, 1, 3)]);
+    assert_eq!(s.get(&m1.encode()).await.expect("get"), Some(b(b"tiny")));
+    assert_eq!(s.get(&p1.encode()).await.expect("get"), None);
+    assert_eq!(
+        s.scan(&Space::Metas.prefix(), None, 10)
+            .await
+            .expect("scan"),
+        vec![(m1.encode(), b(b"tiny")), (m2.encode(), b(b"0123456"))]
     );
 }
