@@ -8,23 +8,26 @@
 //! (the engine reads what it has just decided, durable or not); it reports
 //! a fail-stop error on its failure watch; and it closes.
 //!
-//! [`Store`](super::Store) is the engine's typed front over a backend. One
-//! backend exists:
+//! [`Store`](super::Store) is the engine's typed front over a backend. Two
+//! backends exist:
 //!
 //! * [`LocalBackend`](super::LocalBackend): the write-ahead log in front of
 //!   sled, with its memtable, in one data directory (the module doc of
 //!   `storage` has its durability contract). The server runs on it.
-//!
-//! The PostgreSQL state of [`super::pg`] (fenced batch commits, a commit
-//! marker, reads and scans) is the ground of the next one; it does not
-//! implement this trait yet.
+//! * [`PgBackend`](super::PgBackend): one shard of the key space in
+//!   PostgreSQL ([`super::pg`]: fenced batch commits under an ownership
+//!   lease, a commit marker), with an in-memory overlay of the changes not
+//!   yet committed in front of it. It keeps the same contract (the tests
+//!   run the same suite against both); the server cannot be configured to
+//!   use it yet.
 //!
 //! ## Limits a backend may have
 //!
 //! The boundary is shaped so that a backend with per-transaction limits
 //! (FoundationDB: 5 s and 10 MB per transaction, 100 kB per value) fits
 //! it: values over the backend's own limit are chunked inside the backend
-//! (the engine never sees chunks); a backend groups whole transactions
+//! (the engine never sees chunks; the PostgreSQL backend does so above
+//! its chunk size, 64 KiB by default); a backend groups whole transactions
 //! into batches and may start a new batch where a byte bound is reached,
 //! but never splits one transaction; and a scan returns at most `limit`
 //! entries, so the caller pages through a large range in many short

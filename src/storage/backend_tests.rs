@@ -1,15 +1,22 @@
 //! The [`Backend`] contract, written once over `&dyn Backend` and run
-//! against the local backend (a data directory): atomic transactions,
-//! deletes and overwrites, scans in key order within their bounds, many
-//! concurrent submitters, a large value, and a reopen.
+//! against the local backend (a data directory) and the PostgreSQL
+//! backend (a PostgreSQL of the test's own, see `pg_harness`; skipped
+//! without PostgreSQL unless LETTERBOX_REQUIRE_ECOSYSTEM=1): atomic
+//! transactions, deletes and overwrites, scans in key order within their
+//! bounds, many concurrent submitters, a large value, and a reopen. Then
+//! what only the PostgreSQL backend has: its lease, its fence, chunks,
+//! and scans over changes not yet committed.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 
 use super::backend::{Backend, prefix_end, scan_all};
 use super::keys::{Key, Space};
-use super::{Store, StoreOptions, Txn};
+use super::pg::{PgError, PgState};
+use super::pg_harness::{LocalPg, session_waiting, set_sync_standby};
+use super::{PgBackend, PgBackendOptions, StorageError, Store, StoreOptions, Txn};
 
 fn b(s: &str) -> Bytes {
     Bytes::copy_from_slice(s.as_bytes())
@@ -265,4 +272,351 @@ async fn a_local_scan_merges_the_memtable_over_the_database() {
         .collect();
     assert_eq!(got, want);
     store.close().expect("close");
+}
+
+const TTL: Duration = Duration::from_secs(30);
+
+/// The PostgreSQL backend of shard 3 on `pg` under node name `node`,
+/// with small batches and chunks (the large value spans many).
+fn pg_open(pg: &LocalPg, node: &str, ttl: Duration, chunk: usize) -> super::Result<PgBackend> {
+    PgBackend::open(
+        &pg.url(),
+        PgBackendOptions {
+            shard: 3,
+            node: node.into(),
+            lease_ttl: ttl,
+            max_batch_bytes: 64 << 10,
+            chunk_size: chunk,
+        },
+    )
+}
+
+/// A plain connection to `pg`, for looking at its tables.
+async fn sql(pg: &LocalPg) -> tokio_postgres::Client {
+    let (c, conn) = tokio_postgres::connect(&pg.url(), tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(conn);
+    c
+}
+
+/// Rows of `lb_chunk`.
+async fn chunk_rows(c: &tokio_postgres::Client) -> i64 {
+    c.query_one("SELECT count(*) FROM lb_chunk", &[])
+        .await
+        .expect("count")
+        .get(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_postgres_backend_keeps_the_contract() {
+    let Some(pg) = LocalPg::start("the_postgres_backend_keeps_the_contract") else {
+        return;
+    };
+    let chunk = 16 << 10;
+    let backend: Arc<dyn Backend> = Arc::new(pg_open(&pg, "a", TTL, chunk).expect("open"));
+    let big = contract(Arc::clone(&backend)).await;
+    let last = backend.submit(Txn::new());
+    let last_lsn = last.lsn();
+    last.wait().await.expect("durable");
+    // The large value is in chunks, and the overlay is empty once all is
+    // committed: what follows is read from PostgreSQL.
+    let c = sql(&pg).await;
+    assert_eq!(
+        chunk_rows(&c).await,
+        i64::try_from(big.len().div_ceil(chunk)).expect("count")
+    );
+    after_reopen(&*backend, &big);
+    backend.close().expect("close");
+    backend.close().expect("close again");
+    drop(backend);
+    // Another node takes the shard at once: the lease was released.
+    let backend = pg_open(&pg, "b", TTL, chunk).expect("reopen");
+    assert_eq!(backend.epoch(), 2);
+    after_reopen(&backend, &big);
+    let next = backend.submit(Txn::new());
+    assert_eq!(
+        next.lsn(),
+        last_lsn + 1,
+        "lsns go on from the commit marker"
+    );
+    next.wait().await.expect("durable");
+    backend.close().expect("close");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_owner_is_refused_naming_the_holder() {
+    let Some(pg) = LocalPg::start("a_second_owner_is_refused_naming_the_holder") else {
+        return;
+    };
+    let a = pg_open(&pg, "node-a", TTL, 1024).expect("open");
+    let err = pg_open(&pg, "node-b", TTL, 1024).expect_err("held");
+    let text = err.to_string();
+    match &err {
+        StorageError::Pg(PgError::Held { shard, holder }) => {
+            assert_eq!(*shard, 3);
+            assert_eq!(holder.node, "node-a");
+            assert_eq!(holder.epoch, a.epoch());
+            assert!(holder.remaining > TTL - Duration::from_secs(10), "{text}");
+        }
+        other => panic!("not refused for the lease: {other}"),
+    }
+    assert!(
+        text.contains("node-a") && text.contains("epoch 1"),
+        "{text}"
+    );
+    // The holder goes on committing.
+    let mut t = Txn::new();
+    t.put(Key::Counters(1), b("still mine"));
+    a.submit(t).wait().await.expect("durable");
+    a.close().expect("close");
+    let b_ = pg_open(&pg, "node-b", TTL, 1024).expect("released");
+    assert_eq!(b_.epoch(), 2);
+    assert_eq!(
+        b_.get(&Key::Counters(1).encode()).expect("get"),
+        Some(b("still mine"))
+    );
+    b_.close().expect("close");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_whose_lease_was_taken_over_is_fenced_and_stops() {
+    let Some(pg) = LocalPg::start("a_backend_whose_lease_was_taken_over_is_fenced_and_stops")
+    else {
+        return;
+    };
+    let a = pg_open(&pg, "a", Duration::from_secs(1), 1024).expect("open");
+    let mut t = Txn::new();
+    t.put(Key::Counters(1), b("a1"));
+    a.submit(t).wait().await.expect("durable");
+    let mut failure = a.failure();
+    assert!(failure.borrow().is_none());
+    // A stalls: its lease lapses and another node takes the shard.
+    a.pause_renewal();
+    let other = PgState::connect(&pg.url(), 3).await.expect("connect");
+    let fb = loop {
+        match other.acquire("b", TTL).await.expect("acquire") {
+            Ok(fence) => break fence,
+            Err(holder) => {
+                assert_eq!(holder.node, "a");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    assert_eq!(fb.epoch, a.epoch() + 1);
+    // A's next commit is refused by the fence and A stops.
+    let mut t = Txn::new();
+    t.put(Key::Counters(1), b("stale"));
+    let err = a.submit(t).wait().await.expect_err("fenced");
+    let text = err.to_string();
+    assert!(
+        text.contains("ownership lost") && text.contains("epoch 1") && text.contains("now 2"),
+        "{text}"
+    );
+    tokio::time::timeout(Duration::from_secs(5), failure.wait_for(Option::is_some))
+        .await
+        .expect("in time")
+        .expect("failure");
+    assert_eq!(
+        failure.borrow().as_deref(),
+        Some(text.trim_start_matches("storage stopped: "))
+    );
+    let mut t = Txn::new();
+    t.put(Key::Counters(2), b("later"));
+    a.submit(t).wait().await.expect_err("stopped for good");
+    // Nothing of A's after the takeover is in the database.
+    assert_eq!(
+        other.get(&Key::Counters(1).encode()).await.expect("get"),
+        Some(b("a1"))
+    );
+    assert_eq!(
+        other.get(&Key::Counters(2).encode()).await.expect("get"),
+        None
+    );
+    let err = a.close().expect_err("close says why it stopped");
+    assert!(err.to_string().contains("ownership lost"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chunks_of_a_replaced_or_deleted_value_are_removed() {
+    let Some(pg) = LocalPg::start("chunks_of_a_replaced_or_deleted_value_are_removed") else {
+        return;
+    };
+    let c = sql(&pg).await;
+    let backend = pg_open(&pg, "a", TTL, 1000).expect("open");
+    let big: Bytes = (0..10_500u32)
+        .map(|i| (i % 253) as u8)
+        .collect::<Vec<u8>>()
+        .into();
+    let key = Key::Payload(5).encode();
+    let mut t = Txn::new();
+    t.put(Key::Payload(5), big.clone());
+    t.put(Key::Payload(6), b("small"));
+    backend.submit(t).wait().await.expect("durable");
+    assert_eq!(chunk_rows(&c).await, 11);
+    assert_eq!(backend.get(&key).expect("get"), Some(big.clone()));
+    let page = backend.scan(&key, None, 10).expect("scan");
+    assert_eq!(
+        page,
+        vec![
+            (key.clone(), big.clone()),
+            (Key::Payload(6).encode(), b("small"))
+        ]
+    );
+    // Overwritten by a small value: no chunk left.
+    let mut t = Txn::new();
+    t.put(Key::Payload(5), b("now small"));
+    backend.submit(t).wait().await.expect("durable");
+    assert_eq!(chunk_rows(&c).await, 0);
+    assert_eq!(backend.get(&key).expect("get"), Some(b("now small")));
+    // Large again, then deleted.
+    let mut t = Txn::new();
+    t.put(Key::Payload(5), big.slice(..2500));
+    backend.submit(t).wait().await.expect("durable");
+    assert_eq!(chunk_rows(&c).await, 3);
+    assert_eq!(backend.get(&key).expect("get"), Some(big.slice(..2500)));
+    let mut t = Txn::new();
+    t.delete(Key::Payload(5));
+    backend.submit(t).wait().await.expect("durable");
+    assert_eq!(chunk_rows(&c).await, 0);
+    assert_eq!(backend.get(&key).expect("get"), None);
+    backend.close().expect("close");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scans_read_past_rows_hidden_by_changes_not_yet_committed() {
+    let Some(pg) = LocalPg::start("scans_read_past_rows_hidden_by_changes_not_yet_committed")
+    else {
+        return;
+    };
+    let backend = pg_open(&pg, "a", TTL, 1024).expect("open");
+    let mut t = Txn::new();
+    for pos in 0..12u64 {
+        t.put(Key::Meta(4, pos), b(&format!("m{pos}")));
+    }
+    backend.submit(t).wait().await.expect("durable");
+    // Another session holds a row the next commit writes: the commit
+    // waits, and its changes stay in the overlay meanwhile.
+    let blocker = sql(&pg).await;
+    blocker
+        .batch_execute("BEGIN; SELECT * FROM lb_meta FOR UPDATE")
+        .await
+        .expect("lock");
+    let mut t = Txn::new();
+    for pos in 0..9u64 {
+        t.delete(Key::Meta(4, pos));
+    }
+    t.put(Key::Meta(4, 10), b("m10'"));
+    let c = backend.submit(t);
+    let prefix = Space::MetasOf(4).prefix();
+    let end = prefix_end(&prefix);
+    // Nine rows of PostgreSQL are hidden: a page of two still has two,
+    // and a page of four only three (the end of the range).
+    let page = backend.scan(&prefix, end.as_deref(), 2).expect("scan");
+    assert_eq!(
+        page,
+        vec![
+            (Key::Meta(4, 9).encode(), b("m9")),
+            (Key::Meta(4, 10).encode(), b("m10'"))
+        ]
+    );
+    let page = backend.scan(&prefix, end.as_deref(), 4).expect("scan");
+    assert_eq!(page.len(), 3);
+    assert_eq!(page[2], (Key::Meta(4, 11).encode(), b("m11")));
+    assert_eq!(backend.get(&Key::Meta(4, 0).encode()).expect("get"), None);
+    blocker.batch_execute("ROLLBACK").await.expect("unlock");
+    c.wait().await.expect("durable");
+    assert_eq!(
+        values(&backend, &prefix),
+        vec![b("m9"), b("m10'"), b("m11")]
+    );
+    backend.close().expect("close");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_commit_outcome_is_settled_and_the_backend_goes_on() {
+    let Some(pg) = LocalPg::start("an_unknown_commit_outcome_is_settled_and_the_backend_goes_on")
+    else {
+        return;
+    };
+    let url = pg.url();
+    let monitor = sql(&pg).await;
+    let backend = pg_open(&pg, "a", TTL, 1024).expect("open");
+    let mut t = Txn::new();
+    t.put(Key::Counters(1), b("one"));
+    backend.submit(t).wait().await.expect("durable");
+    // A synchronous standby that never answers holds the COMMIT; the
+    // session is then cut off: the committer cannot know the outcome.
+    set_sync_standby(&monitor, &url, "'nobody'").await;
+    let mut t = Txn::new();
+    t.put(Key::Counters(1), b("two"));
+    let c = backend.submit(t);
+    let pid = session_waiting(&monitor, "COMMIT", "SyncRep").await;
+    monitor
+        .execute("SELECT pg_terminate_backend($1)", &[&pid])
+        .await
+        .expect("terminate");
+    set_sync_standby(&monitor, &url, "''").await;
+    // Settled by the commit marker on a new connection: durable.
+    tokio::time::timeout(Duration::from_secs(20), c.wait())
+        .await
+        .expect("in time")
+        .expect("settled as committed");
+    assert!(backend.failure().borrow().is_none());
+    assert_eq!(
+        backend.get(&Key::Counters(1).encode()).expect("get"),
+        Some(b("two"))
+    );
+    // The new connection commits what comes next.
+    let mut t = Txn::new();
+    t.put(Key::Counters(1), b("three"));
+    backend.submit(t).wait().await.expect("durable");
+    let other = PgState::connect(&url, 3).await.expect("connect");
+    assert_eq!(
+        other.get(&Key::Counters(1).encode()).await.expect("get"),
+        Some(b("three"))
+    );
+    backend.close().expect("close");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_put_if_the_key_exists_follows_the_overlay_then_postgres() {
+    let Some(pg) = LocalPg::start("a_put_if_the_key_exists_follows_the_overlay_then_postgres")
+    else {
+        return;
+    };
+    let backend = pg_open(&pg, "a", TTL, 1024).expect("open");
+    let (p1, p2, p3, p4) = (
+        Key::Payload(1).encode(),
+        Key::Payload(2).encode(),
+        Key::Payload(3).encode(),
+        Key::Payload(4).encode(),
+    );
+    let mut t = Txn::new();
+    t.put(Key::Payload(1), b("in pg"));
+    t.put(Key::Payload(2), b("deleted later"));
+    backend.submit(t).wait().await.expect("durable");
+    // Held back: the deletion of 2 and the put of 4 stay in the overlay.
+    let blocker = sql(&pg).await;
+    blocker
+        .batch_execute("BEGIN; SELECT * FROM lb_payload FOR UPDATE")
+        .await
+        .expect("lock");
+    let mut t = Txn::new();
+    t.delete(Key::Payload(2));
+    t.put(Key::Payload(4), b("in the overlay"));
+    let first = backend.submit(t);
+    let mut t = Txn::new();
+    for k in [&p1, &p2, &p3, &p4] {
+        t.relocate(k.clone(), b("moved"));
+    }
+    let second = backend.submit(t);
+    blocker.batch_execute("ROLLBACK").await.expect("unlock");
+    first.wait().await.expect("durable");
+    second.wait().await.expect("durable");
+    assert_eq!(backend.get(&p1).expect("get"), Some(b("moved")));
+    assert_eq!(backend.get(&p2).expect("get"), None);
+    assert_eq!(backend.get(&p3).expect("get"), None);
+    assert_eq!(backend.get(&p4).expect("get"), Some(b("moved")));
+    backend.close().expect("close");
 }

@@ -29,6 +29,30 @@ pub struct Commit {
 }
 
 impl Commit {
+    /// A transaction `lsn` that another backend answers on `rx` (it needs
+    /// none of the local backend's commits by the caller).
+    pub(super) fn pending(
+        lsn: u64,
+        rx: oneshot::Receiver<std::result::Result<(), String>>,
+    ) -> Commit {
+        Commit {
+            lsn,
+            rx: Ok(rx),
+            store: Weak::new(),
+            unannounced: false,
+        }
+    }
+
+    /// A transaction refused at once, for `reason`.
+    pub(super) fn refused(reason: String) -> Commit {
+        Commit {
+            lsn: 0,
+            rx: Err(reason),
+            store: Weak::new(),
+            unannounced: false,
+        }
+    }
+
     /// The transaction's log sequence number.
     pub fn lsn(&self) -> u64 {
         self.lsn
