@@ -394,11 +394,14 @@ async fn a_backend_whose_lease_was_taken_over_is_fenced_and_stops() {
     // A stalls: its lease lapses and another node takes the shard.
     a.pause_renewal();
     let other = PgState::connect(&pg.url(), 3).await.expect("connect");
+    let mut tries = 0;
     let fb = loop {
         match other.acquire("b", TTL).await.expect("acquire") {
             Ok(fence) => break fence,
             Err(holder) => {
                 assert_eq!(holder.node, "a");
+                tries += 1;
+                assert!(tries < 100, "the lease never lapsed: {holder:?}");
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }
