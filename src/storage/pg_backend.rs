@@ -719,3 +719,36 @@ impl Drop for PgBackend {
         let _ = self.close();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn queued(lsn: u64, bytes: usize) -> Queued {
+        Queued {
+            lsn,
+            changes: Vec::new(),
+            bytes,
+            done: oneshot::channel().0,
+        }
+    }
+
+    fn lsns(batch: &VecDeque<Queued>) -> Vec<u64> {
+        batch.iter().map(|q| q.lsn).collect()
+    }
+
+    #[test]
+    fn batches_take_whole_transactions_up_to_the_byte_bound() {
+        let mut queue: VecDeque<Queued> = [(1, 10), (2, 30), (3, 100), (4, 5), (5, 5), (6, 45)]
+            .into_iter()
+            .map(|(lsn, bytes)| queued(lsn, bytes))
+            .collect();
+        // 10 + 30 fit in 50; 100 is over the bound alone, a batch of its
+        // own; 5 + 5 + 45 would pass it.
+        assert_eq!(lsns(&take_batch(&mut queue, 50)), vec![1, 2]);
+        assert_eq!(lsns(&take_batch(&mut queue, 50)), vec![3]);
+        assert_eq!(lsns(&take_batch(&mut queue, 50)), vec![4, 5]);
+        assert_eq!(lsns(&take_batch(&mut queue, 50)), vec![6]);
+        assert!(take_batch(&mut queue, 50).is_empty());
+    }
+}
