@@ -8,12 +8,21 @@
 //! (the engine reads what it has just decided, durable or not); it reports
 //! a fail-stop error on its failure watch; and it closes.
 //!
-//! [`Store`](super::Store) is the engine's typed front over a backend. One
-//! backend exists:
+//! [`Store`](super::Store) is the engine's typed front over a backend.
+//! The engine holds a `Store<AnyBackend>`: [`AnyBackend`](super::AnyBackend)
+//! has one variant per kind of backend, chosen at start, and makes explicit
+//! what only some backends can do (waiting for room ahead of an apply
+//! queue, free-space floors, commit-path figures). One backend exists:
 //!
 //! * [`LocalBackend`](super::LocalBackend): the write-ahead log in front of
 //!   sled, with its memtable, in one data directory (the module doc of
 //!   `storage` has its durability contract). The server runs on it.
+//!
+//! The engine loads its state at start from a
+//! [`LoadSource`](super::LoadSource): the local database read directly
+//! ([`Reader`](super::Reader), overlapping the store's own scan), or any
+//! backend read in key order in pages of [`Backend::scan`]
+//! ([`Paged`](super::Paged)).
 //!
 //! The PostgreSQL state of [`super::pg`] (fenced batch commits, a commit
 //! marker, reads and scans) is the ground of the next one; it does not
@@ -80,28 +89,12 @@ pub fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
 }
 
 /// Every entry whose key starts with `prefix`, in key order, read in
-/// pages of `page` entries (at least one).
+/// pages of `page` entries (at least one; see [`pages`](super::pages),
+/// which reads them lazily).
 pub fn scan_all<B: Backend + ?Sized>(
     backend: &B,
     prefix: &[u8],
     page: usize,
 ) -> Result<Vec<(Bytes, Bytes)>> {
-    let page = page.max(1);
-    let end = prefix_end(prefix);
-    let mut start = prefix.to_vec();
-    let mut all = Vec::new();
-    loop {
-        let got = backend.scan(&start, end.as_deref(), page)?;
-        let full = got.len() >= page;
-        if let Some((last, _)) = got.last() {
-            // The smallest key after `last`.
-            start.clear();
-            start.extend_from_slice(last);
-            start.push(0);
-        }
-        all.extend(got);
-        if !full {
-            return Ok(all);
-        }
-    }
+    super::pages(backend, prefix, page).collect()
 }

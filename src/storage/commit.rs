@@ -80,6 +80,31 @@ impl Commit {
     }
 }
 
+impl Commit {
+    /// Blocks the calling thread until the transaction is durable; false
+    /// if it failed. For the negative controls only ([`Fault::DlqTwoSteps`],
+    /// [`Fault::ExchangeTwoSteps`]), which wait under the engine's lock,
+    /// on an async worker: the local backend's commit waits on the
+    /// durable lsn; any other answers through its channel, read on a
+    /// thread of its own (a channel cannot be waited for blocking on an
+    /// async worker).
+    pub(crate) fn wait_blocking(mut self) -> bool {
+        if let Some(inner) = self.store.upgrade() {
+            // `wait_durable` announces it.
+            self.unannounced = false;
+            return inner.wait_durable(self.lsn);
+        }
+        match std::mem::replace(&mut self.rx, Err(String::new())) {
+            Ok(rx) => std::thread::scope(|s| {
+                s.spawn(move || matches!(rx.blocking_recv(), Ok(Ok(()))))
+                    .join()
+                    .unwrap_or(false)
+            }),
+            Err(_) => false,
+        }
+    }
+}
+
 impl Drop for Commit {
     /// A commit not waited for (or whose wait was cancelled) is the log
     /// writer's to make.
