@@ -484,3 +484,41 @@ impl LogState {
         places
     }
 }
+
+#[cfg(test)]
+mod wait_blocking_tests {
+    use super::*;
+
+    /// A commit of a backend other than the local one (no store to wait
+    /// on) is waited for through its channel, from an async worker too.
+    #[tokio::test]
+    async fn a_commit_without_the_local_store_is_waited_for_through_its_channel() {
+        let commit = |answer: std::result::Result<(), String>| {
+            let (tx, rx) = oneshot::channel();
+            let sending = std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(20));
+                let _ = tx.send(answer);
+            });
+            let c = Commit {
+                lsn: 1,
+                rx: Ok(rx),
+                store: Weak::new(),
+                unannounced: false,
+            };
+            (c, sending)
+        };
+        let (c, sending) = commit(Ok(()));
+        assert!(c.wait_blocking(), "durable");
+        sending.join().expect("sender");
+        let (c, sending) = commit(Err("stopped".into()));
+        assert!(!c.wait_blocking(), "failed");
+        sending.join().expect("sender");
+        let stopped = Commit {
+            lsn: 2,
+            rx: Err("stopped".into()),
+            store: Weak::new(),
+            unannounced: false,
+        };
+        assert!(!stopped.wait_blocking(), "refused at submission");
+    }
+}
