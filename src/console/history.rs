@@ -291,7 +291,7 @@ pub(crate) async fn sample(console: Arc<Console>, stop: tokio::sync::oneshot::Re
         let taken = tokio::task::spawn_blocking(move || {
             let at = c.now();
             let stats = c.broker.all_stats();
-            let store = c.broker.store().stats();
+            let store = c.broker.store().stats().unwrap_or_default();
             c.history.record(at, &stats, store);
         })
         .await;

@@ -231,17 +231,19 @@ fn render(
     (status, layout::page("Queues", s, flash.as_ref(), body)).into_response()
 }
 
-/// The server's facts: version, uptime, data directory and free space,
-/// log sync latency and commits per second (over the last sample).
+/// The server's facts: version, uptime, where the state lives (a data
+/// directory) and free space, log sync latency and commits per second
+/// (over the last sample).
 fn facts(c: &Shared) -> maud::Markup {
     let store = c.broker.store();
+    let location = store.location();
     let rate_now = c.history.store_rate();
     let uptime = u64::try_from(c.started.elapsed().as_millis()).unwrap_or(u64::MAX);
     html! {
         dl #server-facts .facts {
             dt { "version" } dd data-fact="version" { (env!("CARGO_PKG_VERSION")) }
             dt { "uptime" } dd data-fact="uptime" { (age(uptime)) }
-            dt { "data directory" } dd data-fact="data_dir" { (store.dir().display().to_string()) }
+            dt { (location.kind()) } dd data-fact="data_dir" { (location.to_string()) }
             dt { "disk free" } dd data-fact="disk_free" { (store.free_bytes().map_or_else(|| "unknown".to_string(), bytes)) }
             dt { "log sync latency" } dd data-fact="sync_latency" { (format!("{:.0} µs", rate_now.sync_micros)) }
             dt { "commits per second" } dd data-fact="commits_per_second" { (rate(rate_now.commits_per_second)) }

@@ -224,8 +224,7 @@ impl Broker {
             // in a later transaction.
             let mut copy = crate::storage::Txn::new();
             persist::put_new(&mut copy, dlq_qid, new_pos, &meta);
-            let c = self.store.submit(copy);
-            self.store.wait_durable_blocking(c.lsn());
+            self.store.submit(copy).wait_blocking();
             std::thread::sleep(std::time::Duration::from_millis(100));
             change.txn.delete(Key::Meta(qid, pos));
         } else {

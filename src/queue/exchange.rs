@@ -305,7 +305,7 @@ impl Broker {
             if split.is_some()
                 && let Some(c) = self.submit(&st, first)
             {
-                self.store.wait_durable_blocking(c.lsn());
+                c.wait_blocking();
                 std::thread::sleep(std::time::Duration::from_millis(100));
             }
             (results, self.submit(&st, change))

@@ -50,7 +50,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use crate::clock::Clock;
-use crate::storage::{OpenReport, Store, StoreOptions, SysKey, Txn};
+use crate::storage::{AnyBackend, LOAD_PAGE, OpenReport, Paged, Store, StoreOptions, SysKey, Txn};
 use message::Message;
 
 pub use error::{Exhausted, QueueError, Result};
@@ -171,7 +171,7 @@ impl Change {
 
 /// The queue engine.
 pub struct Broker {
-    store: Store,
+    store: Store<AnyBackend>,
     clock: Arc<dyn Clock>,
     opts: BrokerOptions,
     state: Mutex<State>,
@@ -191,10 +191,35 @@ impl std::fmt::Debug for Broker {
 }
 
 impl Broker {
-    /// Builds the engine over an opened store, rebuilding the in-memory
-    /// indexes from it.
-    pub fn open(store: Store, clock: Arc<dyn Clock>, opts: BrokerOptions) -> Result<Broker> {
-        let loaded = recovery::load(&store.reader(), clock.now_ms())?;
+    /// Builds the engine over an opened store (a local [`Store`] or a
+    /// `Store<AnyBackend>`), rebuilding the in-memory indexes from it: a
+    /// local store's database read directly, any other backend read in
+    /// key order in pages of [`crate::storage::Backend::scan`].
+    pub fn open(
+        store: impl Into<Store<AnyBackend>>,
+        clock: Arc<dyn Clock>,
+        opts: BrokerOptions,
+    ) -> Result<Broker> {
+        let store = store.into();
+        let now = clock.now_ms();
+        let loaded = match store.backend().local() {
+            Some(local) => recovery::load(&local.reader(), now)?,
+            None => recovery::load(&Paged::new(store.backend(), LOAD_PAGE), now)?,
+        };
+        Ok(Broker::assemble(store, loaded, clock, opts))
+    }
+
+    /// Tests: [`Broker::open`] loading through the backend path, in pages
+    /// of `page` entries, whatever the backend.
+    #[cfg(test)]
+    pub(crate) fn open_paged(
+        store: impl Into<Store<AnyBackend>>,
+        clock: Arc<dyn Clock>,
+        opts: BrokerOptions,
+        page: usize,
+    ) -> Result<Broker> {
+        let store = store.into();
+        let loaded = recovery::load(&Paged::new(store.backend(), page), clock.now_ms())?;
         Ok(Broker::assemble(store, loaded, clock, opts))
     }
 
@@ -209,11 +234,11 @@ impl Broker {
         let now = clock.now_ms();
         let (store, report, loaded) =
             Store::open_with(dir, store_opts, |reader| recovery::load(reader, now))?;
-        Ok((Broker::assemble(store, loaded?, clock, opts), report))
+        Ok((Broker::assemble(store.into(), loaded?, clock, opts), report))
     }
 
     fn assemble(
-        store: Store,
+        store: Store<AnyBackend>,
         (state, cleanup): (State, Txn),
         clock: Arc<dyn Clock>,
         opts: BrokerOptions,
@@ -257,7 +282,7 @@ impl Broker {
     }
 
     /// The store under the engine.
-    pub fn store(&self) -> &Store {
+    pub fn store(&self) -> &Store<AnyBackend> {
         &self.store
     }
 
@@ -275,7 +300,7 @@ impl Broker {
         }
         Err(Exhausted::DiskFloor.error(format!(
             "disk full: free space in {} is below a quarter of the configured minimum (the hard floor); acks, nacks and receives are refused too until space is freed",
-            self.store.dir().display()
+            self.store.location()
         )))
     }
 
@@ -371,6 +396,8 @@ pub(crate) async fn durable(commit: Option<crate::storage::Commit>) -> Result<()
 
 #[cfg(test)]
 mod fifo_tests;
+#[cfg(test)]
+mod load_tests;
 #[cfg(test)]
 mod model_tests;
 #[cfg(test)]

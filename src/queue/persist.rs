@@ -5,7 +5,7 @@
 
 use crate::storage::records::LeaseRecord;
 use crate::storage::records::{AttemptRecord, DeadLetterRec, MetaRecord, QueueRecord};
-use crate::storage::{OwnedKey, Reader, Space, Store, Txn};
+use crate::storage::{AnyBackend, LoadSource, OwnedKey, Space, Store, Txn};
 
 use super::message::{Lease, Message, Stored};
 use super::model::{
@@ -192,7 +192,11 @@ pub(crate) fn meta_record(m: &Message) -> MetaRecord {
 }
 
 /// A message's stored state (the memtable's, else the database's).
-pub(crate) fn get(store: &Store, qid: u32, pos: u64) -> crate::storage::Result<Option<Message>> {
+pub(crate) fn get(
+    store: &Store<AnyBackend>,
+    qid: u32,
+    pos: u64,
+) -> crate::storage::Result<Option<Message>> {
     Ok(store.get_meta(qid, pos)?.map(message))
 }
 
@@ -223,8 +227,8 @@ pub(crate) fn put_unlogged(txn: &mut Txn, qid: u32, pos: u64, m: &Message) {
 }
 
 /// Every stored message, in key order (at start).
-pub(crate) fn scan(
-    store: &Reader,
+pub(crate) fn scan<S: LoadSource>(
+    store: &S,
 ) -> impl Iterator<Item = crate::storage::Result<(OwnedKey, Message)>> + '_ {
     store
         .scan::<MetaRecord>(Space::Metas)

@@ -73,8 +73,9 @@ impl Broker {
         }
     }
 
-    /// Waits while the database is too far behind the log to take more
-    /// messages (see [`crate::storage::Store::room`]); every publish path
+    /// Waits while the backend's apply queue is too far behind to take
+    /// more messages (the local one's database behind its log, see
+    /// [`crate::storage::LocalBackend::room`]); every publish path
     /// calls it before [`Broker::begin_publish`].
     pub async fn publish_room(&self) {
         self.store.room().await;
@@ -164,7 +165,7 @@ impl Broker {
         }
         Err(Exhausted::DiskLow.error(format!(
             "disk full: free space in {} is below the configured minimum; publishes are refused until space is freed",
-            self.store.dir().display()
+            self.store.location()
         )))
     }
 

@@ -1,5 +1,10 @@
 //! Rebuilding the in-memory indexes from the store at start.
 //!
+//! The load reads a [`LoadSource`]: the local database as the log's replay
+//! left it (`storage::Reader`, on a thread of its own while the local
+//! store counts its payload pointers), or any backend in key order, in
+//! pages of `Backend::scan` (`storage::Paged`). Both give the same state.
+//!
 //! Leases are kept with their deadlines; one that ran out while the server
 //! was down is expired by the first sweep, counting as a failed attempt.
 //! Messages of queues that no longer exist (a delete cut short by a crash)
@@ -8,7 +13,7 @@
 use crate::storage::records::{
     CountersRecord, DedupRecord, ExchangeRecord, GroupRecord, QueueRecord,
 };
-use crate::storage::{Key, OwnedKey, Reader, Space, SysKey, Txn};
+use crate::storage::{Key, LoadSource, OwnedKey, Space, SysKey, Txn};
 
 use super::State;
 use super::error::Result;
@@ -21,7 +26,7 @@ type QueueBatch = (u32, Vec<(u64, Entry, u64)>);
 
 /// The indexes, and the deletions of records left by queues deleted
 /// before the last stop (to submit once the store runs).
-pub(crate) fn load(store: &Reader, now: u64) -> Result<(State, Txn)> {
+pub(crate) fn load<S: LoadSource>(store: &S, now: u64) -> Result<(State, Txn)> {
     let mut st = State::default();
     for item in store.scan::<QueueRecord>(Space::Queues) {
         let (key, rec) = item?;

@@ -287,7 +287,7 @@ impl Collector for Figures {
                 ConstGauge::new(to_i64(depth)).encode(family.encode_family(&labels)?)?;
             }
         }
-        let store = self.broker.store().stats();
+        let store = self.broker.store().stats().unwrap_or_default();
         let counters: [(&str, &str, u64); 12] = [
             (
                 "letterbox_connections_refused",
@@ -369,7 +369,10 @@ impl Collector for Figures {
             (
                 "letterbox_disk_min_free_bytes",
                 "Free bytes under which publishes are refused (--min-free-disk)",
-                to_f64(self.broker.store().min_free_bytes()),
+                self.broker
+                    .store()
+                    .min_free_bytes()
+                    .map_or(f64::NAN, to_f64),
             ),
             (
                 "letterbox_connections_open",
@@ -510,27 +513,30 @@ pub(crate) fn registry(sources: Sources) -> Registry {
         rpc,
     } = sources;
     let mut r = Registry::default();
-    let m = broker.store().metrics().clone();
-    r.register(
-        "letterbox_commit_seconds",
-        "Time from a change's submission to its durability (the wait of every acknowledged call)",
-        m.commit_seconds,
-    );
-    r.register(
-        "letterbox_log_sync_seconds",
-        "Time of each group commit's write and fdatasync",
-        m.sync_seconds,
-    );
-    r.register(
-        "letterbox_log_sync_batch_records",
-        "Transactions made durable by one fdatasync",
-        m.batch_records,
-    );
-    r.register(
-        "letterbox_apply_seconds",
-        "Time of each application of the changes held in memory to the database",
-        m.apply_seconds,
-    );
+    // The commit path's distributions, where the backend keeps them (the
+    // local one does).
+    if let Some(m) = broker.store().metrics().cloned() {
+        r.register(
+            "letterbox_commit_seconds",
+            "Time from a change's submission to its durability (the wait of every acknowledged call)",
+            m.commit_seconds,
+        );
+        r.register(
+            "letterbox_log_sync_seconds",
+            "Time of each group commit's write and fdatasync",
+            m.sync_seconds,
+        );
+        r.register(
+            "letterbox_log_sync_batch_records",
+            "Transactions made durable by one fdatasync",
+            m.batch_records,
+        );
+        r.register(
+            "letterbox_apply_seconds",
+            "Time of each application of the changes held in memory to the database",
+            m.apply_seconds,
+        );
+    }
     r.register(
         "letterbox_grpc_requests",
         "gRPC calls ended, by method (Service/Method) and status code (OK, NOT_FOUND, ...); a call stopped before it answered counts as CANCELLED, or DEADLINE_EXCEEDED past its deadline",

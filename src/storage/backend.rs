@@ -8,18 +8,27 @@
 //! (the engine reads what it has just decided, durable or not); it reports
 //! a fail-stop error on its failure watch; and it closes.
 //!
-//! [`Store`](super::Store) is the engine's typed front over a backend. Two
-//! backends exist:
+//! [`Store`](super::Store) is the engine's typed front over a backend.
+//! The engine holds a `Store<AnyBackend>`: [`AnyBackend`](super::AnyBackend)
+//! has one variant per kind of backend, chosen at start, and makes explicit
+//! what only some backends can do (waiting for room ahead of an apply
+//! queue, free-space floors, commit-path figures). Two backends exist:
 //!
 //! * [`LocalBackend`](super::LocalBackend): the write-ahead log in front of
 //!   sled, with its memtable, in one data directory (the module doc of
-//!   `storage` has its durability contract). The server runs on it.
+//!   `storage` has its durability contract). The server runs on it by
+//!   default.
 //! * [`PgBackend`](super::PgBackend): one shard of the key space in
 //!   PostgreSQL ([`super::pg`]: fenced batch commits under an ownership
 //!   lease, a commit marker), with an in-memory overlay of the changes not
-//!   yet committed in front of it. It keeps the same contract (the tests
-//!   run the same suite against both); the server cannot be configured to
-//!   use it yet.
+//!   yet committed in front of it (`serve --store postgres://...`). It
+//!   keeps the same contract (the tests run the same suite against both).
+//!
+//! The engine loads its state at start from a
+//! [`LoadSource`](super::LoadSource): the local database read directly
+//! ([`Reader`](super::Reader), overlapping the store's own scan), or any
+//! backend read in key order in pages of [`Backend::scan`]
+//! ([`Paged`](super::Paged)).
 //!
 //! ## Limits a backend may have
 //!
@@ -83,28 +92,12 @@ pub fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
 }
 
 /// Every entry whose key starts with `prefix`, in key order, read in
-/// pages of `page` entries (at least one).
+/// pages of `page` entries (at least one; see [`pages`](super::pages),
+/// which reads them lazily).
 pub fn scan_all<B: Backend + ?Sized>(
     backend: &B,
     prefix: &[u8],
     page: usize,
 ) -> Result<Vec<(Bytes, Bytes)>> {
-    let page = page.max(1);
-    let end = prefix_end(prefix);
-    let mut start = prefix.to_vec();
-    let mut all = Vec::new();
-    loop {
-        let got = backend.scan(&start, end.as_deref(), page)?;
-        let full = got.len() >= page;
-        if let Some((last, _)) = got.last() {
-            // The smallest key after `last`.
-            start.clear();
-            start.extend_from_slice(last);
-            start.push(0);
-        }
-        all.extend(got);
-        if !full {
-            return Ok(all);
-        }
-    }
+    super::pages(backend, prefix, page).collect()
 }

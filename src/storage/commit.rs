@@ -104,6 +104,31 @@ impl Commit {
     }
 }
 
+impl Commit {
+    /// Blocks the calling thread until the transaction is durable; false
+    /// if it failed. For the negative controls only ([`Fault::DlqTwoSteps`],
+    /// [`Fault::ExchangeTwoSteps`]), which wait under the engine's lock,
+    /// on an async worker: the local backend's commit waits on the
+    /// durable lsn; any other answers through its channel, read on a
+    /// thread of its own (a channel cannot be waited for blocking on an
+    /// async worker).
+    pub(crate) fn wait_blocking(mut self) -> bool {
+        if let Some(inner) = self.store.upgrade() {
+            // `wait_durable` announces it.
+            self.unannounced = false;
+            return inner.wait_durable(self.lsn);
+        }
+        match std::mem::replace(&mut self.rx, Err(String::new())) {
+            Ok(rx) => std::thread::scope(|s| {
+                s.spawn(move || matches!(rx.blocking_recv(), Ok(Ok(()))))
+                    .join()
+                    .unwrap_or(false)
+            }),
+            Err(_) => false,
+        }
+    }
+}
+
 impl Drop for Commit {
     /// A commit not waited for (or whose wait was cancelled) is the log
     /// writer's to make.
@@ -481,5 +506,43 @@ impl LogState {
             places.push(place);
         }
         places
+    }
+}
+
+#[cfg(test)]
+mod wait_blocking_tests {
+    use super::*;
+
+    /// A commit of a backend other than the local one (no store to wait
+    /// on) is waited for through its channel, from an async worker too.
+    #[tokio::test]
+    async fn a_commit_without_the_local_store_is_waited_for_through_its_channel() {
+        let commit = |answer: std::result::Result<(), String>| {
+            let (tx, rx) = oneshot::channel();
+            let sending = std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(20));
+                let _ = tx.send(answer);
+            });
+            let c = Commit {
+                lsn: 1,
+                rx: Ok(rx),
+                store: Weak::new(),
+                unannounced: false,
+            };
+            (c, sending)
+        };
+        let (c, sending) = commit(Ok(()));
+        assert!(c.wait_blocking(), "durable");
+        sending.join().expect("sender");
+        let (c, sending) = commit(Err("stopped".into()));
+        assert!(!c.wait_blocking(), "failed");
+        sending.join().expect("sender");
+        let stopped = Commit {
+            lsn: 2,
+            rx: Err("stopped".into()),
+            store: Weak::new(),
+            unannounced: false,
+        };
+        assert!(!stopped.wait_blocking(), "refused at submission");
     }
 }

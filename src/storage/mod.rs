@@ -1,9 +1,11 @@
 //! Durable storage: our write-ahead log in front of sled.
 //!
 //! The engine uses [`Store`], a typed front over a [`Backend`] (the
-//! boundary, see `backend`); this module's own backend,
-//! [`LocalBackend`], is the log in front of sled described below, and
-//! `Store` alone means `Store<LocalBackend>`.
+//! boundary, see `backend`), as a `Store<AnyBackend>`: the backend chosen
+//! at start ([`AnyBackend`], with what only some backends can do made
+//! explicit), loaded at start from a [`LoadSource`]. This module's own
+//! backend, [`LocalBackend`], is the log in front of sled described
+//! below, and `Store` alone means `Store<LocalBackend>`.
 //!
 //! The only module that names `sled`. It makes no policy decision and
 //! reads no clock: it stores what the queue engine tells it to, in the
@@ -85,12 +87,14 @@
 //! The database handle (`Inner::db`, a `RwLock`) is held only to clone the
 //! handle, or by a rewrite to replace it, with no other lock held.
 
+mod any;
 mod apply;
 pub mod backend;
 mod commit;
 mod error;
 pub mod fsutil;
 pub mod keys;
+mod load;
 mod memtable;
 mod open;
 mod payloads;
@@ -114,11 +118,13 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::sync::watch;
 
+pub use any::{AnyBackend, Location};
 pub use backend::Backend;
 pub use commit::Commit;
 use commit::{LogState, Placed};
 pub use error::{Result, StorageError};
 pub use keys::{Key, OwnedKey, Space, SysKey};
+pub use load::{LOAD_PAGE, LoadSource, Paged, Pages, pages};
 use memtable::State;
 pub use open::Reader;
 pub(crate) use open::{open_db, read_sys, replay_into};
@@ -141,7 +147,7 @@ pub struct StoreOptions {
     /// Apply early once the memtable holds this many bytes.
     pub apply_bytes: usize,
     /// Most bytes of durable changes not yet applied to the database:
-    /// above it [`Store::room`] waits (publishers slow down to the pace
+    /// above it [`LocalBackend::room`] waits (publishers slow down to the pace
     /// of the database instead of piling changes up in memory).
     pub max_unapplied_bytes: usize,
     /// Most bytes of durable payloads the memtable keeps whole, the most
@@ -324,6 +330,11 @@ impl<B: Backend> Store<B> {
         &self.backend
     }
 
+    /// The backend, the store given up.
+    pub fn into_backend(self) -> B {
+        self.backend
+    }
+
     /// Submits a transaction (see [`Backend::submit`] and, for the local
     /// backend, the module's durability contract).
     pub fn submit(&self, txn: Txn) -> Commit {
@@ -381,7 +392,7 @@ impl<B: Backend> Store<B> {
     }
 }
 
-impl Store {
+impl LocalBackend {
     /// Tests: the next time the applier has frozen a generation and seen
     /// it durable, it tells `frozen` and then waits, with everything it
     /// froze still unapplied, until `release` is sent to (or dropped).
@@ -392,7 +403,7 @@ impl Store {
         release: std::sync::mpsc::Receiver<()>,
     ) {
         let mut once = Some((frozen, release));
-        *lock(&self.backend.inner.after_freeze) = Some(Box::new(move || {
+        *lock(&self.inner.after_freeze) = Some(Box::new(move || {
             if let Some((frozen, release)) = once.take() {
                 let _ = frozen.send(());
                 let _ = release.recv();
@@ -400,16 +411,9 @@ impl Store {
         }));
     }
 
-    /// Negative controls ([`Fault::DlqTwoSteps`],
-    /// [`Fault::ExchangeTwoSteps`]): blocks until `lsn` is durable. Called
-    /// only under those faults.
-    pub(crate) fn wait_durable_blocking(&self, lsn: u64) -> bool {
-        self.backend.inner.wait_durable(lsn)
-    }
-
     /// The data directory.
     pub fn dir(&self) -> &Path {
-        &self.backend.inner.dir
+        &self.inner.dir
     }
 
     /// Waits while the changes not yet applied to the database are over
@@ -419,7 +423,7 @@ impl Store {
     /// would also lengthen a graceful stop and the replay after a crash.
     /// Returns at once once the store has stopped (the submit then fails).
     pub async fn room(&self) {
-        let i = &self.backend.inner;
+        let i = &self.inner;
         if !i.room_wanted() {
             // The common case, without registering with the `Notify`.
             return;
@@ -443,7 +447,34 @@ impl Store {
 
     /// Distributions of the commit path since open.
     pub fn metrics(&self) -> &StoreMetrics {
-        &self.backend.inner.metrics
+        &self.inner.metrics
+    }
+}
+
+impl Store {
+    /// Tests: see [`LocalBackend::hold_applier`].
+    #[cfg(test)]
+    pub(crate) fn hold_applier(
+        &self,
+        frozen: std::sync::mpsc::Sender<()>,
+        release: std::sync::mpsc::Receiver<()>,
+    ) {
+        self.backend.hold_applier(frozen, release);
+    }
+
+    /// The data directory.
+    pub fn dir(&self) -> &Path {
+        self.backend.dir()
+    }
+
+    /// Waits for room (see [`LocalBackend::room`]).
+    pub async fn room(&self) {
+        self.backend.room().await;
+    }
+
+    /// Distributions of the commit path since open.
+    pub fn metrics(&self) -> &StoreMetrics {
+        self.backend.metrics()
     }
 
     /// Stops like a crash: the log writer finishes what was submitted, but
@@ -655,7 +686,7 @@ impl Inner {
     }
 
     /// True while changes waiting for the database are over the bound
-    /// (publishers wait in [`Store::room`]).
+    /// (publishers wait in [`LocalBackend::room`]).
     fn room_wanted(&self) -> bool {
         self.unapplied.load(Ordering::Relaxed) >= self.opts.max_unapplied_bytes
     }

@@ -28,8 +28,10 @@ use crate::faults::{self, Fault};
 ///
 /// Recovery reads sled directly, not through [`Backend`](super::Backend):
 /// the replay, the payload pointer count, and the engine's load through
-/// this reader. A backend of another kind would feed that load with
-/// [`Backend::scan`](super::Backend::scan) pages instead.
+/// this reader (a [`LoadSource`](super::LoadSource), read while the store
+/// counts its payload pointers). A backend of another kind feeds that load
+/// with [`Backend::scan`](super::Backend::scan) pages instead
+/// ([`Paged`](super::Paged)).
 pub struct Reader {
     db: sled::Db,
     path: PathBuf,
@@ -168,13 +170,20 @@ impl Store {
         ))
     }
 
+    /// See [`LocalBackend::reader`].
+    pub fn reader(&self) -> Reader {
+        self.backend().reader()
+    }
+}
+
+impl LocalBackend {
     /// Read access to the database, for [`Store::open`]'s callers that
     /// rebuild from it (it reads the database, not the memtable: only
     /// valid before the first submission).
     pub fn reader(&self) -> Reader {
         Reader {
-            db: self.backend.inner.db(),
-            path: self.backend.inner.db_path(),
+            db: self.inner.db(),
+            path: self.inner.db_path(),
             reached: RankedMutex::default_with(Rank::REACHED, "reached"),
         }
     }

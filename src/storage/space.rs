@@ -4,7 +4,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use super::{Inner, Store, fsutil};
+use super::{Inner, LocalBackend, Store, fsutil};
 
 /// What the last look at free space found.
 #[derive(Debug)]
@@ -77,15 +77,15 @@ impl Inner {
     }
 }
 
-impl Store {
+impl LocalBackend {
     /// False while free space is below the hard floor, a quarter of the
     /// configured minimum: the engine then refuses acks, nacks, extensions
     /// and receives as well, so that the disk never fills under the
     /// server (a full disk is fail-stop). Checked as often as
-    /// [`Store::has_space`].
+    /// [`LocalBackend::has_space`].
     pub fn above_floor(&self) -> bool {
         let _ = self.has_space();
-        self.backend.inner.space.floor_ok.load(Ordering::Relaxed)
+        self.inner.space.floor_ok.load(Ordering::Relaxed)
     }
 
     /// False while free space on the data directory's file system is below
@@ -96,43 +96,54 @@ impl Store {
     /// written, not only by the applier's periodic check: a fast publisher
     /// must not run through the headroom between two periodic checks.
     pub fn has_space(&self) -> bool {
-        let written = self
-            .backend
-            .inner
-            .counters
-            .log_bytes
-            .load(Ordering::Relaxed);
-        let checked = self
-            .backend
-            .inner
-            .space
-            .space_checked_bytes
-            .load(Ordering::Relaxed);
+        let written = self.inner.counters.log_bytes.load(Ordering::Relaxed);
+        let checked = self.inner.space.space_checked_bytes.load(Ordering::Relaxed);
         if written.saturating_sub(checked) >= SPACE_CHECK_BYTES
             && self
-                .backend
                 .inner
                 .space
                 .space_checked_bytes
                 .compare_exchange(checked, written, Ordering::Relaxed, Ordering::Relaxed)
                 .is_ok()
         {
-            self.backend.inner.refresh_space();
+            self.inner.refresh_space();
         }
-        self.backend.inner.space.space_ok.load(Ordering::Relaxed)
+        self.inner.space.space_ok.load(Ordering::Relaxed)
     }
 
     /// Free bytes on the data directory's file system as last measured
     /// for the publish floor (by the applier every 500 ms and after every
     /// MiB of log written); `None` if it could not be measured.
     pub fn free_bytes(&self) -> Option<u64> {
-        let f = self.backend.inner.space.free_bytes.load(Ordering::Relaxed);
+        let f = self.inner.space.free_bytes.load(Ordering::Relaxed);
         (f != u64::MAX).then_some(f)
     }
 
     /// The configured minimum of free bytes under which publishes are
     /// refused.
     pub fn min_free_bytes(&self) -> u64 {
-        self.backend.inner.opts.min_free_bytes
+        self.inner.opts.min_free_bytes
+    }
+}
+
+impl Store {
+    /// See [`LocalBackend::above_floor`].
+    pub fn above_floor(&self) -> bool {
+        self.backend.above_floor()
+    }
+
+    /// See [`LocalBackend::has_space`].
+    pub fn has_space(&self) -> bool {
+        self.backend.has_space()
+    }
+
+    /// See [`LocalBackend::free_bytes`].
+    pub fn free_bytes(&self) -> Option<u64> {
+        self.backend.free_bytes()
+    }
+
+    /// See [`LocalBackend::min_free_bytes`].
+    pub fn min_free_bytes(&self) -> u64 {
+        self.backend.min_free_bytes()
     }
 }

@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::{Store, lock};
+use super::{LocalBackend, Store, lock};
 
 /// Figures of the store since it was opened.
 #[derive(Debug, Clone, Copy, Default)]
@@ -37,7 +37,7 @@ pub struct StoreStats {
     pub rewrites: u64,
     /// Bytes of submitted changes not yet applied to the database.
     pub unapplied_bytes: u64,
-    /// Times [`Store::room`] had to wait for the database to catch up.
+    /// Times [`LocalBackend::room`](super::LocalBackend::room) had to wait for the database to catch up.
     pub room_waits: u64,
 }
 
@@ -85,10 +85,10 @@ pub(super) struct Counters {
     pub(super) room_waits: AtomicU64,
 }
 
-impl Store {
+impl LocalBackend {
     /// Figures since open.
     pub fn stats(&self) -> StoreStats {
-        let i = &self.backend.inner;
+        let i = &self.inner;
         StoreStats {
             log_syncs: i.counters.log_syncs.load(Ordering::Relaxed),
             caller_commits: i.counters.caller_commits.load(Ordering::Relaxed),
@@ -105,5 +105,12 @@ impl Store {
             unapplied_bytes: i.unapplied.load(Ordering::Relaxed) as u64,
             room_waits: i.counters.room_waits.load(Ordering::Relaxed),
         }
+    }
+}
+
+impl Store {
+    /// Figures since open.
+    pub fn stats(&self) -> StoreStats {
+        self.backend.stats()
     }
 }
