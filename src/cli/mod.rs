@@ -39,8 +39,10 @@ pub const DEFAULT_SERVER: &str = "http://127.0.0.1:50051";
 /// of the context in use (see [`context`]).
 #[derive(Debug, Clone, Args)]
 pub struct Common {
-    /// Server address, `http://HOST:PORT` or `https://HOST:PORT` [default:
-    /// the context's, else http://127.0.0.1:50051].
+    /// Server address, `http://HOST:PORT` or `https://HOST:PORT`, or
+    /// several separated by commas (the nodes of a highly available pair,
+    /// tried in order) [default: the context's, else
+    /// http://127.0.0.1:50051].
     #[arg(long, global = true, env = "LETTERBOX_SERVER")]
     pub server: Option<String>,
     /// Connection profile to use instead of the selected one (`letterbox

@@ -30,6 +30,7 @@ mod subscriber;
 
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tonic::Code;
@@ -158,13 +159,16 @@ pub(crate) type Transport = InterceptedService<Channel, AuthHeader>;
 /// Client settings.
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
-    /// Server address, e.g. `http://127.0.0.1:50051`.
+    /// Server address, e.g. `http://127.0.0.1:50051`; or several,
+    /// separated by commas (`http://a:50051,http://b:50051`): the nodes of
+    /// a highly available pair, tried in order (see [`Client`]).
     pub endpoint: String,
     /// Limit for establishing the connection.
     pub connect_timeout: Duration,
     /// Limit for one unary call (a long poll gets its wait on top).
     pub request_timeout: Duration,
-    /// Retries on UNAVAILABLE.
+    /// Retries on UNAVAILABLE (each one on the next server when there are
+    /// several).
     pub retry: RetryPolicy,
     /// Credentials for a server with authentication on.
     pub credentials: Option<Credentials>,
@@ -173,6 +177,11 @@ pub struct ClientConfig {
 }
 
 impl ClientConfig {
+    /// The server addresses of [`ClientConfig::endpoint`], in order.
+    pub fn endpoints(&self) -> Vec<&str> {
+        endpoints(&self.endpoint)
+    }
+
     /// Defaults for an endpoint: 5 s to connect, 30 s per call, 5 attempts.
     pub fn new(endpoint: impl Into<String>) -> ClientConfig {
         ClientConfig {
@@ -194,11 +203,28 @@ impl ClientConfig {
 /// messages that have no client-chosen id, which could be stored twice;
 /// give messages ids (see [`Client::message_with_id`]) to make publishes
 /// safe to retry.
+///
+/// Failover: given several servers (a node that owns the queues and a
+/// standby waiting to take over), the client connects to the first that
+/// answers and stays with it; a call that fails with UNAVAILABLE or a
+/// broken connection moves every clone of the client to the next server
+/// and, when it is safe to repeat, is retried there. A standby answers
+/// UNAVAILABLE until it has taken over, so the client settles on whichever
+/// node serves.
 #[derive(Clone, Debug)]
 pub struct Client {
+    nodes: Arc<[Node]>,
+    /// The node calls go to.
+    active: Arc<AtomicUsize>,
+    config: Arc<ClientConfig>,
+}
+
+/// One server of the client's list, with its own connection.
+#[derive(Clone, Debug)]
+struct Node {
+    endpoint: String,
     admin: AdminServiceClient<Transport>,
     msg: MessagingServiceClient<Transport>,
-    config: Arc<ClientConfig>,
 }
 
 impl Client {
@@ -207,33 +233,10 @@ impl Client {
         Client::with_config(ClientConfig::new(endpoint)).await
     }
 
-    /// Connects with the given settings.
+    /// Connects with the given settings: to the first server that answers
+    /// (the others connect when a failover needs them).
     pub async fn with_config(config: ClientConfig) -> Result<Client> {
         check_endpoint(&config.endpoint)?;
-        let mut endpoint = Endpoint::from_shared(config.endpoint.clone())
-            .map_err(|e| {
-                ClientError::new(
-                    ErrorKind::InvalidArgument,
-                    format!("endpoint {:?}: {e}", config.endpoint),
-                )
-            })?
-            .connect_timeout(config.connect_timeout)
-            .tcp_nodelay(true);
-        if let Some(tls) = &config.tls {
-            let mut t = ClientTlsConfig::new();
-            if let Some(ca) = &tls.ca_pem {
-                t = t.ca_certificate(Certificate::from_pem(ca));
-            }
-            if let Some((cert, key)) = &tls.identity_pem {
-                t = t.identity(Identity::from_pem(cert, key));
-            }
-            if let Some(d) = &tls.domain {
-                t = t.domain_name(d.clone());
-            }
-            endpoint = endpoint
-                .tls_config(t)
-                .map_err(|e| ClientError::transport(&config.endpoint, &e))?;
-        }
         let auth = AuthHeader(
             config
                 .credentials
@@ -241,26 +244,100 @@ impl Client {
                 .map(Credentials::header)
                 .transpose()?,
         );
+        let endpoints: Vec<Endpoint> = config
+            .endpoints()
+            .into_iter()
+            .map(|e| endpoint(&config, e))
+            .collect::<Result<_>>()?;
         let mut attempt = 1;
-        let channel = loop {
-            match endpoint.connect().await {
-                Ok(c) => break c,
-                Err(e) if attempt < config.retry.max_attempts => {
-                    tracing::debug!(error = %e, attempt, "connect failed; retrying");
-                    tokio::time::sleep(backoff(&config.retry, attempt)).await;
-                    attempt += 1;
+        let (first, channel) = 'connect: loop {
+            let mut last = None;
+            for (i, e) in endpoints.iter().enumerate() {
+                match e.connect().await {
+                    Ok(c) => break 'connect (i, c),
+                    Err(err) => {
+                        tracing::debug!(error = %err, endpoint = %e.uri(), attempt, "connect failed");
+                        last = Some((i, err));
+                    }
                 }
-                Err(e) => return Err(ClientError::transport(&config.endpoint, &e)),
             }
+            let Some((i, err)) = last else {
+                return Err(ClientError::new(
+                    ErrorKind::InvalidArgument,
+                    "no server address given",
+                ));
+            };
+            if attempt >= config.retry.max_attempts {
+                return Err(ClientError::transport(config.endpoints()[i], &err));
+            }
+            tokio::time::sleep(backoff(&config.retry, attempt)).await;
+            attempt += 1;
         };
         let limit = 256 << 20;
+        let nodes: Vec<Node> = endpoints
+            .iter()
+            .zip(config.endpoints())
+            .enumerate()
+            .map(|(i, (e, name))| {
+                let channel = if i == first {
+                    channel.clone()
+                } else {
+                    e.connect_lazy()
+                };
+                Node {
+                    endpoint: name.to_string(),
+                    admin: AdminServiceClient::with_interceptor(channel.clone(), auth.clone())
+                        .max_decoding_message_size(limit),
+                    msg: MessagingServiceClient::with_interceptor(channel, auth.clone())
+                        .max_decoding_message_size(limit),
+                }
+            })
+            .collect();
         Ok(Client {
-            admin: AdminServiceClient::with_interceptor(channel.clone(), auth.clone())
-                .max_decoding_message_size(limit),
-            msg: MessagingServiceClient::with_interceptor(channel, auth)
-                .max_decoding_message_size(limit),
+            nodes: nodes.into(),
+            active: Arc::new(AtomicUsize::new(first)),
             config: Arc::new(config),
         })
+    }
+
+    /// The server calls go to now (one of [`ClientConfig::endpoints`]).
+    pub fn endpoint(&self) -> &str {
+        &self.node().endpoint
+    }
+
+    fn node(&self) -> &Node {
+        &self.nodes[self.active.load(Ordering::Acquire) % self.nodes.len()]
+    }
+
+    /// The admin stub of the server in use.
+    fn admin(&self) -> AdminServiceClient<Transport> {
+        self.node().admin.clone()
+    }
+
+    /// The messaging stub of the server in use.
+    fn msg(&self) -> MessagingServiceClient<Transport> {
+        self.node().msg.clone()
+    }
+
+    /// A call to node `from` failed as if the server were gone: the next
+    /// server takes over for every clone (once, however many calls saw the
+    /// same failure).
+    fn fail_over(&self, from: usize) {
+        let n = self.nodes.len();
+        if n > 1 {
+            let next = (from + 1) % n;
+            if self
+                .active
+                .compare_exchange(from, next, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                tracing::info!(
+                    from = %self.nodes[from].endpoint,
+                    to = %self.nodes[next].endpoint,
+                    "server unavailable; failing over"
+                );
+            }
+        }
     }
 
     /// The settings in use.
@@ -285,7 +362,8 @@ impl Client {
         }
     }
 
-    /// Runs a call with the request timeout and retries on UNAVAILABLE.
+    /// Runs a call with the request timeout and retries on UNAVAILABLE
+    /// (failing over to the next server first, when there are several).
     async fn call<T, F, Fut>(&self, retry: bool, extra: Duration, f: F) -> Result<T>
     where
         F: Fn() -> Fut,
@@ -294,6 +372,7 @@ impl Client {
         let mut attempt = 1;
         loop {
             let limit = self.config.request_timeout + extra;
+            let at = self.active.load(Ordering::Acquire) % self.nodes.len();
             let outcome = match tokio::time::timeout(limit, f()).await {
                 Ok(r) => r,
                 Err(_) => Err(tonic::Status::deadline_exceeded(format!(
@@ -303,12 +382,23 @@ impl Client {
             };
             match outcome {
                 Ok(r) => return Ok(r.into_inner()),
-                Err(s) if retry && retryable(&s) && attempt < self.config.retry.max_attempts => {
+                Err(s) => {
+                    let gone = retryable(&s);
+                    if gone {
+                        self.fail_over(at);
+                    }
+                    if !(retry && gone && attempt < self.config.retry.max_attempts) {
+                        return Err(ClientError::from_call(&self.nodes[at].endpoint, s));
+                    }
                     tracing::debug!(status = %s.message(), attempt, "server unavailable; retrying");
-                    tokio::time::sleep(backoff(&self.config.retry, attempt)).await;
+                    // The next server of a list is tried at once; a wait
+                    // comes once the list has been gone round.
+                    let wrapped = self.active.load(Ordering::Acquire) % self.nodes.len() <= at;
+                    if wrapped {
+                        tokio::time::sleep(backoff(&self.config.retry, attempt)).await;
+                    }
                     attempt += 1;
                 }
-                Err(s) => return Err(ClientError::from_call(&self.config.endpoint, s)),
             }
         }
     }
@@ -319,7 +409,7 @@ impl Client {
     pub async fn create_queue(&self, name: &str, config: pb::QueueConfig) -> Result<pb::Queue> {
         let r = self
             .call(true, Duration::ZERO, || {
-                let mut c = self.admin.clone();
+                let mut c = self.admin();
                 let req = pb::CreateQueueRequest {
                     name: name.into(),
                     config: Some(config.clone()),
@@ -334,7 +424,7 @@ impl Client {
     pub async fn get_queue(&self, name: &str) -> Result<pb::Queue> {
         let r = self
             .call(true, Duration::ZERO, || {
-                let mut c = self.admin.clone();
+                let mut c = self.admin();
                 let req = pb::GetQueueRequest { name: name.into() };
                 async move { c.get_queue(req).await }
             })
@@ -349,7 +439,7 @@ impl Client {
         loop {
             let page = self
                 .call(true, Duration::ZERO, || {
-                    let mut c = self.admin.clone();
+                    let mut c = self.admin();
                     let req = pb::ListQueuesRequest {
                         page_size: 1000,
                         page_token: token.clone(),
@@ -370,7 +460,7 @@ impl Client {
     pub async fn update_queue(&self, req: pb::UpdateQueueRequest) -> Result<pb::Queue> {
         let r = self
             .call(true, Duration::ZERO, || {
-                let mut c = self.admin.clone();
+                let mut c = self.admin();
                 let req = req.clone();
                 async move { c.update_queue(req).await }
             })
@@ -382,7 +472,7 @@ impl Client {
     pub async fn delete_queue(&self, name: &str, force: bool) -> Result<u64> {
         let r = self
             .call(true, Duration::ZERO, || {
-                let mut c = self.admin.clone();
+                let mut c = self.admin();
                 let req = pb::DeleteQueueRequest {
                     name: name.into(),
                     force,
@@ -397,7 +487,7 @@ impl Client {
     pub async fn purge_queue(&self, name: &str) -> Result<u64> {
         let r = self
             .call(true, Duration::ZERO, || {
-                let mut c = self.admin.clone();
+                let mut c = self.admin();
                 let req = pb::PurgeQueueRequest { name: name.into() };
                 async move { c.purge_queue(req).await }
             })
@@ -409,7 +499,7 @@ impl Client {
     pub async fn stats(&self, name: &str) -> Result<pb::QueueStats> {
         let r = self
             .call(true, Duration::ZERO, || {
-                let mut c = self.admin.clone();
+                let mut c = self.admin();
                 let req = pb::GetQueueStatsRequest { name: name.into() };
                 async move { c.get_queue_stats(req).await }
             })
@@ -425,7 +515,7 @@ impl Client {
         page_token: &str,
     ) -> Result<pb::BrowseResponse> {
         self.call(true, Duration::ZERO, || {
-            let mut c = self.admin.clone();
+            let mut c = self.admin();
             let req = pb::BrowseRequest {
                 queue: queue.into(),
                 max_messages: max,
@@ -439,7 +529,7 @@ impl Client {
     /// Lists a FIFO queue's groups (one page).
     pub async fn list_groups(&self, req: pb::ListGroupsRequest) -> Result<pb::ListGroupsResponse> {
         self.call(true, Duration::ZERO, || {
-            let mut c = self.admin.clone();
+            let mut c = self.admin();
             let req = req.clone();
             async move { c.list_groups(req).await }
         })
@@ -450,7 +540,7 @@ impl Client {
     pub async fn skip_head(&self, queue: &str, group: &str, note: &str) -> Result<String> {
         let r = self
             .call(false, Duration::ZERO, || {
-                let mut c = self.admin.clone();
+                let mut c = self.admin();
                 let req = pb::SkipHeadRequest {
                     queue: queue.into(),
                     group_id: group.into(),
@@ -466,7 +556,7 @@ impl Client {
     pub async fn release_group(&self, queue: &str, group: &str) -> Result<String> {
         let r = self
             .call(false, Duration::ZERO, || {
-                let mut c = self.admin.clone();
+                let mut c = self.admin();
                 let req = pb::ReleaseGroupRequest {
                     queue: queue.into(),
                     group_id: group.into(),
@@ -481,7 +571,7 @@ impl Client {
     pub async fn create_exchange(&self, name: &str) -> Result<pb::Exchange> {
         let r = self
             .call(true, Duration::ZERO, || {
-                let mut c = self.admin.clone();
+                let mut c = self.admin();
                 let req = pb::CreateExchangeRequest { name: name.into() };
                 async move { c.create_exchange(req).await }
             })
@@ -493,7 +583,7 @@ impl Client {
     pub async fn get_exchange(&self, name: &str) -> Result<pb::Exchange> {
         let r = self
             .call(true, Duration::ZERO, || {
-                let mut c = self.admin.clone();
+                let mut c = self.admin();
                 let req = pb::GetExchangeRequest { name: name.into() };
                 async move { c.get_exchange(req).await }
             })
@@ -508,7 +598,7 @@ impl Client {
         loop {
             let page = self
                 .call(true, Duration::ZERO, || {
-                    let mut c = self.admin.clone();
+                    let mut c = self.admin();
                     let req = pb::ListExchangesRequest {
                         page_size: 1000,
                         page_token: token.clone(),
@@ -527,7 +617,7 @@ impl Client {
     /// Deletes an exchange and its bindings.
     pub async fn delete_exchange(&self, name: &str) -> Result<()> {
         self.call(true, Duration::ZERO, || {
-            let mut c = self.admin.clone();
+            let mut c = self.admin();
             let req = pb::DeleteExchangeRequest { name: name.into() };
             async move { c.delete_exchange(req).await }
         })
@@ -544,7 +634,7 @@ impl Client {
     ) -> Result<pb::Exchange> {
         let r = self
             .call(true, Duration::ZERO, || {
-                let mut c = self.admin.clone();
+                let mut c = self.admin();
                 let req = pb::BindRequest {
                     exchange: exchange.into(),
                     binding: Some(pb::Binding {
@@ -562,7 +652,7 @@ impl Client {
     pub async fn unbind(&self, exchange: &str, queue: &str) -> Result<pb::Exchange> {
         let r = self
             .call(true, Duration::ZERO, || {
-                let mut c = self.admin.clone();
+                let mut c = self.admin();
                 let req = pb::UnbindRequest {
                     exchange: exchange.into(),
                     queue: queue.into(),
@@ -579,7 +669,7 @@ impl Client {
         &self,
         req: pb::RedriveRequest,
     ) -> Result<tonic::Streaming<pb::RedriveResponse>> {
-        let mut c = self.admin.clone();
+        let mut c = self.admin();
         Ok(c.redrive(req).await?.into_inner())
     }
 
@@ -587,7 +677,7 @@ impl Client {
     pub async fn export_definitions(&self) -> Result<String> {
         let r = self
             .call(true, Duration::ZERO, || {
-                let mut c = self.admin.clone();
+                let mut c = self.admin();
                 async move { c.export_definitions(pb::ExportDefinitionsRequest {}).await }
             })
             .await?;
@@ -597,7 +687,7 @@ impl Client {
     /// Applies a definitions document (JSON), atomically.
     pub async fn import_definitions(&self, json: &str) -> Result<pb::ImportDefinitionsResponse> {
         self.call(true, Duration::ZERO, || {
-            let mut c = self.admin.clone();
+            let mut c = self.admin();
             let req = pb::ImportDefinitionsRequest { json: json.into() };
             async move { c.import_definitions(req).await }
         })
@@ -616,7 +706,7 @@ impl Client {
         let retry = messages.iter().all(|m| !m.message_id.is_empty());
         let r = self
             .call(retry, Duration::ZERO, || {
-                let mut c = self.msg.clone();
+                let mut c = self.msg();
                 let req = pb::PublishRequest {
                     queue: queue.into(),
                     messages: messages.clone(),
@@ -639,7 +729,7 @@ impl Client {
         let retry = messages.iter().all(|m| !m.message_id.is_empty());
         let r = self
             .call(retry, Duration::ZERO, || {
-                let mut c = self.msg.clone();
+                let mut c = self.msg();
                 let req = pb::PublishRequest {
                     queue: String::new(),
                     messages: messages.clone(),
@@ -677,7 +767,7 @@ impl Client {
         let extra = Duration::from_millis(req.wait_ms);
         let r = self
             .call(true, extra, || {
-                let mut c = self.msg.clone();
+                let mut c = self.msg();
                 let req = req.clone();
                 async move { c.receive(req).await }
             })
@@ -689,7 +779,7 @@ impl Client {
     pub async fn ack(&self, tokens: Vec<String>) -> Result<Vec<pb::SettleResult>> {
         let r = self
             .call(true, Duration::ZERO, || {
-                let mut c = self.msg.clone();
+                let mut c = self.msg();
                 let req = pb::AckRequest {
                     ack_tokens: tokens.clone(),
                 };
@@ -713,7 +803,7 @@ impl Client {
     ) -> Result<(Vec<pb::SettleResult>, Vec<pb::ReleasedDelivery>)> {
         let r = self
             .call(true, Duration::ZERO, || {
-                let mut c = self.msg.clone();
+                let mut c = self.msg();
                 let req = pb::NackRequest {
                     items: items.clone(),
                 };
@@ -727,7 +817,7 @@ impl Client {
     pub async fn extend(&self, items: Vec<pb::ExtendItem>) -> Result<Vec<pb::SettleResult>> {
         let r = self
             .call(true, Duration::ZERO, || {
-                let mut c = self.msg.clone();
+                let mut c = self.msg();
                 let req = pb::ExtendLeaseRequest {
                     items: items.clone(),
                 };
@@ -738,20 +828,78 @@ impl Client {
     }
 
     /// Opens a push subscription holding at most `credit` unsettled
-    /// deliveries.
+    /// deliveries. Not retried here; a server that is gone moves the
+    /// client to the next one for the next attempt.
     pub async fn subscribe(
         &self,
         queue: &str,
         credit: u32,
         ack_timeout: Option<Duration>,
     ) -> Result<Subscription> {
-        Subscription::open(self.msg.clone(), queue, credit, ack_timeout).await
+        let at = self.active.load(Ordering::Acquire) % self.nodes.len();
+        let opened = Subscription::open(self.msg(), queue, credit, ack_timeout).await;
+        if let Err(e) = &opened
+            && e.is_retryable()
+        {
+            // The next subscribe (a subscriber's reconnect) goes to the
+            // next server.
+            self.fail_over(at);
+        }
+        opened
     }
 }
 
+/// The addresses of a comma-separated list, trimmed, in order.
+fn endpoints(list: &str) -> Vec<&str> {
+    list.split(',').map(str::trim).collect()
+}
+
+/// The connection settings of one server address.
+fn endpoint(config: &ClientConfig, address: &str) -> Result<Endpoint> {
+    let mut endpoint = Endpoint::from_shared(address.to_string())
+        .map_err(|e| {
+            ClientError::new(
+                ErrorKind::InvalidArgument,
+                format!("endpoint {address:?}: {e}"),
+            )
+        })?
+        .connect_timeout(config.connect_timeout)
+        .tcp_nodelay(true);
+    if let Some(tls) = &config.tls {
+        let mut t = ClientTlsConfig::new();
+        if let Some(ca) = &tls.ca_pem {
+            t = t.ca_certificate(Certificate::from_pem(ca));
+        }
+        if let Some((cert, key)) = &tls.identity_pem {
+            t = t.identity(Identity::from_pem(cert, key));
+        }
+        if let Some(d) = &tls.domain {
+            t = t.domain_name(d.clone());
+        }
+        endpoint = endpoint
+            .tls_config(t)
+            .map_err(|e| ClientError::transport(address, &e))?;
+    }
+    Ok(endpoint)
+}
+
 /// Checks that an endpoint is a URL with the `http` or `https` scheme (a
-/// bare `HOST:PORT` is the commonest slip), naming what to write instead.
+/// bare `HOST:PORT` is the commonest slip), naming what to write instead;
+/// or a comma-separated list of such URLs.
 pub fn check_endpoint(endpoint: &str) -> Result<()> {
+    let list = endpoints(endpoint);
+    if list.len() > 1 {
+        for e in list {
+            if e.is_empty() {
+                return Err(ClientError::new(
+                    ErrorKind::InvalidArgument,
+                    format!("server addresses {endpoint:?}: an empty address between commas"),
+                ));
+            }
+            check_endpoint(e)?;
+        }
+        return Ok(());
+    }
     match endpoint.split_once("://") {
         Some(("http" | "https", rest)) if !rest.is_empty() => Ok(()),
         Some((scheme, _)) => Err(ClientError::new(

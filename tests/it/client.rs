@@ -628,3 +628,72 @@ async fn calls_are_retried_while_the_server_restarts() {
     let _s = restart.await.unwrap();
     assert_eq!(c.stats("q").await.unwrap().total, 1);
 }
+
+/// A port nothing listens on.
+fn dead_port() -> std::net::SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap()
+}
+
+/// Several servers: the client connects to the first that answers, and a
+/// server that goes away moves it (and its clones) to the next, where a
+/// call safe to repeat is retried.
+#[tokio::test]
+async fn client_fails_over_to_the_next_server() {
+    let a = InProc::start().await;
+    let b = InProc::start().await;
+    let dead = dead_port();
+    // The first address refuses connections: the second is used.
+    let c = Client::connect(format!("http://{dead}, http://{}", a.addr))
+        .await
+        .unwrap();
+    assert_eq!(c.endpoint(), format!("http://{}", a.addr));
+    queue(&c, "q", config()).await;
+
+    let list = format!("http://{},http://{}", a.addr, b.addr);
+    let c = Client::connect(list.clone()).await.unwrap();
+    let clone = c.clone();
+    assert_eq!(c.endpoint(), format!("http://{}", a.addr));
+    queue(
+        &Client::connect(format!("http://{}", b.addr)).await.unwrap(),
+        "q",
+        config(),
+    )
+    .await;
+    c.publish("q", vec![Client::message_with_id("m1", "on a")])
+        .await
+        .unwrap();
+    a.stop().await;
+    // Safe to repeat (it has an id): retried on the next server.
+    let r = c
+        .publish("q", vec![Client::message_with_id("m2", "on b")])
+        .await
+        .unwrap();
+    assert_eq!(r.len(), 1);
+    assert_eq!(c.endpoint(), format!("http://{}", b.addr));
+    assert_eq!(clone.endpoint(), c.endpoint(), "clones fail over together");
+    let got = clone
+        .receive("q", 10, Duration::from_millis(200))
+        .await
+        .unwrap();
+    let bodies: Vec<String> = got
+        .iter()
+        .map(|d| String::from_utf8_lossy(&d.body).into_owned())
+        .collect();
+    assert_eq!(bodies, ["on b"]);
+
+    // Every address bad: the error names one of them.
+    let e = Client::with_config({
+        let mut cfg = letterbox::client::ClientConfig::new(format!("http://{dead}"));
+        cfg.retry.max_attempts = 1;
+        cfg
+    })
+    .await
+    .unwrap_err();
+    assert!(e.to_string().contains(&dead.port().to_string()), "{e}");
+    // An empty entry in the list is refused before connecting.
+    let e = Client::connect(format!("http://{},", b.addr))
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("empty address"), "{e}");
+}
