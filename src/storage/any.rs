@@ -17,7 +17,9 @@ use std::path::PathBuf;
 use bytes::Bytes;
 use tokio::sync::watch;
 
-use super::{Backend, Commit, LocalBackend, Result, Store, StoreMetrics, StoreStats, Txn};
+use super::{
+    Backend, Commit, LocalBackend, PgBackend, Result, Store, StoreMetrics, StoreStats, Txn,
+};
 
 /// A backend chosen at start (see the module doc).
 ///
@@ -31,6 +33,8 @@ use super::{Backend, Commit, LocalBackend, Result, Store, StoreMetrics, StoreSta
 pub enum AnyBackend {
     /// The write-ahead log in front of sled, in a data directory.
     Local(LocalBackend),
+    /// One shard in PostgreSQL, under an ownership lease.
+    Pg(PgBackend),
 }
 
 impl AnyBackend {
@@ -38,6 +42,7 @@ impl AnyBackend {
     pub fn local(&self) -> Option<&LocalBackend> {
         match self {
             AnyBackend::Local(b) => Some(b),
+            AnyBackend::Pg(_) => None,
         }
     }
 
@@ -45,6 +50,7 @@ impl AnyBackend {
     pub fn location(&self) -> Location {
         match self {
             AnyBackend::Local(b) => Location::Dir(b.dir().to_path_buf()),
+            AnyBackend::Pg(b) => Location::Database(b.target()),
         }
     }
 }
@@ -53,30 +59,35 @@ impl Backend for AnyBackend {
     fn submit(&self, txn: Txn) -> Commit {
         match self {
             AnyBackend::Local(b) => b.submit(txn),
+            AnyBackend::Pg(b) => b.submit(txn),
         }
     }
 
     fn get(&self, key: &[u8]) -> Result<Option<Bytes>> {
         match self {
             AnyBackend::Local(b) => b.get(key),
+            AnyBackend::Pg(b) => b.get(key),
         }
     }
 
     fn scan(&self, start: &[u8], end: Option<&[u8]>, limit: usize) -> Result<Vec<(Bytes, Bytes)>> {
         match self {
             AnyBackend::Local(b) => b.scan(start, end, limit),
+            AnyBackend::Pg(b) => b.scan(start, end, limit),
         }
     }
 
     fn failure(&self) -> watch::Receiver<Option<String>> {
         match self {
             AnyBackend::Local(b) => b.failure(),
+            AnyBackend::Pg(b) => b.failure(),
         }
     }
 
     fn close(&self) -> Result<()> {
         match self {
             AnyBackend::Local(b) => b.close(),
+            AnyBackend::Pg(b) => b.close(),
         }
     }
 }
@@ -115,6 +126,18 @@ impl From<Store<LocalBackend>> for Store<AnyBackend> {
     }
 }
 
+impl From<Store<PgBackend>> for Store<AnyBackend> {
+    fn from(store: Store<PgBackend>) -> Store<AnyBackend> {
+        Store::with_backend(AnyBackend::Pg(store.into_backend()))
+    }
+}
+
+impl From<PgBackend> for Store<AnyBackend> {
+    fn from(backend: PgBackend) -> Store<AnyBackend> {
+        Store::with_backend(AnyBackend::Pg(backend))
+    }
+}
+
 impl Store<AnyBackend> {
     /// Where the state lives (a data directory, a database).
     pub fn location(&self) -> Location {
@@ -127,6 +150,7 @@ impl Store<AnyBackend> {
     pub async fn room(&self) {
         match self.backend() {
             AnyBackend::Local(b) => b.room().await,
+            AnyBackend::Pg(_) => {}
         }
     }
 
@@ -135,6 +159,7 @@ impl Store<AnyBackend> {
     pub fn metrics(&self) -> Option<&StoreMetrics> {
         match self.backend() {
             AnyBackend::Local(b) => Some(b.metrics()),
+            AnyBackend::Pg(_) => None,
         }
     }
 
@@ -143,6 +168,7 @@ impl Store<AnyBackend> {
     pub fn stats(&self) -> Option<StoreStats> {
         match self.backend() {
             AnyBackend::Local(b) => Some(b.stats()),
+            AnyBackend::Pg(_) => None,
         }
     }
 
@@ -152,6 +178,7 @@ impl Store<AnyBackend> {
     pub fn has_space(&self) -> bool {
         match self.backend() {
             AnyBackend::Local(b) => b.has_space(),
+            AnyBackend::Pg(_) => true,
         }
     }
 
@@ -161,6 +188,7 @@ impl Store<AnyBackend> {
     pub fn above_floor(&self) -> bool {
         match self.backend() {
             AnyBackend::Local(b) => b.above_floor(),
+            AnyBackend::Pg(_) => true,
         }
     }
 
@@ -170,6 +198,7 @@ impl Store<AnyBackend> {
     pub fn free_bytes(&self) -> Option<u64> {
         match self.backend() {
             AnyBackend::Local(b) => b.free_bytes(),
+            AnyBackend::Pg(_) => None,
         }
     }
 
@@ -179,6 +208,7 @@ impl Store<AnyBackend> {
     pub fn min_free_bytes(&self) -> Option<u64> {
         match self.backend() {
             AnyBackend::Local(b) => Some(b.min_free_bytes()),
+            AnyBackend::Pg(_) => None,
         }
     }
 
@@ -188,6 +218,7 @@ impl Store<AnyBackend> {
     pub(crate) fn crash(self) {
         match self.into_backend() {
             AnyBackend::Local(b) => Store::with_backend(b).crash(),
+            AnyBackend::Pg(b) => drop(b),
         }
     }
 }

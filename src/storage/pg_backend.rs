@@ -274,6 +274,16 @@ impl PgBackend {
         })
     }
 
+    /// The database, by its hosts and name (no password).
+    pub fn target(&self) -> String {
+        pg::describe(&self.shared.url)
+    }
+
+    /// This node's name in the lease.
+    pub fn node(&self) -> &str {
+        &self.shared.opts.node
+    }
+
     /// The lease's epoch this backend writes under.
     pub fn epoch(&self) -> i64 {
         lock(&self.shared.fence).epoch
