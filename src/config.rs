@@ -19,7 +19,7 @@ use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, Command};
 
 use crate::auth::{Authenticator, PrincipalConfig};
-use crate::server::{Limits, ServerConfig, TlsConfig};
+use crate::server::{Limits, RemoteStore, ServerConfig, TlsConfig};
 pub use crate::units::{ByteSize, Millis};
 
 /// Log output format.
@@ -197,6 +197,28 @@ pub struct ServeArgs {
     /// one pass over every queue's figures).
     #[arg(long, env = "LETTERBOX_CONSOLE_SAMPLE_INTERVAL", default_value = "5s")]
     pub console_sample_interval: Millis,
+    /// Keep the state in PostgreSQL instead of the data directory: a
+    /// `postgres://` URL (several hosts, `postgres://a,b,c/db`, with
+    /// `target_session_attrs=read-write` to follow a Patroni cluster's
+    /// primary). The server owns the queues under a lease; see
+    /// `--standby`.
+    #[arg(long, env = "LETTERBOX_STORE", hide_env_values = true)]
+    pub store: Option<String>,
+    /// With `--store`: if another node owns the queues, wait and take over
+    /// once its lease lapses, instead of refusing to start (the gRPC
+    /// listener opens only once this node owns them).
+    #[arg(long, env = "LETTERBOX_STANDBY")]
+    pub standby: bool,
+    /// With `--store`: this node's name in the ownership lease (default:
+    /// the host name and the gRPC port). A node restarted under the same
+    /// name takes its own lease back at once.
+    #[arg(long, env = "LETTERBOX_NODE_NAME")]
+    pub node_name: Option<String>,
+    /// With `--store`: how long the ownership lease lasts without renewal
+    /// (renewed every third of it). A standby takes over this long after
+    /// the owner stopped renewing.
+    #[arg(long, env = "LETTERBOX_LEASE_TTL", default_value = "10s")]
+    pub lease_ttl: Millis,
     /// Principals, from the configuration file only.
     #[arg(skip)]
     pub principals: Vec<PrincipalConfig>,
@@ -359,7 +381,67 @@ impl ServeArgs {
         c.anypoint_listen = self.anypoint_listen;
         c.anypoint.lock_ttl_unit = self.anypoint_lock_ttl_unit;
         c.anypoint.max_body_bytes = 10 * max_msg + (4 << 20);
+        c.remote = self.remote_store()?;
         Ok(c)
+    }
+
+    /// The `--store` settings, checked.
+    fn remote_store(&self) -> Result<Option<RemoteStore>, String> {
+        let Some(url) = &self.store else {
+            for (set, flag) in [
+                (self.standby, "--standby"),
+                (self.node_name.is_some(), "--node-name"),
+            ] {
+                if set {
+                    return Err(format!(
+                        "{flag}: needs --store postgres://... (a node of a highly available pair keeps its state in PostgreSQL)"
+                    ));
+                }
+            }
+            return Ok(None);
+        };
+        match url.split_once("://").map(|(s, _)| s) {
+            Some("postgres" | "postgresql") => {}
+            Some(scheme) => {
+                return Err(format!(
+                    "--store / LETTERBOX_STORE: scheme {scheme:?} is not postgres (write postgres://USER@HOST/DB, or leave it out to keep the state in --data-dir)"
+                ));
+            }
+            None => {
+                return Err(
+                    "--store / LETTERBOX_STORE: not a URL (write postgres://USER@HOST/DB, or leave it out to keep the state in --data-dir)"
+                        .into(),
+                );
+            }
+        }
+        if let Err(e) = url.parse::<tokio_postgres::Config>() {
+            return Err(format!(
+                "--store / LETTERBOX_STORE: the postgres URL does not parse: {e}"
+            ));
+        }
+        if self.lease_ttl.0 < Duration::from_secs(1) {
+            return Err("--lease-ttl / LETTERBOX_LEASE_TTL: must be at least 1s".into());
+        }
+        let node = match &self.node_name {
+            Some(n) if n.trim().is_empty() => {
+                return Err("--node-name / LETTERBOX_NODE_NAME: the name is empty".into());
+            }
+            Some(n) => n.trim().to_string(),
+            None => {
+                let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+                    .map(|h| h.trim().to_string())
+                    .ok()
+                    .filter(|h| !h.is_empty())
+                    .unwrap_or_else(|| "localhost".into());
+                format!("{host}:{}", self.listen.port())
+            }
+        };
+        Ok(Some(RemoteStore {
+            url: url.clone(),
+            node,
+            lease_ttl: self.lease_ttl.0,
+            standby: self.standby,
+        }))
     }
 
     fn metrics_token(&self) -> Result<Option<String>, String> {
@@ -512,6 +594,66 @@ mod tests {
         let mut args = ServeArgs::from_arg_matches(&m).map_err(|e| e.to_string())?;
         args.principals = settings.principals;
         Ok(args)
+    }
+
+    #[test]
+    fn store_flags_are_checked_and_name_the_flag() {
+        let c = parse(&["--data-dir", "/tmp/x"], "")
+            .unwrap()
+            .server_config()
+            .unwrap();
+        assert!(c.remote.is_none(), "the data directory by default");
+        let c = parse(
+            &[
+                "--store",
+                "postgres://lb:secret@db1,db2/letterbox?target_session_attrs=read-write",
+                "--standby",
+                "--listen",
+                "127.0.0.1:6000",
+            ],
+            "lease_ttl = \"3s\"\nnode_name = \"n1\"",
+        )
+        .unwrap()
+        .server_config()
+        .unwrap();
+        let r = c.remote.expect("remote store");
+        assert!(r.standby);
+        assert_eq!(r.node, "n1");
+        assert_eq!(r.lease_ttl, Duration::from_secs(3));
+        assert!(!format!("{r:?}").contains("secret"), "{r:?}");
+        let r = parse(
+            &["--store", "postgres://db/x", "--listen", "127.0.0.1:6001"],
+            "",
+        )
+        .unwrap()
+        .server_config()
+        .unwrap()
+        .remote
+        .unwrap();
+        assert!(r.node.ends_with(":6001"), "{}", r.node);
+        for (argv, want) in [
+            (&["--standby"][..], "--standby: needs --store"),
+            (&["--node-name", "a"][..], "--node-name: needs --store"),
+            (
+                &["--store", "mysql://db/x"][..],
+                "scheme \"mysql\" is not postgres",
+            ),
+            (
+                &["--store", "db1"][..],
+                "--store / LETTERBOX_STORE: not a URL",
+            ),
+            (
+                &["--store", "postgres://db/x", "--lease-ttl", "100ms"][..],
+                "--lease-ttl / LETTERBOX_LEASE_TTL: must be at least 1s",
+            ),
+            (
+                &["--store", "postgres://db/x", "--node-name", " "][..],
+                "the name is empty",
+            ),
+        ] {
+            let e = parse(argv, "").unwrap().server_config().unwrap_err();
+            assert!(e.contains(want), "{argv:?}: {e}");
+        }
     }
 
     #[test]

@@ -332,7 +332,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
     }
     let report = server.open_report();
     tracing::info!(
-        data_dir = %config.data_dir.display(),
+        store = %server.broker().store().location(),
         replayed = report.replayed,
         recovery_ms = u64::try_from(report.elapsed.as_millis()).unwrap_or(u64::MAX),
         "recovered"

@@ -76,6 +76,35 @@ pub struct ServerConfig {
     pub console_sample_every: Duration,
     /// Settings of the Anypoint MQ REST facade.
     pub anypoint: AnypointOptions,
+    /// State kept in PostgreSQL instead of [`ServerConfig::data_dir`],
+    /// when `Some`.
+    pub remote: Option<RemoteStore>,
+}
+
+/// Where a node of a highly available pair keeps its state, and how it
+/// holds the queues (`serve --store`).
+#[derive(Clone)]
+pub struct RemoteStore {
+    /// The `postgres://` URL (it may hold a password).
+    pub url: String,
+    /// This node's name in the ownership lease.
+    pub node: String,
+    /// How long the lease lasts without renewal.
+    pub lease_ttl: Duration,
+    /// Wait for the lease instead of refusing to start while another node
+    /// holds it.
+    pub standby: bool,
+}
+
+impl std::fmt::Debug for RemoteStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteStore")
+            .field("url", &crate::storage::pg::describe(&self.url))
+            .field("node", &self.node)
+            .field("lease_ttl", &self.lease_ttl)
+            .field("standby", &self.standby)
+            .finish()
+    }
 }
 
 /// Where the web console listens.
@@ -164,6 +193,7 @@ impl ServerConfig {
             anypoint_listen: None,
             console_listen: None,
             console_sample_every: Duration::from_secs(5),
+            remote: None,
             anypoint: AnypointOptions {
                 max_body_bytes: 10 * broker.max_message_size + (4 << 20),
                 ..AnypointOptions::default()
@@ -176,8 +206,9 @@ impl ServerConfig {
 /// Why the server could not start or stopped abnormally.
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
-    /// The data directory could not be opened or recovered.
-    #[error("cannot open the data directory: {0}")]
+    /// The data directory (or the PostgreSQL store) could not be opened
+    /// or recovered.
+    #[error("cannot open the store: {0}")]
     Open(#[from] StorageError),
     /// The engine could not rebuild its state.
     #[error("cannot load the queues: {0}")]
@@ -262,42 +293,143 @@ impl std::fmt::Debug for Server {
     }
 }
 
-impl Server {
-    /// Opens the data directory, recovers, and binds the listener.
-    pub async fn start(config: ServerConfig, clock: Arc<dyn Clock>) -> Result<Server, ServerError> {
-        let dir = config.data_dir.clone();
-        let db_dir =
-            crate::storage::fsutil::current_database(&dir).unwrap_or_else(|_| dir.join("db"));
-        let store_opts = config.store.clone();
-        let broker_opts = config.broker.clone();
-        // Opening replays the log and scans the database: blocking work.
-        let (broker, report) = tokio::task::spawn_blocking(move || {
-            let started = std::time::Instant::now();
-            let (broker, mut report) = Broker::start(&dir, store_opts, clock, broker_opts)?;
-            // Recovery is the whole of it: the store's replay and the
-            // engine's indexes rebuilt from the database.
-            report.elapsed = started.elapsed();
-            Ok::<_, ServerError>((broker, report))
+/// Opens the data directory and recovers (the local store).
+async fn open_local(
+    config: &ServerConfig,
+    clock: Arc<dyn Clock>,
+) -> Result<(Broker, OpenReport), ServerError> {
+    let dir = config.data_dir.clone();
+    let db_dir = crate::storage::fsutil::current_database(&dir).unwrap_or_else(|_| dir.join("db"));
+    let store_opts = config.store.clone();
+    let broker_opts = config.broker.clone();
+    // Opening replays the log and scans the database: blocking work.
+    let (broker, report) = tokio::task::spawn_blocking(move || {
+        let started = std::time::Instant::now();
+        let (broker, mut report) = Broker::start(&dir, store_opts, clock, broker_opts)?;
+        // Recovery is the whole of it: the store's replay and the
+        // engine's indexes rebuilt from the database.
+        report.elapsed = started.elapsed();
+        Ok::<_, ServerError>((broker, report))
+    })
+    .await
+    .map_err(|e| {
+        // sled panics on some damage instead of returning an error.
+        let why = if e.is_panic() {
+            let p = e.into_panic();
+            p.downcast_ref::<&str>()
+                .map(|s| (*s).to_string())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic".into())
+        } else {
+            e.to_string()
+        };
+        ServerError::Open(StorageError::Corrupt {
+            what: db_dir.display().to_string(),
+            reason: format!(
+                "reading it failed ({why}): the database is damaged (see letterbox verify)"
+            ),
+        })
+    })??;
+    Ok((broker, report))
+}
+
+/// Takes the queues' lease in PostgreSQL (as a standby: waits until the
+/// owner's lease lapses) and rebuilds the engine's indexes from the
+/// database.
+async fn open_remote(
+    remote: RemoteStore,
+    clock: Arc<dyn Clock>,
+    broker_opts: BrokerOptions,
+) -> Result<(Broker, OpenReport), ServerError> {
+    use crate::storage::pg::PgError;
+    use crate::storage::{PgBackend, PgBackendOptions};
+    let target = crate::storage::pg::describe(&remote.url);
+    let poll = remote.lease_ttl / 3;
+    let mut announced = false;
+    let backend = loop {
+        let r = remote.clone();
+        let opened = tokio::task::spawn_blocking(move || {
+            PgBackend::open(
+                &r.url,
+                PgBackendOptions {
+                    node: r.node.clone(),
+                    lease_ttl: r.lease_ttl,
+                    ..PgBackendOptions::default()
+                },
+            )
         })
         .await
         .map_err(|e| {
-            // sled panics on some damage instead of returning an error.
-            let why = if e.is_panic() {
-                let p = e.into_panic();
-                p.downcast_ref::<&str>()
-                    .map(|s| (*s).to_string())
-                    .or_else(|| p.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "a panic".into())
-            } else {
-                e.to_string()
-            };
-            ServerError::Open(StorageError::Corrupt {
-                what: db_dir.display().to_string(),
-                reason: format!(
-                    "reading it failed ({why}): the database is damaged (see letterbox verify)"
-                ),
-            })
+            ServerError::Open(StorageError::Pg(PgError::Db(format!(
+                "opening the PostgreSQL store failed: {e}"
+            ))))
+        })?;
+        match opened {
+            Ok(b) => break b,
+            Err(StorageError::Pg(PgError::Held { holder, .. })) if remote.standby => {
+                if !announced {
+                    tracing::info!(
+                        store = %target,
+                        owner = %holder.node,
+                        epoch = holder.epoch,
+                        lease_left_ms = u64::try_from(holder.remaining.as_millis()).unwrap_or(u64::MAX),
+                        "standby: another node owns the queues; taking over once its lease lapses"
+                    );
+                    announced = true;
+                }
+                let wait = holder.remaining.clamp(Duration::from_millis(50), poll);
+                tokio::time::sleep(wait).await;
+            }
+            Err(StorageError::Pg(e @ (PgError::Connect { .. } | PgError::Db(_))))
+                if remote.standby =>
+            {
+                tracing::warn!(store = %target, error = %e, "standby: PostgreSQL not reachable; trying again");
+                tokio::time::sleep(poll).await;
+            }
+            Err(e) => return Err(ServerError::Open(e)),
+        }
+    };
+    tracing::info!(
+        store = %target,
+        node = %remote.node,
+        epoch = backend.epoch(),
+        "this node owns the queues; loading them"
+    );
+    let started = std::time::Instant::now();
+    let broker = tokio::task::spawn_blocking(move || Broker::open(backend, clock, broker_opts))
+        .await
+        .map_err(|e| {
+            ServerError::Open(StorageError::Pg(PgError::Db(format!(
+                "loading the queues from PostgreSQL failed: {e}"
+            ))))
         })??;
+    Ok((
+        broker,
+        OpenReport {
+            applied_lsn: 0,
+            replayed: 0,
+            elapsed: started.elapsed(),
+        },
+    ))
+}
+
+impl Server {
+    /// Opens the data directory (or, with [`ServerConfig::remote`], takes
+    /// the queues' lease in PostgreSQL, waiting for it as a standby),
+    /// recovers, and binds the listener.
+    pub async fn start(config: ServerConfig, clock: Arc<dyn Clock>) -> Result<Server, ServerError> {
+        let (broker, report) = match config.remote.clone() {
+            Some(remote) => open_remote(remote, clock, config.broker.clone()).await?,
+            None => open_local(&config, clock).await?,
+        };
+        Server::listen(config, broker, report).await
+    }
+
+    async fn listen(
+        config: ServerConfig,
+        broker: Broker,
+        report: OpenReport,
+    ) -> Result<Server, ServerError> {
         let listener =
             TcpListener::bind(config.listen)
                 .await
