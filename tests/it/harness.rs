@@ -13,12 +13,50 @@ use letterbox::launch::Serve;
 use letterbox::pb;
 use letterbox::pb::admin_service_client::AdminServiceClient;
 use letterbox::pb::messaging_service_client::MessagingServiceClient;
-use letterbox::server::{Server, ServerConfig};
+use letterbox::server::{RemoteStore, Server, ServerConfig};
 use tonic::transport::Channel;
 
 /// Flags every test server gets: small log segments so that start-up and
 /// disk use stay small.
 const TEST_FLAGS: &[(&str, &str)] = &[("--wal-segment-size", "1MiB"), ("--min-free-disk", "0")];
+
+/// The PostgreSQL the suite runs against, when `LETTERBOX_TEST_PG` holds
+/// its admin URL (`tools/pg-local.sh start` prints one): every test server
+/// then keeps its state in a database of its own there (`--store`) instead
+/// of its data directory.
+pub fn test_pg() -> Option<String> {
+    std::env::var("LETTERBOX_TEST_PG")
+        .ok()
+        .filter(|u| !u.is_empty())
+}
+
+/// A new, empty database on the suite's PostgreSQL at `admin`; its URL.
+pub async fn fresh_database(admin: &str) -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let name = format!(
+        "lb_it_{}_{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    );
+    let (client, conn) = tokio_postgres::connect(admin, tokio_postgres::NoTls)
+        .await
+        .expect("connect to LETTERBOX_TEST_PG");
+    let conn = tokio::spawn(conn);
+    client
+        .batch_execute(&format!("CREATE DATABASE {name}"))
+        .await
+        .expect("create a test database");
+    drop(client);
+    let _ = conn.await;
+    let (base, query) = admin.split_once('?').unwrap_or((admin, ""));
+    let (server, _) = base.rsplit_once('/').expect("an admin URL with a database");
+    if query.is_empty() {
+        format!("{server}/{name}")
+    } else {
+        format!("{server}/{name}?{query}")
+    }
+}
 
 /// gRPC clients of one server.
 #[derive(Clone)]
@@ -57,7 +95,13 @@ impl TestServer {
 
     pub async fn start_with(args: &[&str]) -> TestServer {
         let dir = tempfile::tempdir().expect("tempdir");
-        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        let mut args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        if let Some(admin) = test_pg()
+            && !args.iter().any(|a| a.starts_with("--store"))
+        {
+            let url = fresh_database(&admin).await;
+            args.extend(["--store".into(), url, "--node-name".into(), "it".into()]);
+        }
         let (child, addr, anypoint) = spawn_full(
             &dir.path().join("data"),
             &dir.path().join("server.log"),
@@ -216,6 +260,14 @@ impl InProc {
         config.store.segment_size = 1 << 20;
         config.store.min_free_bytes = 0;
         config.broker.sweep_interval = Duration::from_millis(10);
+        if let Some(admin) = test_pg() {
+            config.remote = Some(RemoteStore {
+                url: fresh_database(&admin).await,
+                node: "it".into(),
+                lease_ttl: Duration::from_secs(10),
+                standby: false,
+            });
+        }
         change(&mut config);
         let server = Server::start(config, clock.clone()).await.expect("start");
         let addr = server.local_addr();

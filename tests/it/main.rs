@@ -15,6 +15,7 @@ mod durability;
 mod ecosystem;
 mod exchanges;
 mod fifo;
+mod ha;
 mod harness;
 mod messaging;
 mod redrive;
