@@ -414,7 +414,7 @@ impl ServeArgs {
                 );
             }
         }
-        if let Err(e) = url.parse::<tokio_postgres::Config>() {
+        if let Err(e) = crate::storage::pg::check_url(url) {
             return Err(format!(
                 "--store / LETTERBOX_STORE: the postgres URL does not parse: {e}"
             ));

@@ -191,6 +191,14 @@ impl std::fmt::Debug for PgState {
     }
 }
 
+/// Checks that `url` parses as a PostgreSQL connection URL; the error
+/// says why not (without the URL, which may hold a password).
+pub fn check_url(url: &str) -> std::result::Result<(), String> {
+    url.parse::<tokio_postgres::Config>()
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
 /// The hosts and database of a URL, for messages (no password).
 pub fn describe(url: &str) -> String {
     match url.parse::<tokio_postgres::Config>() {
