@@ -36,7 +36,9 @@ use super::{Api, body_bytes, json_body, json_response, param, query};
 use crate::auth::Action;
 use crate::queue::QueueError;
 use crate::queue::exchange::ExchangeInfo;
-use crate::queue::model::{QueueConfig, QueueConfigInput, QueueInfo, QueueKind, QueueRemovals};
+use crate::queue::model::{
+    DeadLetterInput, QueueConfig, QueueConfigInput, QueueInfo, QueueKind, QueueRemovals,
+};
 use crate::queue::validate::limits;
 
 const ADMIN: &str = "/mq/admin/api/v1/organizations/{org}/environments/{env}/regions/{region}";
@@ -449,8 +451,11 @@ impl Api {
 /// The request of a `PUT` (see [`put_queue`]).
 fn put_request(b: QueueBody) -> Result<(QueueConfigInput, QueueRemovals), ApiError> {
     let dead_letter = match (b.dlq, b.max_deliveries) {
-        // No maxDeliveries: 0, the engine's default.
-        (Some(q), n) => Some((q, n.unwrap_or(0))),
+        // No maxDeliveries: the engine's default.
+        (Some(q), n) => Some(DeadLetterInput {
+            queue: q,
+            max_deliveries: n,
+        }),
         (None, Some(_)) => {
             return Err(ApiError::bad(
                 "maxDeliveries needs deadLetterQueueId (the queue to move messages to)",
@@ -537,15 +542,15 @@ async fn patch_queue(
     let existing = current.config.dead_letter.as_ref();
     let (dead_letter, remove) = match (b.dlq, b.max_deliveries) {
         (Some(q), n) => (
-            Some((
-                q,
-                // Neither given nor set: 0, the engine's default.
-                n.or(existing.map(|d| d.max_deliveries)).unwrap_or(0),
-            )),
+            Some(DeadLetterInput {
+                queue: q,
+                // Neither given nor set: the engine's default.
+                max_deliveries: n.or(existing.map(|d| d.max_deliveries)),
+            }),
             false,
         ),
         (None, Some(n)) => match existing {
-            Some(d) if v2 => (Some((d.queue.clone(), n)), false),
+            Some(d) if v2 => (Some(DeadLetterInput::new(d.queue.clone(), n)), false),
             _ => {
                 return Err(ApiError::bad(
                     "maxDeliveries needs deadLetterQueueId (the queue to move messages to)",

@@ -13,7 +13,7 @@ use super::history::Sample;
 use super::layout::{self, age, bytes, csrf, rate};
 use super::{Failure, Flash, Posted, Session, Shared, allow};
 use crate::auth::Action;
-use crate::queue::model::{QueueConfigInput, QueueKind, QueueStats};
+use crate::queue::model::{DeadLetterInput, QueueConfigInput, QueueKind, QueueStats};
 
 /// Rows per page unless asked.
 const PER_PAGE: usize = 50;
@@ -280,7 +280,7 @@ pub(crate) async fn create_queue(
                     )
                 })?,
             };
-            input.dead_letter = Some((dlq.to_string(), max));
+            input.dead_letter = Some(DeadLetterInput::new(dlq, max));
         }
         let (_, created) = c.broker.create_queue(&name, &input).await?;
         s.audit_done("queue.create", &name, "");

@@ -19,8 +19,8 @@ use super::layout::{self, BodyView, age, csrf, time};
 use super::{Failure, Flash, Posted, Session, Shared, allow};
 use crate::auth::Action;
 use crate::queue::model::{
-    BrowsedMessage, GroupState, NewMessage, PoisonPolicy, QueueConfig, QueueConfigInput, QueueInfo,
-    QueueKind, QueueRemovals,
+    BrowsedMessage, DeadLetterInput, GroupState, NewMessage, PoisonPolicy, QueueConfig,
+    QueueConfigInput, QueueInfo, QueueKind, QueueRemovals,
 };
 use crate::units::Millis;
 
@@ -297,7 +297,7 @@ fn config_request(form: &Posted) -> Result<(QueueConfigInput, QueueRemovals), Fa
                     )
                 })?,
             };
-            input.dead_letter = Some((d.to_string(), max));
+            input.dead_letter = Some(DeadLetterInput::new(d, max));
         }
     }
     Ok((input, removals))

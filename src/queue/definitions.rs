@@ -16,7 +16,9 @@ use serde::{Deserialize, Serialize};
 
 use super::error::{QueueError, Result};
 use super::exchange::ExchangeState;
-use super::model::{PoisonPolicy, QueueConfig, QueueConfigInput, QueueKind, RetryBackoff};
+use super::model::{
+    DeadLetterInput, PoisonPolicy, QueueConfig, QueueConfigInput, QueueKind, RetryBackoff,
+};
 use super::state::QueueState;
 use super::{Broker, Change, durable, persist, validate};
 use crate::storage::SysKey;
@@ -219,7 +221,7 @@ pub(crate) fn input(i: usize, d: &QueueDef) -> Result<QueueConfigInput> {
         delivery_delay: *delivery_delay_ms,
         dead_letter: dead_letter
             .as_ref()
-            .map(|x| (x.queue.clone(), x.max_deliveries)),
+            .map(|x| DeadLetterInput::new(x.queue.clone(), x.max_deliveries)),
         retry_backoff: retry_backoff.as_ref().map(|b| RetryBackoff {
             initial: b.initial_ms,
             max: b.max_ms,

@@ -105,7 +105,7 @@ async fn run(ops: Vec<Op>) -> std::result::Result<(), TestCaseError> {
         .await
         .expect("dlq");
     let cfg = fifo(QueueConfigInput {
-        dead_letter: Some(("fdlq".into(), 3)),
+        dead_letter: Some(DeadLetterInput::new("fdlq", 3)),
         ..QueueConfigInput::default()
     });
     b.create_queue("f", &cfg).await.expect("queue");

@@ -54,7 +54,7 @@ async fn nack(b: &Broker, d: &Delivery) {
 /// acknowledged, with their counters.
 async fn populate(b: &Broker) {
     let dlq = |q: &str, n: u32| QueueConfigInput {
-        dead_letter: Some((q.into(), n)),
+        dead_letter: Some(DeadLetterInput::new(q, n)),
         ack_timeout: Some(10 * SECOND),
         ..QueueConfigInput::default()
     };

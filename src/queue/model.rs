@@ -137,6 +137,27 @@ pub struct DeadLetterPolicy {
     pub max_deliveries: u32,
 }
 
+/// A dead letter policy as a request gives it: the limit may be left to
+/// the engine's default.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLetterInput {
+    /// The dead letter queue's name.
+    pub queue: String,
+    /// Deliveries before the move; `None` (or 0, which the wire formats
+    /// send for "not given") takes the default.
+    pub max_deliveries: Option<u32>,
+}
+
+impl DeadLetterInput {
+    /// A policy with the limit given (0: the default).
+    pub fn new(queue: impl Into<String>, max_deliveries: u32) -> DeadLetterInput {
+        DeadLetterInput {
+            queue: queue.into(),
+            max_deliveries: Some(max_deliveries),
+        }
+    }
+}
+
 /// Exponential delay before a failed message is visible again.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RetryBackoff {
@@ -228,7 +249,7 @@ impl QueueConfig {
             delivery_delay: Some(*delivery_delay),
             dead_letter: dead_letter
                 .as_ref()
-                .map(|d| (d.queue.clone(), d.max_deliveries)),
+                .map(|d| DeadLetterInput::new(d.queue.clone(), d.max_deliveries)),
             retry_backoff: *retry_backoff,
             dead_letter_on_expiry: Some(*dead_letter_on_expiry),
             max_length: *max_length,
@@ -252,8 +273,8 @@ pub struct QueueConfigInput {
     pub ack_timeout: Option<u64>,
     /// Delay before a new message is visible.
     pub delivery_delay: Option<u64>,
-    /// Dead letter queue (name, max deliveries; 0 = default).
-    pub dead_letter: Option<(String, u32)>,
+    /// Dead letter queue and its delivery limit.
+    pub dead_letter: Option<DeadLetterInput>,
     /// Retry backoff.
     pub retry_backoff: Option<RetryBackoff>,
     /// Dead-letter expired messages.

@@ -232,7 +232,7 @@ async fn run(ops: Vec<Op>) -> std::result::Result<(), TestCaseError> {
     };
     real.b().create_queue("dlq", &dlq_cfg).await.expect("dlq");
     let cfg = QueueConfigInput {
-        dead_letter: Some(("dlq".into(), MAX_DELIVERIES)),
+        dead_letter: Some(DeadLetterInput::new("dlq", MAX_DELIVERIES)),
         ..dlq_cfg
     };
     real.b().create_queue("q", &cfg).await.expect("q");

@@ -126,7 +126,7 @@ fn body(d: &Delivery) -> &str {
 
 fn with_dlq(dlq: &str, max: u32) -> QueueConfigInput {
     QueueConfigInput {
-        dead_letter: Some((dlq.into(), max)),
+        dead_letter: Some(DeadLetterInput::new(dlq, max)),
         ack_timeout: Some(10 * SECOND),
         ..QueueConfigInput::default()
     }
@@ -526,7 +526,7 @@ async fn queue_admin_rules() {
     assert_eq!(b.get_queue("dlq").expect("get").dead_letter_sources, ["q"]);
     // dlq -> q would loop back.
     let loop_back = QueueConfigInput {
-        dead_letter: Some(("q".into(), 3)),
+        dead_letter: Some(DeadLetterInput::new("q", 3)),
         ..Default::default()
     };
     let err = b

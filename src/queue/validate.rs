@@ -164,15 +164,13 @@ fn overlay(mut cfg: QueueConfig, input: &QueueConfigInput, removals: QueueRemova
     set(&mut cfg.dedup_window, dedup_window);
     set(&mut cfg.on_poison, on_poison);
     set(&mut cfg.content_based_dedup, content_based_dedup);
-    if let Some((q, n)) = dead_letter {
+    if let Some(dl) = dead_letter {
         cfg.dead_letter = Some(DeadLetterPolicy {
-            queue: q.clone(),
-            // 0 asks for the default.
-            max_deliveries: if *n == 0 {
-                limits::MAX_DELIVERIES.2
-            } else {
-                *n
-            },
+            queue: dl.queue.clone(),
+            max_deliveries: dl
+                .max_deliveries
+                .filter(|n| *n != 0)
+                .unwrap_or(limits::MAX_DELIVERIES.2),
         });
     }
     if retry_backoff.is_some() {

@@ -7,9 +7,10 @@ use crate::pb;
 use crate::queue::QueueError;
 use crate::queue::exchange::ExchangeInfo;
 use crate::queue::model::{
-    Attempt, AttemptOutcome, BrowsedMessage, DeadLetter, DeadLetterReason, Delivery, GroupInfo,
-    GroupState, MessageState, NewMessage, PoisonPolicy, Published, QueueConfig, QueueConfigInput,
-    QueueInfo, QueueKind, QueueStats, Released, RetryBackoff, Settled,
+    Attempt, AttemptOutcome, BrowsedMessage, DeadLetter, DeadLetterInput, DeadLetterReason,
+    Delivery, GroupInfo, GroupState, MessageState, NewMessage, PoisonPolicy, Published,
+    QueueConfig, QueueConfigInput, QueueInfo, QueueKind, QueueStats, Released, RetryBackoff,
+    Settled,
 };
 use crate::queue::redrive::RedriveSpec;
 
@@ -59,7 +60,7 @@ pub(crate) fn config_input(c: Option<pb::QueueConfig>) -> Result<QueueConfigInpu
         message_ttl: message_ttl_ms,
         ack_timeout: ack_timeout_ms,
         delivery_delay: delivery_delay_ms,
-        dead_letter: dead_letter.map(|d| (d.queue, d.max_deliveries)),
+        dead_letter: dead_letter.map(|d| DeadLetterInput::new(d.queue, d.max_deliveries)),
         retry_backoff: retry_backoff.map(|b| RetryBackoff {
             initial: b.initial_ms,
             max: b.max_ms,
