@@ -9,6 +9,15 @@
 #   QUICK=1 tools/bench.sh             # smoke test: N/20, 1 rep, short disk test
 #   DIV=4 REPS=1 tools/bench.sh        # every count divided by 4, one rep (~15 min)
 #   TARGETS="letterbox" tools/bench.sh # Letterbox alone (no RabbitMQ/NATS needed)
+#   TARGETS="letterbox letterbox-pg letterbox-patroni rabbit-quorum" \
+#     ROWS_MATCH='publish-durable' tools/bench.sh   # Letterbox on PostgreSQL too
+#
+# letterbox-pg: the server with --store on a throwaway PostgreSQL (tools/pg-local.sh,
+# same disk, fsync on); letterbox-patroni: on a 3-node Patroni cluster with a
+# synchronous standby (tools/patroni-cluster.sh, multi-host URL,
+# target_session_attrs=read-write). loadgen drives both as `--target letterbox`
+# at their own address; their results are renamed to the target's name. Their CPU
+# column is the Letterbox process alone (not PostgreSQL's).
 #
 # Env: REPS (3), TARGETS ("letterbox rabbit-quorum rabbit-classic nats-js"), OUT (results dir),
 #      ORDER (rows: each row on every target, repetitions alternating between the
@@ -18,7 +27,10 @@
 #      SKIP_DISK=1, KEEP_PEERS=1 (leave Letterbox and the brokers running),
 #      QBENCH_PEER_DIR (/tmp/qbench-peers), QBENCH_FRESH (1: wipe old data),
 #      LETTERBOX_PORT (50051), LETTERBOX_METRICS_PORT (50052: its Prometheus endpoint, read
-#      for fsyncs/s and log bytes per message), EXTRA_TARGET_ARGS (extra args for every loadgen run)
+#      for fsyncs/s and log bytes per message), EXTRA_TARGET_ARGS (extra args for every loadgen run),
+#      ROWS_MATCH (an extended regex: only the rows whose loadgen arguments match),
+#      LETTERBOX_PG_PORT (50061), LETTERBOX_PATRONI_PORT (50071), QBENCH_PG_PORT (5439:
+#      letterbox-pg's PostgreSQL; the Patroni cluster uses 5441-5443)
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/.." && pwd)
@@ -49,10 +61,12 @@ scale() { if [ "$QUICK" = 1 ]; then echo $(( $1 / 20 )); else echo $(( $1 / DIV 
 has_target() { [[ " $TARGETS " == *" $1 "* ]]; }
 
 # which processes TARGETS needs
-want_letterbox=0; peers=()
+want_letterbox=0; want_pg=0; want_patroni=0; peers=()
 for t in $TARGETS; do
   case "$t" in
     letterbox) want_letterbox=1 ;;
+    letterbox-pg) want_pg=1 ;;
+    letterbox-patroni) want_patroni=1 ;;
     rabbit-*) [[ " ${peers[*]-} " == *" rabbitmq "* ]] || peers+=(rabbitmq) ;;
     nats-*) [[ " ${peers[*]-} " == *" nats "* ]] || peers+=(nats) ;;
     *) echo "unknown target: $t" >&2; exit 2 ;;
@@ -61,7 +75,7 @@ done
 
 echo "== build" >&2
 (cd "$ROOT" && cargo build --release --quiet -p letterbox-tools --features peers --bin loadgen)
-[ "$want_letterbox" = 1 ] && (cd "$ROOT" && cargo build --release --quiet --bin letterbox)
+[ "$want_letterbox$want_pg$want_patroni" != 000 ] && (cd "$ROOT" && cargo build --release --quiet --bin letterbox -p letterbox)
 B=$TARGET_DIR/release/loadgen
 
 LB=$PEERS/letterbox
@@ -74,7 +88,10 @@ wait_port() { # host port timeout_s
   return 1
 }
 
-start_letterbox() {
+start_letterbox() { # [dir port metrics_port [serve args]] (default: the local target)
+  local LB=${1:-$LB} LETTERBOX_PORT=${2:-$LETTERBOX_PORT} LETTERBOX_METRICS_PORT=${3:-$LETTERBOX_METRICS_PORT}
+  shift $(( $# < 3 ? $# : 3 ))
+  [ $# -gt 0 ] || set -- --data-dir "$LB/data"
   if [ -f "$LB/server.pid" ] && kill -0 "$(cat "$LB/server.pid")" 2>/dev/null; then
     echo "letterbox already running (pid $(cat "$LB/server.pid"))" >&2; return
   fi
@@ -84,7 +101,7 @@ start_letterbox() {
   fi
   [ "$FRESH" = 1 ] && rm -rf "$LB"
   mkdir -p "$LB"
-  setsid "$TARGET_DIR/release/letterbox" serve --data-dir "$LB/data" \
+  setsid "$TARGET_DIR/release/letterbox" serve "$@" \
       --listen "127.0.0.1:$LETTERBOX_PORT" --metrics-listen "127.0.0.1:$LETTERBOX_METRICS_PORT" \
       > "$LB/server.log" 2>&1 < /dev/null &
   echo $! > "$LB/server.pid"
@@ -93,11 +110,17 @@ start_letterbox() {
     tail -30 "$LB/server.log" >&2 || true
     exit 1
   fi
-  echo "letterbox up: $LOADGEN_LETTERBOX_URL (pid $(cat "$LB/server.pid"), data $LB/data)" >&2
+  echo "letterbox up: http://127.0.0.1:$LETTERBOX_PORT (pid $(cat "$LB/server.pid"), $*)" >&2
 }
 
-stop_letterbox() { # SIGTERM (graceful: finishes calls, checkpoints), KILL after 30 s
-  local f=$LB/server.pid
+# letterbox-pg / letterbox-patroni: the server's directory and port
+LB_PG=$PEERS/letterbox-pg LB_PATRONI=$PEERS/letterbox-patroni
+LETTERBOX_PG_PORT=${LETTERBOX_PG_PORT:-50061}
+LETTERBOX_PATRONI_PORT=${LETTERBOX_PATRONI_PORT:-50071}
+QBENCH_PG_PORT=${QBENCH_PG_PORT:-5439}
+
+stop_letterbox() { # [dir] SIGTERM (graceful: finishes calls, checkpoints), KILL after 30 s
+  local f=${1:-$LB}/server.pid
   [ -f "$f" ] || return 0
   local pid; pid=$(cat "$f")
   if kill -0 "$pid" 2>/dev/null; then
@@ -116,6 +139,8 @@ stop_letterbox() { # SIGTERM (graceful: finishes calls, checkpoints), KILL after
 cleanup() {
   if [ "${KEEP_PEERS:-0}" != 1 ]; then
     [ "$want_letterbox" = 1 ] && stop_letterbox
+    if [ "$want_pg" = 1 ]; then stop_letterbox "$LB_PG"; ./pg-local.sh stop "$PEERS/pg" || true; fi
+    if [ "$want_patroni" = 1 ]; then stop_letterbox "$LB_PATRONI"; ./patroni-cluster.sh stop "$PEERS/patroni" || true; fi
     [ ${#peers[@]} -gt 0 ] && scripts/stop-peers.sh "${peers[@]}"
   fi
   return 0
@@ -125,6 +150,19 @@ trap cleanup EXIT
 if [ "$want_letterbox" = 1 ]; then
   echo "== start letterbox" >&2
   start_letterbox
+fi
+if [ "$want_pg" = 1 ]; then
+  echo "== start letterbox on PostgreSQL (pg-local.sh)" >&2
+  [ "$FRESH" = 1 ] && rm -rf "$PEERS/pg"
+  pg_url=$(./pg-local.sh start "$PEERS/pg" "$QBENCH_PG_PORT")
+  start_letterbox "$LB_PG" "$LETTERBOX_PG_PORT" $((LETTERBOX_PG_PORT + 1)) --store "$pg_url" --node-name bench-pg
+fi
+if [ "$want_patroni" = 1 ]; then
+  echo "== start letterbox on Patroni (patroni-cluster.sh)" >&2
+  [ "$FRESH" = 1 ] && rm -rf "$PEERS/patroni"
+  ./patroni-cluster.sh start "$PEERS/patroni" >&2
+  start_letterbox "$LB_PATRONI" "$LETTERBOX_PATRONI_PORT" $((LETTERBOX_PATRONI_PORT + 1)) \
+    --store "$(./patroni-cluster.sh url "$PEERS/patroni")" --node-name bench-patroni
 fi
 if [ ${#peers[@]} -gt 0 ]; then
   echo "== start peers: ${peers[*]}" >&2
@@ -163,6 +201,8 @@ fi
 broker_pid() {
   case "$1" in
     letterbox) cat "$LB/server.pid" 2>/dev/null ;;
+    letterbox-pg) cat "$LB_PG/server.pid" 2>/dev/null ;;
+    letterbox-patroni) cat "$LB_PATRONI/server.pid" 2>/dev/null ;;
     rabbit-*) cat "$PEERS/rabbitmq/beam.pid" 2>/dev/null ;;
     nats-*) cat "$PEERS/nats/server.pid" 2>/dev/null ;;
   esac
@@ -199,7 +239,13 @@ settle() {
 q() { # target, first rep, reps, then loadgen run args
   local t=$1 first=$2 reps=$3; shift 3
   local pid; pid=$(broker_pid "$t" || true)
-  local cmd=("$B" run --target "$t" --reps "$reps" --first-rep "$first" --out "$OUT/results.jsonl" "$@")
+  local out=$OUT/results.jsonl port=""
+  case "$t" in letterbox-pg) port=$LETTERBOX_PG_PORT ;; letterbox-patroni) port=$LETTERBOX_PATRONI_PORT ;; esac
+  # letterbox on PostgreSQL: loadgen's letterbox target at that server's address
+  # (no metrics: its fsync and log figures are the local store's), renamed below
+  [ -n "$port" ] && out=$OUT/results.$t.tmp
+  local cmd=("$B" run --target "$t" --reps "$reps" --first-rep "$first" --out "$out" "$@")
+  [ -n "$port" ] && cmd[3]=letterbox && cmd+=(--letterbox-url "http://127.0.0.1:$port" --letterbox-metrics-url "")
   [ -n "$pid" ] && cmd+=(--broker-pid "$pid")
   # shellcheck disable=SC2206
   [ -n "${EXTRA_TARGET_ARGS:-}" ] && cmd+=($EXTRA_TARGET_ARGS)
@@ -207,6 +253,10 @@ q() { # target, first rep, reps, then loadgen run args
   echo "+ ${cmd[*]}" | sed "s#$ROOT/##" | tee -a "$CMDS" >&2
   if ! "${cmd[@]}" > /dev/null; then
     echo "FAILED: ${cmd[*]}" | tee -a "$OUT/failures.txt" >&2
+  fi
+  if [ -n "$port" ] && [ -f "$out" ]; then
+    sed "s/\"target\":\"letterbox\"/\"target\":\"$t\"/" "$out" >> "$OUT/results.jsonl"
+    rm -f "$out"
   fi
 }
 
@@ -247,6 +297,11 @@ ROWS=(
   # f. redrive of dead-lettered messages back to their queue, unlimited rate
   "letterbox|--workload redrive --count $(scale 100000) --max-secs 120"
 )
+if [ -n "${ROWS_MATCH:-}" ]; then
+  kept=()
+  for row in "${ROWS[@]}"; do [[ "${row#*|}" =~ $ROWS_MATCH ]] && kept+=("$row"); done
+  ROWS=("${kept[@]}")
+fi
 runs_row() { [ "${1%%|*}" = all ] || [[ "$2" == "${1%%|*}"* ]]; }
 
 if [ "$ORDER" = targets ]; then
