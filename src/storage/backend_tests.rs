@@ -277,8 +277,21 @@ async fn a_local_scan_merges_the_memtable_over_the_database() {
 const TTL: Duration = Duration::from_secs(30);
 
 /// The PostgreSQL backend of shard 3 on `pg` under node name `node`,
-/// with small batches and chunks (the large value spans many).
+/// with small batches and chunks (the large value spans many), and no
+/// recent bodies kept in memory (every read past the overlay goes to
+/// PostgreSQL).
 fn pg_open(pg: &LocalPg, node: &str, ttl: Duration, chunk: usize) -> super::Result<PgBackend> {
+    pg_open_keeping(pg, node, ttl, chunk, 0)
+}
+
+/// [`pg_open`], keeping up to `recent_bytes` of committed bodies.
+fn pg_open_keeping(
+    pg: &LocalPg,
+    node: &str,
+    ttl: Duration,
+    chunk: usize,
+    recent_bytes: usize,
+) -> super::Result<PgBackend> {
     PgBackend::open(
         &pg.url(),
         PgBackendOptions {
@@ -287,6 +300,7 @@ fn pg_open(pg: &LocalPg, node: &str, ttl: Duration, chunk: usize) -> super::Resu
             lease_ttl: ttl,
             max_batch_bytes: 64 << 10,
             chunk_size: chunk,
+            recent_bytes,
         },
     )
 }
@@ -621,5 +635,74 @@ async fn a_put_if_the_key_exists_follows_the_overlay_then_postgres() {
     assert_eq!(backend.get(&p2).expect("get"), None);
     assert_eq!(backend.get(&p3).expect("get"), None);
     assert_eq!(backend.get(&p4).expect("get"), Some(b("moved")));
+    backend.close().expect("close");
+}
+
+/// Bodies kept in memory once committed are what PostgreSQL holds: an
+/// overwrite or a delete is read at once and after its commit, with a
+/// budget that holds them all and with one that holds a single body (the
+/// rest evicted, read from PostgreSQL); a body too large for the budget
+/// is not kept. The contract holds with the bodies kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn committed_bodies_kept_in_memory_follow_every_change() {
+    let Some(pg) = LocalPg::start("committed_bodies_kept_in_memory_follow_every_change") else {
+        return;
+    };
+    for (shard_node, budget) in [("kept-all", 1 << 20), ("kept-one", 40)] {
+        let backend = pg_open_keeping(&pg, shard_node, TTL, 16 << 10, budget).expect("open");
+        let c = sql(&pg).await;
+        c.batch_execute("DELETE FROM lb_payload; DELETE FROM lb_chunk")
+            .await
+            .expect("clear");
+        let get = |pid: u64| backend.get(&Key::Payload(pid).encode()).expect("get");
+        let mut t = Txn::new();
+        for pid in 1..=5 {
+            t.put(Key::Payload(pid), b(&format!("body-{pid}")));
+        }
+        backend.submit(t).wait().await.expect("durable");
+        for pid in 1..=5 {
+            assert_eq!(get(pid), Some(b(&format!("body-{pid}"))), "{shard_node}");
+        }
+        let mut t = Txn::new();
+        t.put(Key::Payload(2), b("two"));
+        t.delete(Key::Payload(3));
+        let commit = backend.submit(t);
+        assert_eq!(
+            get(2),
+            Some(b("two")),
+            "{shard_node}: the overwrite at once"
+        );
+        assert_eq!(get(3), None, "{shard_node}: the delete at once");
+        commit.wait().await.expect("durable");
+        assert_eq!(
+            get(2),
+            Some(b("two")),
+            "{shard_node}: the overwrite once committed"
+        );
+        assert_eq!(get(3), None, "{shard_node}: the delete once committed");
+        let rows: i64 = c
+            .query_one("SELECT count(*) FROM lb_payload", &[])
+            .await
+            .expect("count")
+            .get(0);
+        assert_eq!(rows, 4, "{shard_node}");
+        // A body larger than the budget is stored and read back whole.
+        let big = Bytes::from(vec![7u8; 64 << 10]);
+        let mut t = Txn::new();
+        t.put(Key::Payload(9), big.clone());
+        backend.submit(t).wait().await.expect("durable");
+        assert_eq!(get(9), Some(big), "{shard_node}");
+        backend.close().expect("close");
+    }
+    sql(&pg)
+        .await
+        .batch_execute(
+            "DELETE FROM lb_payload; DELETE FROM lb_chunk; DELETE FROM lb_meta; DELETE FROM lb_small",
+        )
+        .await
+        .expect("clear");
+    let backend: Arc<dyn Backend> =
+        Arc::new(pg_open_keeping(&pg, "contract", TTL, 16 << 10, 1 << 20).expect("open"));
+    contract(Arc::clone(&backend)).await;
     backend.close().expect("close");
 }

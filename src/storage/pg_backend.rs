@@ -52,7 +52,7 @@
 //! the local backend keeps in memory only under a negative control's fault
 //! are not kept here.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::future::Future;
 use std::ops::Bound;
 #[cfg(test)]
@@ -64,6 +64,7 @@ use bytes::Bytes;
 use tokio::runtime::Handle;
 use tokio::sync::{Notify, oneshot, watch};
 
+use super::keys::TAG_PAYLOAD;
 use super::pg::{self, Fence, Outcome, PgError, PgState};
 use super::{Backend, Commit, Result, StorageError, Txn};
 
@@ -84,6 +85,10 @@ pub struct PgBackendOptions {
     pub max_batch_bytes: usize,
     /// Values longer than this are stored in chunks of this size.
     pub chunk_size: usize,
+    /// Most bytes of recently committed message bodies kept in memory, so
+    /// that consumers close behind the publishers read them without a
+    /// round trip to PostgreSQL (0: none).
+    pub recent_bytes: usize,
 }
 
 impl Default for PgBackendOptions {
@@ -94,6 +99,7 @@ impl Default for PgBackendOptions {
             lease_ttl: Duration::from_secs(10),
             max_batch_bytes: 4 << 20,
             chunk_size: pg::DEFAULT_CHUNK_SIZE,
+            recent_bytes: 64 << 20,
         }
     }
 }
@@ -132,6 +138,56 @@ struct Front {
     closed: Option<String>,
     /// Set on failure.
     failed: Option<String>,
+    /// Message bodies committed lately and not changed since.
+    recent: Recent,
+}
+
+/// Recently committed message bodies: what PostgreSQL holds for their
+/// keys, kept while they fit in the budget, the oldest evicted first. A
+/// key leaves as soon as a transaction changes it (the overlay then
+/// answers for it).
+#[derive(Default)]
+struct Recent {
+    /// Each body with the number of the `keep` that put it here.
+    values: HashMap<Bytes, (Bytes, u64)>,
+    /// Keys by insertion, oldest first, with the number of their `keep`
+    /// (an entry whose key was forgotten or kept again since is stale).
+    order: VecDeque<(Bytes, u64)>,
+    bytes: usize,
+    budget: usize,
+    kept: u64,
+}
+
+impl Recent {
+    fn get(&self, key: &[u8]) -> Option<&Bytes> {
+        self.values.get(key).map(|(v, _)| v)
+    }
+
+    fn forget(&mut self, key: &[u8]) {
+        if let Some((v, _)) = self.values.remove(key) {
+            self.bytes -= key.len() + v.len();
+        }
+    }
+
+    fn keep(&mut self, key: Bytes, value: Bytes) {
+        let size = key.len() + value.len();
+        if size > self.budget {
+            return;
+        }
+        self.forget(&key);
+        self.kept += 1;
+        self.bytes += size;
+        self.order.push_back((key.clone(), self.kept));
+        self.values.insert(key, (value, self.kept));
+        while self.bytes > self.budget || self.order.len() > 2 * self.values.len() + 16 {
+            let Some((old, n)) = self.order.pop_front() else {
+                break;
+            };
+            if self.values.get(&old).is_some_and(|(_, m)| *m == n) {
+                self.forget(&old);
+            }
+        }
+    }
 }
 
 struct Shared {
@@ -249,6 +305,10 @@ impl PgBackend {
                 queue: VecDeque::new(),
                 closed: None,
                 failed: None,
+                recent: Recent {
+                    budget: opts.recent_bytes,
+                    ..Recent::default()
+                },
             }),
             wake: Notify::new(),
             failure,
@@ -451,8 +511,11 @@ impl Shared {
             let mut front = lock(&self.front);
             for q in &batch {
                 for (k, _) in &q.changes {
-                    if front.overlay.get(k).is_some_and(|(_, lsn)| *lsn <= last) {
-                        front.overlay.remove(k);
+                    if front.overlay.get(k).is_some_and(|(_, lsn)| *lsn <= last)
+                        && let Some((Some(v), _)) = front.overlay.remove(k)
+                        && k.first() == Some(&TAG_PAYLOAD)
+                    {
+                        front.recent.keep(k.clone(), v);
                     }
                 }
             }
@@ -602,6 +665,7 @@ impl Backend for PgBackend {
         let mut bytes = 0usize;
         for (k, v) in &changes {
             bytes += k.len() + v.as_ref().map_or(0, Bytes::len);
+            front.recent.forget(k);
             front.overlay.insert(k.clone(), (v.clone(), lsn));
         }
         let (done, rx) = oneshot::channel();
@@ -617,8 +681,14 @@ impl Backend for PgBackend {
     }
 
     fn get(&self, key: &[u8]) -> Result<Option<Bytes>> {
-        if let Some((v, _)) = lock(&self.shared.front).overlay.get(key) {
-            return Ok(v.clone());
+        {
+            let front = lock(&self.shared.front);
+            if let Some((v, _)) = front.overlay.get(key) {
+                return Ok(v.clone());
+            }
+            if let Some(v) = front.recent.get(key) {
+                return Ok(Some(v.clone()));
+            }
         }
         let reader = self.shared.reader();
         let key = key.to_vec();
@@ -745,6 +815,37 @@ mod tests {
 
     fn lsns(batch: &VecDeque<Queued>) -> Vec<u64> {
         batch.iter().map(|q| q.lsn).collect()
+    }
+
+    #[test]
+    fn recent_bodies_stay_within_their_budget_oldest_out_first() {
+        let k = |i: u8| Bytes::from(vec![TAG_PAYLOAD, i]);
+        let v = |n: usize| Bytes::from(vec![0u8; n]);
+        let mut r = Recent {
+            budget: 30,
+            ..Recent::default()
+        };
+        r.keep(k(1), v(8));
+        r.keep(k(2), v(8));
+        r.keep(k(3), v(8));
+        assert_eq!(r.bytes, 30);
+        // A fourth pushes the oldest out.
+        r.keep(k(4), v(8));
+        assert!(!r.values.contains_key(&k(1)));
+        assert_eq!(r.bytes, 30);
+        // Forgotten (changed): its bytes are given back; kept again, it is
+        // the newest.
+        r.forget(&k(2));
+        assert_eq!(r.bytes, 20);
+        r.keep(k(2), v(8));
+        r.keep(k(5), v(8));
+        assert!(!r.values.contains_key(&k(3)));
+        assert!(r.values.contains_key(&k(2)));
+        // Larger than the whole budget: not kept, nothing evicted for it.
+        r.keep(k(6), v(40));
+        assert!(!r.values.contains_key(&k(6)));
+        assert_eq!(r.bytes, 30);
+        assert_eq!(r.values.len(), 3);
     }
 
     #[test]
