@@ -49,12 +49,11 @@
 //! version 2 added them (the `chunks` column, default 0, and `lb_chunk`);
 //! a version 1 database is migrated when a server first connects.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use tokio_postgres::types::ToSql;
-use tokio_postgres::{Client, NoTls, Statement};
+use tokio_postgres::{Client, NoTls};
 
 use super::backend::prefix_end;
 use super::keys::{TAG_META, TAG_PAYLOAD};
@@ -180,24 +179,6 @@ pub struct PgState {
     shard: i32,
     target: String,
     chunk_size: usize,
-    /// The commit's statements, prepared once per connection (by text).
-    prepared: HashMap<String, Statement>,
-}
-
-/// One table's share of a batch (see [`PgState::commit`]).
-#[derive(Default)]
-struct TableChanges<'a> {
-    table: &'static str,
-    /// Every key written or deleted.
-    touched: Vec<&'a [u8]>,
-    deletes: Vec<&'a [u8]>,
-    keys: Vec<&'a [u8]>,
-    values: Vec<&'a [u8]>,
-    /// Chunks of each of `keys` (0: the value is inline).
-    counts: Vec<i32>,
-    chunk_keys: Vec<&'a [u8]>,
-    chunk_ns: Vec<i32>,
-    chunk_values: Vec<&'a [u8]>,
 }
 
 impl std::fmt::Debug for PgState {
@@ -298,7 +279,6 @@ impl PgState {
             shard,
             target,
             chunk_size: DEFAULT_CHUNK_SIZE,
-            prepared: HashMap::new(),
         };
         state.migrate().await?;
         state
@@ -487,104 +467,14 @@ impl PgState {
             last.insert(k.as_ref(), v.as_ref());
         }
         let shard = self.shard;
-        let chunk = self.chunk_size;
-        let mut tables: Vec<TableChanges<'_>> = Vec::new();
-        for t in TABLES {
-            let mut c = TableChanges {
-                table: t,
-                ..TableChanges::default()
-            };
-            for (k, v) in last.iter().filter(|(k, _)| table(k) == t) {
-                c.touched.push(k);
-                match v {
-                    Some(v) if v.len() > chunk => {
-                        let pieces = v.chunks(chunk);
-                        let n = i32::try_from(pieces.len())
-                            .map_err(|_| PgError::Db(format!("a value of {} bytes", v.len())))?;
-                        c.keys.push(k);
-                        c.values.push(&[]);
-                        c.counts.push(n);
-                        for (i, piece) in (0..n).zip(pieces) {
-                            c.chunk_keys.push(k);
-                            c.chunk_ns.push(i);
-                            c.chunk_values.push(piece);
-                        }
-                    }
-                    Some(v) => {
-                        c.keys.push(k);
-                        c.values.push(v.as_ref());
-                        c.counts.push(0);
-                    }
-                    None => c.deletes.push(k),
-                }
-            }
-            if !c.touched.is_empty() {
-                tables.push(c);
-            }
-        }
-        // The writes, in order: SQL text and parameters.
-        let mut ops: Vec<(String, Vec<&(dyn ToSql + Sync)>)> = Vec::new();
-        for c in &tables {
-            let t = c.table;
-            // The chunks of the values being replaced or deleted.
-            ops.push((
-                format!(
-                    "DELETE FROM lb_chunk WHERE shard = $1 AND k IN
-                       (SELECT k FROM {t} WHERE shard = $1 AND k = ANY($2) AND chunks > 0)"
-                ),
-                vec![&shard, &c.touched],
-            ));
-            if !c.deletes.is_empty() {
-                ops.push((
-                    format!("DELETE FROM {t} WHERE shard = $1 AND k = ANY($2)"),
-                    vec![&shard, &c.deletes],
-                ));
-            }
-            if !c.keys.is_empty() {
-                ops.push((
-                    format!(
-                        "INSERT INTO {t} (shard, k, v, chunks)
-                         SELECT $1, * FROM unnest($2::bytea[], $3::bytea[], $4::int[])
-                         ON CONFLICT (shard, k) DO UPDATE SET v = excluded.v, chunks = excluded.chunks"
-                    ),
-                    vec![&shard, &c.keys, &c.values, &c.counts],
-                ));
-            }
-            if !c.chunk_keys.is_empty() {
-                ops.push((
-                    "INSERT INTO lb_chunk (shard, k, n, v)
-                     SELECT $1, * FROM unnest($2::bytea[], $3::int[], $4::bytea[])"
-                        .into(),
-                    vec![&shard, &c.chunk_keys, &c.chunk_ns, &c.chunk_values],
-                ));
-            }
-        }
-        ops.push((
-            "UPDATE lb_marker SET committed_lsn = $2 WHERE shard = $1".into(),
-            vec![&shard, &marker],
-        ));
-        let fence_sql = "SELECT epoch FROM lb_owner WHERE shard = $1 FOR SHARE";
-        let fence_check = self.statement(fence_sql).await?;
-        let mut statements = Vec::with_capacity(ops.len());
-        for (sql, _) in &ops {
-            statements.push(self.statement(sql).await?);
-        }
         let txn = self.client.transaction().await?;
-        // One round trip for the fence and every write: the statements are
-        // sent together and run in order (the owner row locked first); the
-        // epoch is checked before `COMMIT`, and a transaction under another
-        // epoch is rolled back (dropped), so nothing of it is kept.
-        let (fence_rows, written) = futures_util::future::join(
-            txn.query_opt(&fence_check, &[&shard]),
-            futures_util::future::try_join_all(
-                statements
-                    .iter()
-                    .zip(&ops)
-                    .map(|(st, (_, params))| txn.execute(st, params)),
-            ),
-        )
-        .await;
-        let epoch: Option<i64> = fence_rows?.map(|row| row.get(0));
+        let epoch: Option<i64> = txn
+            .query_opt(
+                "SELECT epoch FROM lb_owner WHERE shard = $1 FOR SHARE",
+                &[&shard],
+            )
+            .await?
+            .map(|row| row.get(0));
         if epoch != Some(fence.epoch) {
             drop(txn);
             return Err(PgError::Fenced {
@@ -593,21 +483,88 @@ impl PgState {
                 current: epoch.unwrap_or(0),
             });
         }
-        written?;
+        let chunk = self.chunk_size;
+        for t in TABLES {
+            let mut touched: Vec<&[u8]> = Vec::new();
+            let mut deletes: Vec<&[u8]> = Vec::new();
+            let mut keys: Vec<&[u8]> = Vec::new();
+            let mut values: Vec<&[u8]> = Vec::new();
+            let mut counts: Vec<i32> = Vec::new();
+            let mut chunk_keys: Vec<&[u8]> = Vec::new();
+            let mut chunk_ns: Vec<i32> = Vec::new();
+            let mut chunk_values: Vec<&[u8]> = Vec::new();
+            for (k, v) in last.iter().filter(|(k, _)| table(k) == t) {
+                touched.push(k);
+                match v {
+                    Some(v) if v.len() > chunk => {
+                        let pieces = v.chunks(chunk);
+                        let n = i32::try_from(pieces.len())
+                            .map_err(|_| PgError::Db(format!("a value of {} bytes", v.len())))?;
+                        keys.push(k);
+                        values.push(&[]);
+                        counts.push(n);
+                        for (i, piece) in (0..n).zip(pieces) {
+                            chunk_keys.push(k);
+                            chunk_ns.push(i);
+                            chunk_values.push(piece);
+                        }
+                    }
+                    Some(v) => {
+                        keys.push(k);
+                        values.push(v.as_ref());
+                        counts.push(0);
+                    }
+                    None => deletes.push(k),
+                }
+            }
+            if touched.is_empty() {
+                continue;
+            }
+            // The chunks of the values being replaced or deleted.
+            txn.execute(
+                &format!(
+                    "DELETE FROM lb_chunk WHERE shard = $1 AND k IN
+                       (SELECT k FROM {t} WHERE shard = $1 AND k = ANY($2) AND chunks > 0)"
+                ),
+                &[&shard, &touched],
+            )
+            .await?;
+            if !deletes.is_empty() {
+                txn.execute(
+                    &format!("DELETE FROM {t} WHERE shard = $1 AND k = ANY($2)"),
+                    &[&shard, &deletes],
+                )
+                .await?;
+            }
+            if !keys.is_empty() {
+                txn.execute(
+                    &format!(
+                        "INSERT INTO {t} (shard, k, v, chunks)
+                         SELECT $1, * FROM unnest($2::bytea[], $3::bytea[], $4::int[])
+                         ON CONFLICT (shard, k) DO UPDATE SET v = excluded.v, chunks = excluded.chunks"
+                    ),
+                    &[&shard, &keys, &values, &counts],
+                )
+                .await?;
+            }
+            if !chunk_keys.is_empty() {
+                txn.execute(
+                    "INSERT INTO lb_chunk (shard, k, n, v)
+                     SELECT $1, * FROM unnest($2::bytea[], $3::int[], $4::bytea[])",
+                    &[&shard, &chunk_keys, &chunk_ns, &chunk_values],
+                )
+                .await?;
+            }
+        }
+        txn.execute(
+            "UPDATE lb_marker SET committed_lsn = $2 WHERE shard = $1",
+            &[&shard, &marker],
+        )
+        .await?;
         txn.commit().await.map_err(|e| PgError::Unknown {
             lsn,
             detail: db_text(&e),
         })
-    }
-
-    /// A statement of the commit, prepared on this connection once.
-    async fn statement(&mut self, sql: &str) -> Result<Statement> {
-        if let Some(st) = self.prepared.get(sql) {
-            return Ok(st.clone());
-        }
-        let st = self.client.prepare(sql).await?;
-        self.prepared.insert(sql.to_string(), st.clone());
-        Ok(st)
     }
 
     /// Settles a commit whose outcome was unknown: waits until no
