@@ -587,7 +587,7 @@ async fn streams_on_one_queue_share_its_messages() {
         p.await.unwrap().unwrap();
     }
     publisher.close().await;
-    eventually(20, "all handled", || async {
+    eventually(60, "all handled", || async {
         c.stats("q").await.unwrap().acked == 400
     })
     .await;

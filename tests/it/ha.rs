@@ -80,7 +80,7 @@ struct Node {
 
 impl Node {
     /// Starts a node and returns once it serves (for a standby: once it
-    /// has taken over), or panics after `within`.
+    /// has taken over), or panics when it has not within `spawn`'s wait.
     async fn start(
         dir: &tempfile::TempDir,
         name: &str,
