@@ -231,6 +231,28 @@ pub enum ServerError {
     /// The storage stopped after an I/O error (fail-stop).
     #[error("storage failed, the server stopped: {0}")]
     StorageFailed(String),
+    /// A start-up step on a blocking thread panicked or was cancelled.
+    #[error("{what} stopped: {why}")]
+    Aborted {
+        /// The step.
+        what: &'static str,
+        /// The panic's message, or why the step was cancelled.
+        why: String,
+    },
+}
+
+/// What a blocking start-up step that did not return left behind: its
+/// panic's message, or why it was cancelled.
+fn join_failure(e: tokio::task::JoinError) -> String {
+    if e.is_panic() {
+        let p = e.into_panic();
+        p.downcast_ref::<&str>()
+            .map(|s| format!("panicked: {s}"))
+            .or_else(|| p.downcast_ref::<String>().map(|s| format!("panicked: {s}")))
+            .unwrap_or_else(|| "panicked".into())
+    } else {
+        e.to_string()
+    }
 }
 
 /// Names reported by `grpc.health.v1.Health`: the server as a whole ("")
@@ -314,19 +336,11 @@ async fn open_local(
     .await
     .map_err(|e| {
         // sled panics on some damage instead of returning an error.
-        let why = if e.is_panic() {
-            let p = e.into_panic();
-            p.downcast_ref::<&str>()
-                .map(|s| (*s).to_string())
-                .or_else(|| p.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "a panic".into())
-        } else {
-            e.to_string()
-        };
         ServerError::Open(StorageError::Corrupt {
             what: db_dir.display().to_string(),
             reason: format!(
-                "reading it failed ({why}): the database is damaged (see letterbox verify)"
+                "reading it failed ({}): the database is damaged (see letterbox verify)",
+                join_failure(e)
             ),
         })
     })??;
@@ -359,10 +373,9 @@ async fn open_remote(
             )
         })
         .await
-        .map_err(|e| {
-            ServerError::Open(StorageError::Pg(PgError::Db(format!(
-                "opening the PostgreSQL store failed: {e}"
-            ))))
+        .map_err(|e| ServerError::Aborted {
+            what: "taking the PostgreSQL store's lease",
+            why: join_failure(e),
         })?;
         match opened {
             Ok(b) => break b,
@@ -398,10 +411,9 @@ async fn open_remote(
     let started = std::time::Instant::now();
     let broker = tokio::task::spawn_blocking(move || Broker::open(backend, clock, broker_opts))
         .await
-        .map_err(|e| {
-            ServerError::Open(StorageError::Pg(PgError::Db(format!(
-                "loading the queues from PostgreSQL failed: {e}"
-            ))))
+        .map_err(|e| ServerError::Aborted {
+            what: "loading the queues from PostgreSQL",
+            why: join_failure(e),
         })??;
     Ok((
         broker,
