@@ -38,7 +38,12 @@ out=$target/faults
 faulty=$out/letterbox-faults
 mkdir -p "$out"
 started=$SECONDS
-cargo build --quiet --bin letterbox --features fault-injection
+# `--workspace` with the feature named through its package: the
+# dependencies keep the features of the workspace build, so only letterbox
+# itself is compiled again (`cargo build --bin letterbox --features
+# fault-injection` resolves the root package alone and compiles tonic, h2,
+# tower and the rest a second time).
+cargo build --quiet --workspace --bin letterbox --features letterbox/fault-injection
 cp "$target/debug/letterbox" "$faulty"
 cargo build --quiet --workspace --bins
 echo "== built in $((SECONDS - started)) s"
