@@ -255,17 +255,23 @@ impl Broker {
                 q.deliverable(max, budget, DELIVERY_OVERHEAD, per_group),
             )
         };
-        let mut read = PreRead::new();
+        let mut pids = Vec::with_capacity(positions.len());
         for pos in positions {
-            let Some(meta) = persist::get(&self.store, qid, pos)? else {
-                continue;
-            };
-            let body = match self.store.get_payload(meta.pid()) {
+            if let Some(meta) = persist::get(&self.store, qid, pos)? {
+                pids.push(meta.pid());
+            }
+        }
+        let mut read = PreRead::new();
+        if pids.is_empty() {
+            return Ok(read);
+        }
+        for (pid, body) in pids.iter().copied().zip(self.store.get_payloads(&pids)?) {
+            let body = match body {
                 Ok(p) => Ok(p),
                 Err(e) if e.is_corrupt() => Err(e.to_string()),
                 Err(e) => return Err(e.into()),
             };
-            read.insert(meta.pid(), body);
+            read.insert(pid, body);
         }
         Ok(read)
     }
@@ -357,6 +363,23 @@ impl Broker {
         {
             c.start();
         }
+        // The bodies not read beforehand, read together (one round trip
+        // on a backend whose reads are round trips).
+        let unread: Vec<u64> = picked
+            .iter()
+            .filter(|p| p.payload.is_none())
+            .map(|p| p.pid)
+            .collect();
+        let mut bodies: HashMap<u64, crate::storage::Result<Option<PayloadRecord>>> =
+            if unread.is_empty() {
+                HashMap::new()
+            } else {
+                unread
+                    .iter()
+                    .copied()
+                    .zip(self.store.get_payloads(&unread)?)
+                    .collect()
+            };
         let mut out = Vec::with_capacity(picked.len());
         // Leases of damaged bodies, and of the later messages of their
         // FIFO groups, taken back instead of delivered.
@@ -375,7 +398,7 @@ impl Broker {
             }
             let payload = match p.payload {
                 Some(payload) => Some(payload),
-                None => match self.store.get_payload(p.pid) {
+                None => match bodies.remove(&p.pid).unwrap_or(Ok(None)) {
                     Ok(payload) => payload,
                     Err(e) if e.is_corrupt() => {
                         if let Some(t) = p.token {

@@ -70,6 +70,13 @@ impl Backend for AnyBackend {
         }
     }
 
+    fn get_many(&self, keys: &[&[u8]]) -> Result<Vec<Option<Bytes>>> {
+        match self {
+            AnyBackend::Local(b) => b.get_many(keys),
+            AnyBackend::Pg(b) => b.get_many(keys),
+        }
+    }
+
     fn scan(&self, start: &[u8], end: Option<&[u8]>, limit: usize) -> Result<Vec<(Bytes, Bytes)>> {
         match self {
             AnyBackend::Local(b) => b.scan(start, end, limit),

@@ -5,7 +5,8 @@
 //! key space of [`super::keys`], applies each atomically and in submission
 //! order, and says when each is durable (a [`Commit`]); it reads one key
 //! and scans a key range, both as of the latest *submitted* transaction
-//! (the engine reads what it has just decided, durable or not); it reports
+//! (the engine reads what it has just decided, durable or not), and reads
+//! several keys at once (in one round trip where a backend has them); it reports
 //! a fail-stop error on its failure watch; and it closes.
 //!
 //! [`Store`](super::Store) is the engine's typed front over a backend.
@@ -59,6 +60,15 @@ pub trait Backend: Send + Sync + 'static {
 
     /// A key's value as of the latest submitted transaction.
     fn get(&self, key: &[u8]) -> Result<Option<Bytes>>;
+
+    /// The values of `keys`, in their order (`None` where a key has
+    /// none), each as [`Backend::get`] reads it. A backend whose reads are
+    /// round trips reads the keys it does not hold in memory together (the
+    /// PostgreSQL backend: one query); by default, one [`Backend::get`]
+    /// after another.
+    fn get_many(&self, keys: &[&[u8]]) -> Result<Vec<Option<Bytes>>> {
+        keys.iter().map(|k| self.get(k)).collect()
+    }
 
     /// Up to `limit` entries with keys from `start` (inclusive) to `end`
     /// (exclusive; `None`: to the end of the key space), in key order, as

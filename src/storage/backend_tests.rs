@@ -194,6 +194,61 @@ async fn large_value(backend: &dyn Backend) -> Bytes {
     big
 }
 
+/// The values of `keys` read together.
+fn many(backend: &dyn Backend, keys: &[Key<'_>]) -> Vec<Option<Bytes>> {
+    let keys: Vec<Bytes> = keys.iter().map(Key::encode).collect();
+    let refs: Vec<&[u8]> = keys.iter().map(|k| k.as_ref()).collect();
+    backend.get_many(&refs).expect("get_many")
+}
+
+/// The value of `Payload(203)`: over the PostgreSQL tests' chunk size.
+fn value_203() -> Bytes {
+    (0..100_000u32)
+        .map(|i| (i % 253) as u8)
+        .collect::<Vec<u8>>()
+        .into()
+}
+
+/// Several keys read at once: answered in the order asked, `None` for a
+/// key never written and for one deleted, a key asked twice answered
+/// twice, keys of every space, a value over the chunk size whole; the
+/// same at once and once durable; no keys, no values.
+async fn get_many_in_order(backend: &dyn Backend) {
+    let mut t = Txn::new();
+    t.put(Key::Meta(20, 1), b("m1"));
+    t.put(Key::Payload(201), b("p201"));
+    t.put(Key::Counters(20), b("c20"));
+    t.put(Key::Payload(202), b("p202"));
+    backend.submit(t).wait().await.expect("durable");
+    let big = value_203();
+    let mut t = Txn::new();
+    t.put(Key::Payload(203), big.clone());
+    t.delete(Key::Payload(202));
+    let c = backend.submit(t);
+    let keys = [
+        Key::Payload(203),
+        Key::Meta(20, 1),
+        Key::Payload(999),
+        Key::Payload(202),
+        Key::Counters(20),
+        Key::Payload(201),
+        Key::Meta(20, 1),
+    ];
+    let want = vec![
+        Some(big),
+        Some(b("m1")),
+        None,
+        None,
+        Some(b("c20")),
+        Some(b("p201")),
+        Some(b("m1")),
+    ];
+    assert_eq!(many(backend, &keys), want, "at once");
+    c.wait().await.expect("durable");
+    assert_eq!(many(backend, &keys), want, "once durable");
+    assert!(many(backend, &[]).is_empty());
+}
+
 /// What the contract leaves behind, checked again after a reopen.
 fn after_reopen(backend: &dyn Backend, big: &Bytes) {
     assert_eq!(
@@ -210,6 +265,23 @@ fn after_reopen(backend: &dyn Backend, big: &Bytes) {
         backend.get(&Key::Payload(77).encode()).expect("get"),
         Some(big.clone())
     );
+    assert_eq!(
+        many(
+            backend,
+            &[
+                Key::Counters(3),
+                Key::Payload(77),
+                Key::Counters(2),
+                Key::Payload(203)
+            ]
+        ),
+        vec![
+            None,
+            Some(big.clone()),
+            Some(b("second")),
+            Some(value_203())
+        ]
+    );
 }
 
 /// The whole contract against `backend`; returns the large value.
@@ -218,6 +290,7 @@ async fn contract(backend: Arc<dyn Backend>) -> Bytes {
     delete_and_overwrite(&*backend).await;
     scans_in_order_within_bounds(&*backend).await;
     concurrent_submitters(Arc::clone(&backend)).await;
+    get_many_in_order(&*backend).await;
     large_value(&*backend).await
 }
 
@@ -333,12 +406,13 @@ async fn the_postgres_backend_keeps_the_contract() {
     let last = backend.submit(Txn::new());
     let last_lsn = last.lsn();
     last.wait().await.expect("durable");
-    // The large value is in chunks, and the overlay is empty once all is
-    // committed: what follows is read from PostgreSQL.
+    // The large values are in chunks, and the overlay is empty once all
+    // is committed: what follows is read from PostgreSQL.
     let c = sql(&pg).await;
     assert_eq!(
         chunk_rows(&c).await,
-        i64::try_from(big.len().div_ceil(chunk)).expect("count")
+        i64::try_from(big.len().div_ceil(chunk) + value_203().len().div_ceil(chunk))
+            .expect("count")
     );
     after_reopen(&*backend, &big);
     backend.close().expect("close");
@@ -550,6 +624,76 @@ async fn scans_read_past_rows_hidden_by_changes_not_yet_committed() {
     backend.close().expect("close");
 }
 
+/// Several keys read at once over changes not yet committed: keys the
+/// overlay deletes are absent though PostgreSQL still has their rows, a
+/// key it overwrites has its new value, the others (inline and in chunks)
+/// are read from PostgreSQL, in pages of several queries (`MAX_READ` is 3
+/// in tests). The same once the changes are committed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_many_reads_past_rows_hidden_by_changes_not_yet_committed() {
+    let Some(pg) = LocalPg::start("get_many_reads_past_rows_hidden_by_changes_not_yet_committed")
+    else {
+        return;
+    };
+    let backend = pg_open(&pg, "a", TTL, 1024).expect("open");
+    let big: Bytes = (0..5000u32)
+        .map(|i| (i % 7) as u8)
+        .collect::<Vec<u8>>()
+        .into();
+    let mut t = Txn::new();
+    for pos in 0..6u64 {
+        t.put(Key::Meta(5, pos), b(&format!("m{pos}")));
+    }
+    t.put(Key::Payload(50), big.clone());
+    t.put(Key::Payload(51), big.clone());
+    backend.submit(t).wait().await.expect("durable");
+    let c = sql(&pg).await;
+    assert_eq!(chunk_rows(&c).await, 10, "two values of five chunks");
+    // Another session holds the rows the next commit writes: the commit
+    // waits, and its changes stay in the overlay meanwhile.
+    c.batch_execute("BEGIN; SELECT * FROM lb_meta FOR UPDATE")
+        .await
+        .expect("lock");
+    let mut t = Txn::new();
+    t.delete(Key::Meta(5, 0));
+    t.delete(Key::Meta(5, 3));
+    t.put(Key::Meta(5, 4), b("m4'"));
+    t.delete(Key::Payload(51));
+    let commit = backend.submit(t);
+    let keys: Vec<Key<'_>> = (0..6u64)
+        .map(|pos| Key::Meta(5, pos))
+        .chain([Key::Payload(50), Key::Payload(51), Key::Payload(52)])
+        .collect();
+    let want = vec![
+        None,
+        Some(b("m1")),
+        Some(b("m2")),
+        None,
+        Some(b("m4'")),
+        Some(b("m5")),
+        Some(big),
+        None,
+        None,
+    ];
+    assert_eq!(many(&backend, &keys), want, "over the overlay");
+    let rows: i64 = sql(&pg)
+        .await
+        .query_one("SELECT count(*) FROM lb_meta", &[])
+        .await
+        .expect("count")
+        .get(0);
+    assert_eq!(rows, 6, "the deletes are not committed yet");
+    c.batch_execute("ROLLBACK").await.expect("unlock");
+    commit.wait().await.expect("durable");
+    assert_eq!(many(&backend, &keys), want, "committed");
+    assert_eq!(
+        chunk_rows(&c).await,
+        5,
+        "the deleted value's chunks are gone"
+    );
+    backend.close().expect("close");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unknown_commit_outcome_is_settled_and_the_backend_goes_on() {
     let Some(pg) = LocalPg::start("an_unknown_commit_outcome_is_settled_and_the_backend_goes_on")
@@ -638,11 +782,12 @@ async fn a_put_if_the_key_exists_follows_the_overlay_then_postgres() {
     backend.close().expect("close");
 }
 
-/// Bodies kept in memory once committed are what PostgreSQL holds: an
-/// overwrite or a delete is read at once and after its commit, with a
-/// budget that holds them all and with one that holds a single body (the
-/// rest evicted, read from PostgreSQL); a body too large for the budget
-/// is not kept. The contract holds with the bodies kept.
+/// Bodies (and message records) kept in memory once committed are what
+/// PostgreSQL holds: an overwrite or a delete is read at once and after
+/// its commit, with a budget that holds them all and with one that holds
+/// a single body (the rest evicted, read from PostgreSQL); a body too
+/// large for the budget is not kept. The contract holds with the bodies
+/// kept.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn committed_bodies_kept_in_memory_follow_every_change() {
     let Some(pg) = LocalPg::start("committed_bodies_kept_in_memory_follow_every_change") else {
@@ -680,12 +825,46 @@ async fn committed_bodies_kept_in_memory_follow_every_change() {
             "{shard_node}: the overwrite once committed"
         );
         assert_eq!(get(3), None, "{shard_node}: the delete once committed");
+        assert_eq!(
+            many(
+                &backend,
+                &[
+                    Key::Payload(1),
+                    Key::Payload(2),
+                    Key::Payload(3),
+                    Key::Payload(4)
+                ]
+            ),
+            vec![Some(b("body-1")), Some(b("two")), None, Some(b("body-4"))],
+            "{shard_node}: read together, kept or not"
+        );
         let rows: i64 = c
             .query_one("SELECT count(*) FROM lb_payload", &[])
             .await
             .expect("count")
             .get(0);
         assert_eq!(rows, 4, "{shard_node}");
+        // A message record is kept too: once committed it is read from
+        // memory (its row, removed behind the backend's back, is not
+        // looked for), and a change replaces it at once.
+        if budget > 1000 {
+            let mut t = Txn::new();
+            t.put(Key::Meta(8, 1), b("record"));
+            backend.submit(t).wait().await.expect("durable");
+            c.batch_execute("DELETE FROM lb_meta").await.expect("clear");
+            let meta = || backend.get(&Key::Meta(8, 1).encode()).expect("get");
+            assert_eq!(meta(), Some(b("record")), "{shard_node}: kept");
+            let mut t = Txn::new();
+            t.put(Key::Meta(8, 1), b("leased"));
+            let commit = backend.submit(t);
+            assert_eq!(meta(), Some(b("leased")), "{shard_node}: changed");
+            commit.wait().await.expect("durable");
+            assert_eq!(meta(), Some(b("leased")), "{shard_node}: committed");
+            let mut t = Txn::new();
+            t.delete(Key::Meta(8, 1));
+            backend.submit(t).wait().await.expect("durable");
+            assert_eq!(meta(), None, "{shard_node}: deleted");
+        }
         // A body larger than the budget is stored and read back whole.
         let big = Bytes::from(vec![7u8; 64 << 10]);
         let mut t = Txn::new();

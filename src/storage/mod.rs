@@ -348,15 +348,23 @@ impl<B: Backend> Store<B> {
 
     /// Reads and decodes a message's payload, checking its checksum.
     pub fn get_payload(&self, pid: u64) -> Result<Option<PayloadRecord>> {
-        let what = format_args!("payload {pid}");
-        match self.get(&Key::Payload(pid))? {
-            None => Ok(None),
-            Some(bytes) => {
-                let rec: PayloadRecord = records::decode(&what, &bytes)?;
-                rec.verify(&what)?;
-                Ok(Some(rec))
-            }
-        }
+        decode_payload(pid, self.get(&Key::Payload(pid))?)
+    }
+
+    /// Reads the payloads of several messages together
+    /// ([`Backend::get_many`]), each decoded and checked as
+    /// [`Store::get_payload`] does, in the order of `pids`: the outer error
+    /// is a read that failed, an inner one a payload that does not decode
+    /// or whose checksum is wrong.
+    pub fn get_payloads(&self, pids: &[u64]) -> Result<Vec<Result<Option<PayloadRecord>>>> {
+        let keys: Vec<Bytes> = pids.iter().map(|&pid| Key::Payload(pid).encode()).collect();
+        let refs: Vec<&[u8]> = keys.iter().map(|k| k.as_ref()).collect();
+        let values = self.backend.get_many(&refs)?;
+        Ok(pids
+            .iter()
+            .zip(values)
+            .map(|(&pid, v)| decode_payload(pid, v))
+            .collect())
     }
 
     /// Reads and decodes a message's state.
@@ -692,11 +700,26 @@ impl Inner {
     }
 }
 
+/// A payload as read (see [`Store::get_payload`]): decoded, its checksum
+/// checked.
+fn decode_payload(pid: u64, value: Option<Bytes>) -> Result<Option<PayloadRecord>> {
+    let what = format_args!("payload {pid}");
+    match value {
+        None => Ok(None),
+        Some(bytes) => {
+            let rec: PayloadRecord = records::decode(&what, &bytes)?;
+            rec.verify(&what)?;
+            Ok(Some(rec))
+        }
+    }
+}
+
 #[cfg(test)]
 mod backend_tests;
 #[cfg(test)]
 mod hostile_tests;
 #[cfg(test)]
 mod pg_harness;
+
 #[cfg(test)]
 mod tests;

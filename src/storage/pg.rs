@@ -623,6 +623,25 @@ impl PgState {
         row.map(|r| whole(&r).map(|(_, v)| v)).transpose()
     }
 
+    /// The rows of those of `keys` that exist, with their whole values,
+    /// read in one statement (in no particular order).
+    pub async fn get_many(&self, keys: &[&[u8]]) -> Result<Vec<(Bytes, Bytes)>> {
+        let parts: Vec<String> = TABLES
+            .iter()
+            .filter(|t| keys.iter().any(|k| table(k) == **t))
+            .map(|t| format!("(SELECT k, v, chunks FROM {t} WHERE shard = $1 AND k = ANY($2))"))
+            .collect();
+        if parts.is_empty() {
+            return Ok(Vec::new());
+        }
+        let sql = format!(
+            "SELECT k, v, chunks, {CHUNKS} FROM ({}) t",
+            parts.join(" UNION ALL ")
+        );
+        let rows = self.client.query(&sql, &[&self.shard, &keys]).await?;
+        rows.iter().map(whole).collect()
+    }
+
     /// Up to `limit` keys starting with `prefix`, in order, after `after`
     /// (exclusive) when given: one page of a scan.
     pub async fn scan(

@@ -18,10 +18,12 @@
 //! * **Submitting** gives a transaction the next lsn (from the shard's
 //!   commit marker + 1 at open) and puts its changes into an in-memory
 //!   overlay (key → the latest value or deletion, with its lsn), where
-//!   [`Backend::get`] and [`Backend::scan`] see them at once, in front of
-//!   what PostgreSQL holds; a scan merges the two in key order and reads
-//!   further rows from PostgreSQL where deletions of the overlay hide
-//!   some, so that a short page still means the end of the range.
+//!   [`Backend::get`], [`Backend::get_many`] and [`Backend::scan`] see
+//!   them at once, in front of what PostgreSQL holds; `get_many` reads the
+//!   keys that neither the overlay nor the recent values hold in one
+//!   query; a scan merges the two in key order and reads further rows from
+//!   PostgreSQL where deletions of the overlay hide some, so that a short
+//!   page still means the end of the range.
 //! * **Group commits, one batch in flight.** A committer task takes the
 //!   transactions queued since its last batch (whole transactions; it
 //!   starts a new batch where one would pass `max_batch_bytes`, but never
@@ -52,7 +54,7 @@
 //! the local backend keeps in memory only under a negative control's fault
 //! are not kept here.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::ops::Bound;
 #[cfg(test)]
@@ -64,7 +66,7 @@ use bytes::Bytes;
 use tokio::runtime::Handle;
 use tokio::sync::{Notify, oneshot, watch};
 
-use super::keys::TAG_PAYLOAD;
+use super::keys::{TAG_META, TAG_PAYLOAD};
 use super::pg::{self, Fence, Outcome, PgError, PgState};
 use super::{Backend, Commit, Result, StorageError, Txn};
 
@@ -85,9 +87,10 @@ pub struct PgBackendOptions {
     pub max_batch_bytes: usize,
     /// Values longer than this are stored in chunks of this size.
     pub chunk_size: usize,
-    /// Most bytes of recently committed message bodies kept in memory, so
-    /// that consumers close behind the publishers read them without a
-    /// round trip to PostgreSQL (0: none).
+    /// Most bytes of recently committed message bodies and message records
+    /// kept in memory, so that consumers close behind the publishers read
+    /// them, and a lease or an ack the record it changes, without a round
+    /// trip to PostgreSQL (0: none).
     pub recent_bytes: usize,
 }
 
@@ -138,14 +141,14 @@ struct Front {
     closed: Option<String>,
     /// Set on failure.
     failed: Option<String>,
-    /// Message bodies committed lately and not changed since.
+    /// Message bodies and records committed lately and not changed since.
     recent: Recent,
 }
 
-/// Recently committed message bodies: what PostgreSQL holds for their
-/// keys, kept while they fit in the budget, the oldest evicted first. A
-/// key leaves as soon as a transaction changes it (the overlay then
-/// answers for it).
+/// Recently committed message bodies and records: what PostgreSQL holds
+/// for their keys, kept while they fit in the budget, the oldest evicted
+/// first. A key leaves as soon as a transaction changes it (the overlay
+/// then answers for it).
 #[derive(Default)]
 struct Recent {
     /// Each body with the number of the `keep` that put it here.
@@ -513,7 +516,7 @@ impl Shared {
                 for (k, _) in &q.changes {
                     if front.overlay.get(k).is_some_and(|(_, lsn)| *lsn <= last)
                         && let Some((Some(v), _)) = front.overlay.remove(k)
-                        && k.first() == Some(&TAG_PAYLOAD)
+                        && kept_when_committed(k)
                     {
                         front.recent.keep(k.clone(), v);
                     }
@@ -524,6 +527,13 @@ impl Shared {
             let _ = q.done.send(Ok(()));
         }
     }
+}
+
+/// Whether a committed value of `key` is kept among the recent values:
+/// message bodies and message records (read by a delivery and its lease
+/// close behind the transaction that wrote them).
+fn kept_when_committed(key: &[u8]) -> bool {
+    matches!(key.first(), Some(&(TAG_PAYLOAD | TAG_META)))
 }
 
 fn refuse(batch: impl IntoIterator<Item = Queued>, reason: &str) {
@@ -695,6 +705,48 @@ impl Backend for PgBackend {
         run(&self.shared.handle, async move { reader.get(&key).await })
             .ok_or_else(stopped)?
             .map_err(StorageError::from)
+    }
+
+    fn get_many(&self, keys: &[&[u8]]) -> Result<Vec<Option<Bytes>>> {
+        let mut out: Vec<Option<Bytes>> = vec![None; keys.len()];
+        // Positions of the keys neither the overlay nor the recent values
+        // hold, and those keys once each.
+        let mut missing: Vec<usize> = Vec::new();
+        let mut wanted: Vec<Vec<u8>> = Vec::new();
+        {
+            let front = lock(&self.shared.front);
+            let mut seen: HashSet<&[u8]> = HashSet::new();
+            for (i, key) in keys.iter().enumerate() {
+                if let Some((v, _)) = front.overlay.get(*key) {
+                    out[i].clone_from(v);
+                } else if let Some(v) = front.recent.get(key) {
+                    out[i] = Some(v.clone());
+                } else {
+                    missing.push(i);
+                    if seen.insert(key) {
+                        wanted.push(key.to_vec());
+                    }
+                }
+            }
+        }
+        if wanted.is_empty() {
+            return Ok(out);
+        }
+        let reader = self.shared.reader();
+        let rows = run(&self.shared.handle, async move {
+            let mut rows = Vec::new();
+            for part in wanted.chunks(MAX_READ) {
+                let part: Vec<&[u8]> = part.iter().map(Vec::as_slice).collect();
+                rows.extend(reader.get_many(&part).await?);
+            }
+            Ok::<_, PgError>(rows)
+        })
+        .ok_or_else(stopped)??;
+        let found: HashMap<Bytes, Bytes> = rows.into_iter().collect();
+        for i in missing {
+            out[i] = found.get(keys[i]).cloned();
+        }
+        Ok(out)
     }
 
     fn scan(&self, start: &[u8], end: Option<&[u8]>, limit: usize) -> Result<Vec<(Bytes, Bytes)>> {
