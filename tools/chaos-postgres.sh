@@ -13,11 +13,8 @@ cd "$(dirname "$0")/.."
 seed=${1:-1}
 cycles=${2:-16}
 bin=${CARGO_TARGET_DIR:-target}/debug
-dir=$(mktemp -d /tmp/letterbox-pg-chaos.XXXXXX)
-chmod 755 "$dir"  # PostgreSQL runs as the postgres user under root
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-admin=$(tools/pg-local.sh start "$dir/pg" "$port")
-trap 'tools/pg-local.sh stop "$dir/pg"; rm -rf "$dir"' EXIT
+[ -n "${PG_LOCAL_URL:-}" ] || exec tools/pg-local.sh run tools/chaos-postgres.sh "$@"
+admin=$PG_LOCAL_URL
 psql "$admin" -qc "CREATE DATABASE chaos"
 url="${admin%/postgres}/chaos"
 "$bin/chaos" --seed "$seed" --cycles "$cycles" --min-hits 1 \

@@ -24,16 +24,7 @@ cmd=${1:?usage: $0 start|url|leader|kill-leader|status|stop DIR}
 dir=${2:?give a scratch directory}
 TTL=${PATRONI_TTL:-10}
 
-pg_bin() {
-    local initdb
-    initdb=$(ls /usr/lib/postgresql/*/bin/initdb 2>/dev/null | sort -V | tail -1)
-    [ -n "$initdb" ] || { echo "no PostgreSQL server found (apt-get install postgresql)" >&2; exit 1; }
-    dirname "$initdb"
-}
-
-as_pg() {
-    if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
-}
+. "$(dirname "${BASH_SOURCE[0]}")/pg-common.sh"
 
 etcd_hosts="127.0.0.1:12379,127.0.0.1:22379,127.0.0.1:32379"
 

@@ -8,21 +8,31 @@
 #                                       (default 5439), print the admin URL
 #   tools/pg-local.sh url DIR           the admin URL again
 #   tools/pg-local.sh stop DIR          stop it (immediate)
+#   tools/pg-local.sh run CMD [ARGS...] start one in a new temporary
+#                                       directory on a free port, run CMD
+#                                       with its admin URL in PG_LOCAL_URL,
+#                                       then stop it and remove the
+#                                       directory (whatever CMD did); exits
+#                                       with CMD's status
 set -euo pipefail
 
-cmd=${1:?usage: $0 start|url|stop DIR [PORT]}
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+. "$here/pg-common.sh"
+
+cmd=${1:?usage: $0 start|url|stop DIR [PORT] | run CMD [ARGS...]}
+if [ "$cmd" = run ]; then
+    shift
+    [ $# -gt 0 ] || { echo "usage: $0 run CMD [ARGS...]" >&2; exit 2; }
+    tmp=$(mktemp -d /tmp/letterbox-pg.XXXXXX)
+    chmod 755 "$tmp"  # PostgreSQL runs as the postgres user under root
+    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+    trap '"$here/pg-local.sh" stop "$tmp/pg"; rm -rf "$tmp"' EXIT
+    PG_LOCAL_URL=$("$here/pg-local.sh" start "$tmp/pg" "$port")
+    export PG_LOCAL_URL
+    "$@"
+    exit
+fi
 dir=${2:?give a scratch directory}
-
-pg_bin() {
-    local initdb
-    initdb=$(ls /usr/lib/postgresql/*/bin/initdb 2>/dev/null | sort -V | tail -1)
-    [ -n "$initdb" ] || { echo "no PostgreSQL server found (apt-get install postgresql)" >&2; exit 1; }
-    dirname "$initdb"
-}
-
-as_pg() {
-    if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
-}
 
 case "$cmd" in
 start)

@@ -8,14 +8,12 @@
 # store), and the two-node tests (which start PostgreSQL themselves).
 #
 # Usage: tools/test-on-postgres.sh [extra cargo test filters...]
+# (Run under `tools/pg-local.sh run`, which sets PG_LOCAL_URL: a PG_LOCAL_URL
+# already set is used as the admin URL instead.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-dir=$(mktemp -d /tmp/letterbox-pg-suite.XXXXXX)
-chmod 755 "$dir"  # PostgreSQL runs as the postgres user under root
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-url=$(tools/pg-local.sh start "$dir/pg" "$port")
-trap 'tools/pg-local.sh stop "$dir/pg"; rm -rf "$dir"' EXIT
-LETTERBOX_TEST_PG=$url cargo test -p letterbox --test it -- "$@" \
+[ -n "${PG_LOCAL_URL:-}" ] || exec tools/pg-local.sh run tools/test-on-postgres.sh "$@"
+LETTERBOX_TEST_PG=$PG_LOCAL_URL cargo test -p letterbox --test it -- "$@" \
     --skip disk_faults:: --skip verify:: --skip docs:: --skip ecosystem:: --skip ha:: \
     --skip durability::a_second_server_on_the_same_directory_is_refused \
     --skip durability::an_unknown_format_is_refused_and_nothing_is_touched \

@@ -51,6 +51,11 @@ pub use stream::{Settler, Subscription};
 pub use subscriber::{Schedule, Strategy, Subscriber, SubscriberConfig, SubscriberHandle};
 
 /// How the client retries calls that fail with UNAVAILABLE.
+///
+/// A call that may be retried keeps its request for the next attempt, so
+/// each attempt but the last possible one sends a copy; a call that cannot
+/// be (one attempt, or a publish without message ids) sends the request
+/// as given.
 #[derive(Debug, Clone, Copy)]
 pub struct RetryPolicy {
     /// Attempts in all, the first included (1 = no retry).
@@ -369,38 +374,66 @@ impl Client {
         F: Fn() -> Fut,
         Fut: Future<Output = std::result::Result<tonic::Response<T>, tonic::Status>>,
     {
+        self.call_with(retry, extra, (), |()| f()).await
+    }
+
+    /// [`Client::call`] with the request handed to `f`: an attempt that
+    /// may be followed by another gets a copy of it, the last possible
+    /// attempt the request itself. So a call that is not retried (`retry`
+    /// false, or a policy of one attempt) copies nothing.
+    async fn call_with<R, T, F, Fut>(&self, retry: bool, extra: Duration, req: R, f: F) -> Result<T>
+    where
+        R: Clone,
+        F: Fn(R) -> Fut,
+        Fut: Future<Output = std::result::Result<tonic::Response<T>, tonic::Status>>,
+    {
         let mut attempt = 1;
-        loop {
-            let limit = self.config.request_timeout + extra;
+        while retry && attempt < self.config.retry.max_attempts {
             let at = self.active.load(Ordering::Acquire) % self.nodes.len();
-            let outcome = match tokio::time::timeout(limit, f()).await {
-                Ok(r) => r,
-                Err(_) => Err(tonic::Status::deadline_exceeded(format!(
-                    "no answer within {} ms",
-                    limit.as_millis()
-                ))),
+            let s = match self.attempt(at, extra, f(req.clone())).await {
+                Ok(r) => return Ok(r),
+                Err(s) => s,
             };
-            match outcome {
-                Ok(r) => return Ok(r.into_inner()),
-                Err(s) => {
-                    let gone = retryable(&s);
-                    if gone {
-                        self.fail_over(at);
-                    }
-                    if !(retry && gone && attempt < self.config.retry.max_attempts) {
-                        return Err(ClientError::from_call(&self.nodes[at].endpoint, s));
-                    }
-                    tracing::debug!(status = %s.message(), attempt, "server unavailable; retrying");
-                    // The next server of a list is tried at once; a wait
-                    // comes once the list has been gone round.
-                    let wrapped = self.active.load(Ordering::Acquire) % self.nodes.len() <= at;
-                    if wrapped {
-                        tokio::time::sleep(backoff(&self.config.retry, attempt)).await;
-                    }
-                    attempt += 1;
-                }
+            if !retryable(&s) {
+                return Err(ClientError::from_call(&self.nodes[at].endpoint, s));
             }
+            tracing::debug!(status = %s.message(), attempt, "server unavailable; retrying");
+            // The next server of a list is tried at once; a wait comes once
+            // the list has been gone round.
+            let wrapped = self.active.load(Ordering::Acquire) % self.nodes.len() <= at;
+            if wrapped {
+                tokio::time::sleep(backoff(&self.config.retry, attempt)).await;
+            }
+            attempt += 1;
         }
+        let at = self.active.load(Ordering::Acquire) % self.nodes.len();
+        self.attempt(at, extra, f(req))
+            .await
+            .map_err(|s| ClientError::from_call(&self.nodes[at].endpoint, s))
+    }
+
+    /// One attempt of a call to node `at`, within the request timeout
+    /// (plus `extra`); a failure as if the server were gone moves the
+    /// client to the next server.
+    async fn attempt<T>(
+        &self,
+        at: usize,
+        extra: Duration,
+        call: impl Future<Output = std::result::Result<tonic::Response<T>, tonic::Status>>,
+    ) -> std::result::Result<T, tonic::Status> {
+        let limit = self.config.request_timeout + extra;
+        let outcome = match tokio::time::timeout(limit, call).await {
+            Ok(r) => r,
+            Err(_) => Err(tonic::Status::deadline_exceeded(format!(
+                "no answer within {} ms",
+                limit.as_millis()
+            ))),
+        };
+        outcome.map(tonic::Response::into_inner).inspect_err(|s| {
+            if retryable(s) {
+                self.fail_over(at);
+            }
+        })
     }
 
     // ---- admin ----------------------------------------------------------
@@ -704,14 +737,14 @@ impl Client {
         messages: Vec<pb::PublishMessage>,
     ) -> Result<Vec<pb::PublishResult>> {
         let retry = messages.iter().all(|m| !m.message_id.is_empty());
+        let req = pb::PublishRequest {
+            queue: queue.into(),
+            messages,
+            exchange: String::new(),
+        };
         let r = self
-            .call(retry, Duration::ZERO, || {
+            .call_with(retry, Duration::ZERO, req, |req| {
                 let mut c = self.msg();
-                let req = pb::PublishRequest {
-                    queue: queue.into(),
-                    messages: messages.clone(),
-                    exchange: String::new(),
-                };
                 async move { c.publish(req).await }
             })
             .await?;
@@ -727,14 +760,14 @@ impl Client {
         messages: Vec<pb::PublishMessage>,
     ) -> Result<Vec<pb::PublishResult>> {
         let retry = messages.iter().all(|m| !m.message_id.is_empty());
+        let req = pb::PublishRequest {
+            queue: String::new(),
+            messages,
+            exchange: exchange.into(),
+        };
         let r = self
-            .call(retry, Duration::ZERO, || {
+            .call_with(retry, Duration::ZERO, req, |req| {
                 let mut c = self.msg();
-                let req = pb::PublishRequest {
-                    queue: String::new(),
-                    messages: messages.clone(),
-                    exchange: exchange.into(),
-                };
                 async move { c.publish(req).await }
             })
             .await?;
@@ -764,25 +797,27 @@ impl Client {
 
     /// Receives with every option of the request.
     pub async fn receive_with(&self, req: pb::ReceiveRequest) -> Result<Vec<pb::Delivery>> {
+        Ok(self.receive_response(req).await?.deliveries)
+    }
+
+    /// [`Client::receive_with`] returning the whole answer: with
+    /// `ack_tokens` in the request (acks riding on the receive), the
+    /// deliveries and `ack_results`, one per token in request order.
+    pub async fn receive_response(&self, req: pb::ReceiveRequest) -> Result<pb::ReceiveResponse> {
         let extra = Duration::from_millis(req.wait_ms);
-        let r = self
-            .call(true, extra, || {
-                let mut c = self.msg();
-                let req = req.clone();
-                async move { c.receive(req).await }
-            })
-            .await?;
-        Ok(r.deliveries)
+        self.call_with(true, extra, req, |req| {
+            let mut c = self.msg();
+            async move { c.receive(req).await }
+        })
+        .await
     }
 
     /// Acknowledges deliveries; one result per token.
     pub async fn ack(&self, tokens: Vec<String>) -> Result<Vec<pb::SettleResult>> {
+        let req = pb::AckRequest { ack_tokens: tokens };
         let r = self
-            .call(true, Duration::ZERO, || {
+            .call_with(true, Duration::ZERO, req, |req| {
                 let mut c = self.msg();
-                let req = pb::AckRequest {
-                    ack_tokens: tokens.clone(),
-                };
                 async move { c.ack(req).await }
             })
             .await?;
@@ -801,12 +836,10 @@ impl Client {
         &self,
         items: Vec<pb::NackItem>,
     ) -> Result<(Vec<pb::SettleResult>, Vec<pb::ReleasedDelivery>)> {
+        let req = pb::NackRequest { items };
         let r = self
-            .call(true, Duration::ZERO, || {
+            .call_with(true, Duration::ZERO, req, |req| {
                 let mut c = self.msg();
-                let req = pb::NackRequest {
-                    items: items.clone(),
-                };
                 async move { c.nack(req).await }
             })
             .await?;
@@ -815,12 +848,10 @@ impl Client {
 
     /// Extends leases; one result (with the new deadline) per item.
     pub async fn extend(&self, items: Vec<pb::ExtendItem>) -> Result<Vec<pb::SettleResult>> {
+        let req = pb::ExtendLeaseRequest { items };
         let r = self
-            .call(true, Duration::ZERO, || {
+            .call_with(true, Duration::ZERO, req, |req| {
                 let mut c = self.msg();
-                let req = pb::ExtendLeaseRequest {
-                    items: items.clone(),
-                };
                 async move { c.extend_lease(req).await }
             })
             .await?;
@@ -934,4 +965,90 @@ fn missing(what: &str) -> ClientError {
 fn backoff(p: &RetryPolicy, attempt: u32) -> Duration {
     let factor = 2u32.saturating_pow(attempt.saturating_sub(1).min(16));
     p.initial_backoff.saturating_mul(factor).min(p.max_backoff)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU32;
+
+    /// A request that counts how often it was copied.
+    struct Counted(Arc<AtomicU32>);
+
+    impl Clone for Counted {
+        fn clone(&self) -> Self {
+            self.0.fetch_add(1, Ordering::Relaxed);
+            Counted(self.0.clone())
+        }
+    }
+
+    /// A client of one server that is never connected to (the calls
+    /// below do not use the connection).
+    async fn client(max_attempts: u32) -> Client {
+        let mut config = ClientConfig::new("http://127.0.0.1:9");
+        config.retry = RetryPolicy {
+            max_attempts,
+            initial_backoff: Duration::from_millis(1),
+            max_backoff: Duration::from_millis(1),
+        };
+        let channel = endpoint(&config, "http://127.0.0.1:9")
+            .unwrap()
+            .connect_lazy();
+        let auth = AuthHeader(None);
+        Client {
+            nodes: vec![Node {
+                endpoint: config.endpoint.clone(),
+                admin: AdminServiceClient::with_interceptor(channel.clone(), auth.clone()),
+                msg: MessagingServiceClient::with_interceptor(channel, auth),
+            }]
+            .into(),
+            active: Arc::new(AtomicUsize::new(0)),
+            config: Arc::new(config),
+        }
+    }
+
+    /// Runs one call whose every attempt fails with UNAVAILABLE (or
+    /// succeeds, with `ok`): (attempts, copies of the request).
+    async fn run(max_attempts: u32, retry: bool, ok: bool) -> (u32, u32) {
+        let c = client(max_attempts).await;
+        let copies = Arc::new(AtomicU32::new(0));
+        let attempts = AtomicU32::new(0);
+        let r = c
+            .call_with(
+                retry,
+                Duration::ZERO,
+                Counted(copies.clone()),
+                |_req: Counted| {
+                    attempts.fetch_add(1, Ordering::Relaxed);
+                    async move {
+                        if ok {
+                            Ok(tonic::Response::new(()))
+                        } else {
+                            Err(tonic::Status::unavailable("down"))
+                        }
+                    }
+                },
+            )
+            .await;
+        assert_eq!(r.is_ok(), ok);
+        (
+            attempts.load(Ordering::Relaxed),
+            copies.load(Ordering::Relaxed),
+        )
+    }
+
+    #[tokio::test]
+    async fn a_call_that_cannot_be_retried_sends_its_request_without_a_copy() {
+        assert_eq!(run(1, true, true).await, (1, 0));
+        assert_eq!(run(1, true, false).await, (1, 0));
+        assert_eq!(run(5, false, true).await, (1, 0));
+        assert_eq!(run(5, false, false).await, (1, 0));
+    }
+
+    #[tokio::test]
+    async fn a_retried_call_copies_its_request_for_every_attempt_but_the_last() {
+        // Kept for a retry that did not come.
+        assert_eq!(run(5, true, true).await, (1, 1));
+        assert_eq!(run(3, true, false).await, (3, 2));
+    }
 }

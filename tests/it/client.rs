@@ -629,6 +629,38 @@ async fn calls_are_retried_while_the_server_restarts() {
     assert_eq!(c.stats("q").await.unwrap().total, 1);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acks_riding_on_a_receive_come_back_with_their_results() {
+    let s = TestServer::start().await;
+    let c = client(&s).await;
+    queue(&c, "q", config()).await;
+    publish_n(&c, "q", "m", 3).await;
+    let first = c.receive("q", 2, Duration::ZERO).await.unwrap();
+    assert_eq!(first.len(), 2);
+    let (t0, t1) = (first[0].ack_token.clone(), first[1].ack_token.clone());
+    // Settled already: its ride is refused, the other's is not.
+    assert_eq!(
+        c.ack(vec![t0.clone()]).await.unwrap()[0].status(),
+        pb::SettleStatus::Ok
+    );
+    let r = c
+        .receive_response(pb::ReceiveRequest {
+            queue: "q".into(),
+            max_messages: 10,
+            ack_tokens: vec![t1, t0],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let statuses: Vec<pb::SettleStatus> = r.ack_results.iter().map(|a| a.status()).collect();
+    assert_eq!(statuses.len(), 2, "{r:?}");
+    assert_eq!(statuses[0], pb::SettleStatus::Ok, "{r:?}");
+    assert_ne!(statuses[1], pb::SettleStatus::Ok, "{r:?}");
+    assert_eq!(r.deliveries.len(), 1, "{r:?}");
+    let st = c.stats("q").await.unwrap();
+    assert_eq!((st.acked, st.total), (2, 1));
+}
+
 /// A port nothing listens on.
 fn dead_port() -> std::net::SocketAddr {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

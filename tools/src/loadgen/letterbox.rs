@@ -1,10 +1,25 @@
 //! loadgen target Letterbox, over its gRPC API (`letterbox.v1`).
 //!
+//! Two ways to the server. The project's client library
+//! ([`letterbox::client::Client`], retries off: a failed call is reported,
+//! as on a raw stub) does the queue set-up, stats and redrive, the batched
+//! `Publish` calls and the `Receive` consumer's calls: per call it adds
+//! only a timer for its request timeout (with one attempt allowed, the
+//! request is sent as given, not copied). Raw tonic stubs stay where the
+//! row measures the wire shape itself: one unary `Publish` per message (a
+//! row put beside tonic-floor, i.e. the cost of a bare tonic call, which
+//! a client layer would blur), and the streams (`PublishStream`
+//! publishers, the `Subscribe` consumer): the client library has no
+//! `PublishStream`, and its `Subscription` would change the subscribe
+//! rows (it hands deliveries over through 16 slots where this consumer
+//! holds the whole credit, so that an awaited settle result is never
+//! queued behind deliveries; a lock and a sender clone per settle).
+//!
 //! Durability acknowledgement = the `Publish` response: the server answers
 //! only once the batch is fdatasynced (group commit across concurrent
 //! calls). Each publisher, each consumer and the admin side use their own
-//! tonic `Channel`, i.e. one HTTP/2 connection each; concurrent calls are
-//! multiplexed on it.
+//! connection (a `Client` or a tonic `Channel`), i.e. one HTTP/2
+//! connection each; concurrent calls are multiplexed on it.
 //!
 //! - Publishing: one message per request on a `PublishStream`, answered in
 //!   order once durable, as AMQP publisher confirms work (the default);
@@ -60,13 +75,12 @@ use super::target::{
 use anyhow::{Context as _, Result, anyhow, bail};
 use async_trait::async_trait;
 use bytes::Bytes;
-use letterbox::pb::admin_service_client::AdminServiceClient;
+use letterbox::client::{Client, ClientConfig, ErrorKind};
 use letterbox::pb::messaging_service_client::MessagingServiceClient;
 use letterbox::pb::subscribe_request::Kind as SubOut;
 use letterbox::pb::subscribe_response::Kind as SubIn;
 use letterbox::pb::{
-    AckRequest, CreateQueueRequest, DeadLetterPolicy, DeleteQueueRequest, GetQueueStatsRequest,
-    NackItem, NackRequest, PublishMessage, PublishRequest, PublishStreamRequest, QueueConfig,
+    DeadLetterPolicy, NackItem, PublishMessage, PublishRequest, PublishStreamRequest, QueueConfig,
     QueueKind, ReceiveRequest, RedriveRequest, SettleResult, SettleStatus, StreamAck, StreamNack,
     StreamSettled, SubscribeOpen, SubscribeRequest,
 };
@@ -89,7 +103,6 @@ const RECEIVE_WAIT_MS: u64 = 1000;
 pub const MAX_CALL_BYTES: usize = 4 << 20;
 
 type Messaging = MessagingServiceClient<Channel>;
-type Admin = AdminServiceClient<Channel>;
 
 /// Opens one HTTP/2 connection to the server.
 async fn channel(url: &str) -> Result<Channel> {
@@ -104,6 +117,18 @@ async fn channel(url: &str) -> Result<Channel> {
 
 async fn messaging(url: &str) -> Result<Messaging> {
     Ok(MessagingServiceClient::new(channel(url).await?).max_decoding_message_size(MAX_DECODING))
+}
+
+/// Opens a [`Client`] on a connection of its own, with retries off:
+/// loadgen reports a failed call, as it does on a raw stub, rather than
+/// riding it out (and a call that cannot be retried sends its request
+/// without a copy).
+async fn client(url: &str) -> Result<Client> {
+    let mut config = ClientConfig::new(url);
+    config.retry.max_attempts = 1;
+    Client::with_config(config)
+        .await
+        .with_context(|| format!("connecting to Letterbox at {url}"))
 }
 
 fn dlq(q: &QueueSpec) -> String {
@@ -132,7 +157,7 @@ fn check_settled(what: &str, expected: usize, results: &[SettleResult]) -> Resul
 
 pub struct LetterboxTarget {
     url: String,
-    admin: Admin,
+    admin: Client,
     metrics: Option<MetricsUrl>,
 }
 
@@ -140,8 +165,7 @@ impl LetterboxTarget {
     /// Connects the admin client (and so checks that the server answers);
     /// with `metrics_url`, also reads the metrics endpoint once.
     pub async fn connect(url: &str, metrics_url: Option<&str>) -> Result<Self> {
-        let admin =
-            AdminServiceClient::new(channel(url).await?).max_decoding_message_size(MAX_DECODING);
+        let admin = client(url).await?;
         let metrics = metrics_url.map(MetricsUrl::parse).transpose()?;
         if let Some(m) = &metrics {
             m.log_counters().await?;
@@ -154,42 +178,27 @@ impl LetterboxTarget {
     }
 
     async fn delete_if_exists(&self, name: &str) -> Result<()> {
-        let req = DeleteQueueRequest {
-            name: name.to_string(),
-            force: true,
-            ..Default::default()
-        };
-        match self.admin.clone().delete_queue(req).await {
+        match self.admin.delete_queue(name, true).await {
             Ok(_) => Ok(()),
-            Err(s) if s.code() == Code::NotFound => Ok(()),
-            Err(s) => Err(anyhow!("DeleteQueue {name}: {s}")),
+            Err(e) if e.kind() == ErrorKind::Rpc(Code::NotFound) => Ok(()),
+            Err(e) => Err(anyhow!("DeleteQueue {name}: {e}")),
         }
     }
 
     async fn create(&self, name: String, config: QueueConfig) -> Result<()> {
-        let what = format!("CreateQueue {name}");
         self.admin
-            .clone()
-            .create_queue(CreateQueueRequest {
-                name,
-                config: Some(config),
-                ..Default::default()
-            })
+            .create_queue(&name, config)
             .await
-            .map_err(|s| anyhow!("{what}: {s}"))?;
+            .map_err(|e| anyhow!("CreateQueue {name}: {e}"))?;
         Ok(())
     }
 
-    async fn total(admin: &Admin, name: &str) -> Result<u64> {
-        let r = admin
-            .clone()
-            .get_queue_stats(GetQueueStatsRequest {
-                name: name.to_string(),
-                ..Default::default()
-            })
+    async fn total(admin: &Client, name: &str) -> Result<u64> {
+        let stats = admin
+            .stats(name)
             .await
-            .map_err(|s| anyhow!("GetQueueStats {name}: {s}"))?;
-        Ok(r.into_inner().stats.map_or(0, |s| s.total))
+            .map_err(|e| anyhow!("GetQueueStats {name}: {e}"))?;
+        Ok(stats.total)
     }
 }
 
@@ -253,15 +262,14 @@ impl Target for LetterboxTarget {
     }
 
     async fn consumer(&self, q: &QueueSpec, c: &ConsumerSpec) -> Result<Box<dyn Consumer>> {
-        let client = messaging(&self.url).await?;
         match c.mode {
             ConsumerMode::Receive => Ok(Box::new(LetterboxConsumer::start(
-                client,
+                client(&self.url).await?,
                 q.name.clone(),
                 c,
             ))),
             ConsumerMode::Subscribe => Ok(Box::new(
-                SubscribeConsumer::open(client, q.name.clone(), c).await?,
+                SubscribeConsumer::open(messaging(&self.url).await?, q.name.clone(), c).await?,
             )),
             ConsumerMode::Get => bail!("letterbox: --consumer get is RabbitMQ's basic.get"),
         }
@@ -290,15 +298,13 @@ impl Target for LetterboxTarget {
         let name = dlq(q);
         let mut stream = self
             .admin
-            .clone()
             .redrive(RedriveRequest {
                 queue: name.clone(),
                 rate_per_second: 0,
                 ..Default::default()
             })
             .await
-            .map_err(|s| anyhow!("Redrive {name}: {s}"))?
-            .into_inner();
+            .map_err(|e| anyhow!("Redrive {name}: {e}"))?;
         let mut out = RedriveOutcome::default();
         loop {
             match stream.message().await {
@@ -389,23 +395,22 @@ impl Target for FloorTarget {
 /// The publisher of a run (`--batch`, `LOADGEN_LETTERBOX_PUBLISH`), on
 /// connections of its own.
 async fn publisher(url: &str, q: &QueueSpec, p: &PublisherSpec) -> Result<Box<dyn Publisher>> {
-    let client = messaging(url).await?;
     if p.batch > 1 && p.ordered {
         let batch = (p.batch as usize).min(MAX_PER_CALL);
         Ok(Box::new(
-            OrderedBatchPublisher::open(client, q.name.clone(), batch).await?,
+            OrderedBatchPublisher::open(messaging(url).await?, q.name.clone(), batch).await?,
         ))
     } else if p.batch > 1 {
         let batch = (p.batch as usize).min(MAX_PER_CALL);
         let in_flight = (p.window as usize / batch).max(1);
         Ok(Box::new(BatchPublisher::start(
-            client,
+            client(url).await?,
             q.name.clone(),
             batch,
             in_flight,
         )))
     } else if std::env::var("LOADGEN_LETTERBOX_PUBLISH").as_deref() == Ok("unary") {
-        let mut clients = vec![client];
+        let mut clients = vec![messaging(url).await?];
         for _ in 1..connections()? {
             clients.push(messaging(url).await?);
         }
@@ -416,7 +421,7 @@ async fn publisher(url: &str, q: &QueueSpec, p: &PublisherSpec) -> Result<Box<dy
         }))
     } else {
         Ok(Box::new(
-            StreamPublisher::open(client, q.name.clone()).await?,
+            StreamPublisher::open(messaging(url).await?, q.name.clone()).await?,
         ))
     }
 }
@@ -466,6 +471,20 @@ async fn publish_call(
     let got = r.get_ref().results.len();
     if got != n {
         bail!("Publish: {got} results for {n} messages");
+    }
+    Ok(())
+}
+
+/// One `Publish` through the client library, checked as [`publish_call`]
+/// checks a raw one.
+async fn publish_batch(client: &Client, queue: &str, messages: Vec<PublishMessage>) -> Result<()> {
+    let n = messages.len();
+    let results = client
+        .publish(queue, messages)
+        .await
+        .map_err(|e| anyhow!("Publish ({n} messages): {e}"))?;
+    if results.len() != n {
+        bail!("Publish: {} results for {n} messages", results.len());
     }
     Ok(())
 }
@@ -617,15 +636,15 @@ struct BatchPublisher {
 }
 
 impl BatchPublisher {
-    fn start(client: Messaging, queue: String, batch: usize, in_flight: usize) -> Self {
+    fn start(client: Client, queue: String, batch: usize, in_flight: usize) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
-        let task = tokio::spawn(Self::run(client, queue, rx, batch, in_flight));
+        let task = tokio::spawn(Self::run(client, queue.into(), rx, batch, in_flight));
         BatchPublisher { tx: Some(tx), task }
     }
 
     async fn run(
-        client: Messaging,
-        queue: String,
+        client: Client,
+        queue: Arc<str>,
         mut rx: mpsc::UnboundedReceiver<(Bytes, BatchAck)>,
         batch: usize,
         in_flight: usize,
@@ -653,12 +672,12 @@ impl BatchPublisher {
                     Err(_) => break,
                 }
             }
-            let mut client = client.clone();
+            let client = client.clone();
             let queue = queue.clone();
             calls.spawn(async move {
                 let (messages, acks): (Vec<PublishMessage>, Vec<BatchAck>) =
                     items.into_iter().map(|(b, a)| (message(b), a)).unzip();
-                let r = publish_call(&mut client, queue, messages)
+                let r = publish_batch(&client, &queue, messages)
                     .await
                     .map_err(|e| Arc::<str>::from(format!("{e:#}")));
                 drop(slot);
@@ -767,7 +786,7 @@ impl<T: SettleBy> Settle for T {
 }
 
 /// Where [`settle_loop`] sends its batches: unary `Ack` / `Nack` calls
-/// ([`Messaging`]), or `StreamAck` / `StreamNack` requests on a
+/// ([`Client`]), or `StreamAck` / `StreamNack` requests on a
 /// subscription ([`SubCtx`]).
 trait SettleBatch: Send {
     /// Acks `tokens`; fails unless each is settled.
@@ -776,32 +795,20 @@ trait SettleBatch: Send {
     fn nack_batch(&mut self, items: Vec<NackItem>) -> impl Future<Output = Result<()>> + Send;
 }
 
-impl SettleBatch for Messaging {
+impl SettleBatch for Client {
     async fn ack_batch(&mut self, tokens: Vec<String>) -> Result<()> {
         let n = tokens.len();
-        match self
-            .ack(AckRequest {
-                ack_tokens: tokens,
-                ..Default::default()
-            })
-            .await
-        {
-            Ok(r) => check_settled("Ack", n, &r.get_ref().results),
-            Err(s) => Err(anyhow!("Ack ({n} tokens): {s}")),
+        match self.ack(tokens).await {
+            Ok(results) => check_settled("Ack", n, &results),
+            Err(e) => Err(anyhow!("Ack ({n} tokens): {e}")),
         }
     }
 
     async fn nack_batch(&mut self, items: Vec<NackItem>) -> Result<()> {
         let n = items.len();
-        match self
-            .nack(NackRequest {
-                items,
-                ..Default::default()
-            })
-            .await
-        {
-            Ok(r) => check_settled("Nack", n, &r.get_ref().results),
-            Err(s) => Err(anyhow!("Nack ({n} tokens): {s}")),
+        match self.nack(items).await {
+            Ok(results) => check_settled("Nack", n, &results),
+            Err(e) => Err(anyhow!("Nack ({n} tokens): {e}")),
         }
     }
 }
@@ -876,11 +883,11 @@ struct LetterboxConsumer {
     /// ride on it).
     closing: watch::Sender<bool>,
     acker: Option<Acker>,
-    riding: Option<(Riding, Messaging)>,
+    riding: Option<(Riding, Client)>,
 }
 
 impl LetterboxConsumer {
-    fn start(client: Messaging, queue: String, c: &ConsumerSpec) -> Self {
+    fn start(client: Client, queue: String, c: &ConsumerSpec) -> Self {
         let prefetch = c.prefetch.max(1) as usize;
         let acker = (c.ack == AckMode::Async).then(|| {
             let (tx, rx) = mpsc::unbounded_channel();
@@ -918,7 +925,7 @@ impl LetterboxConsumer {
     /// that acks are not held up by an empty queue, and is not cut short by
     /// [`Consumer::close`].
     async fn receive_loop(
-        mut client: Messaging,
+        client: Client,
         queue: String,
         prefetch: usize,
         tx: mpsc::Sender<Result<Delivery>>,
@@ -943,7 +950,7 @@ impl LetterboxConsumer {
                 ack_tokens: acks,
                 ..Default::default()
             };
-            let deliveries = match receive(&mut client, req, n_acks, &mut closed).await {
+            let deliveries = match receive(&client, req, n_acks, &mut closed).await {
                 Some(Ok(deliveries)) => deliveries,
                 Some(Err(e)) => {
                     let _ = tx.send(Err(e)).await;
@@ -999,26 +1006,25 @@ fn riding_acks(ctx: &SettleCtx) -> Vec<String> {
 /// are checked. `None` when the consumer closes during a wait (a call
 /// with acks is not cut short).
 async fn receive(
-    client: &mut Messaging,
+    client: &Client,
     req: ReceiveRequest,
     n_acks: usize,
     closed: &mut watch::Receiver<bool>,
 ) -> Option<Result<Vec<letterbox::pb::Delivery>>> {
     let queue = req.queue.clone();
     let answer = if n_acks > 0 {
-        client.receive(req).await
+        client.receive_response(req).await
     } else {
         tokio::select! {
-            r = client.receive(req) => r,
+            r = client.receive_response(req) => r,
             _ = closed.changed() => return None,
         }
     };
     Some(match answer {
         Ok(r) => {
-            let r = r.into_inner();
             check_settled("Ack riding on Receive", n_acks, &r.ack_results).map(|()| r.deliveries)
         }
-        Err(s) => Err(anyhow!("Receive {queue}: {s}")),
+        Err(e) => Err(anyhow!("Receive {queue}: {e}")),
     })
 }
 
@@ -1079,7 +1085,7 @@ impl Consumer for LetterboxConsumer {
 
 #[derive(Clone)]
 struct SettleCtx {
-    client: Messaging,
+    client: Client,
     /// Set in async ack mode: nacks go here.
     acker: Option<mpsc::UnboundedSender<AckCmd>>,
     /// Set in async ack mode of the `Receive` consumer: acks go here.
@@ -1110,37 +1116,21 @@ impl SettleBy for LetterboxSettle {
         if let Some(acker) = &ctx.acker {
             return verdict.queue(acker, token);
         }
-        let mut client = ctx.client.clone();
         let (what, r) = match verdict {
-            Verdict::Ack => (
-                "Ack",
-                client
-                    .ack(AckRequest {
-                        ack_tokens: vec![token],
-                        ..Default::default()
-                    })
-                    .await
-                    .map(|r| r.into_inner().results),
-            ),
+            Verdict::Ack => ("Ack", ctx.client.ack(vec![token]).await),
             Verdict::Nack(dead_letter) => (
                 "Nack",
-                client
-                    .nack(NackRequest {
-                        items: vec![nack_item(token, dead_letter)],
-                        ..Default::default()
-                    })
-                    .await
-                    .map(|r| r.into_inner().results),
+                ctx.client.nack(vec![nack_item(token, dead_letter)]).await,
             ),
         };
-        let results = r.map_err(|s| anyhow!("{what}: {s}"))?;
+        let results = r.map_err(|e| anyhow!("{what}: {e}"))?;
         drop(credit);
         check_settled(what, 1, &results)
     }
 }
 
 struct DlqWatch {
-    admin: Admin,
+    admin: Client,
     dlq: String,
     base: u64,
 }
