@@ -764,15 +764,20 @@ impl Client {
 
     /// Receives with every option of the request.
     pub async fn receive_with(&self, req: pb::ReceiveRequest) -> Result<Vec<pb::Delivery>> {
+        Ok(self.receive_response(req).await?.deliveries)
+    }
+
+    /// Receives with every option of the request and returns the whole
+    /// answer: the deliveries, and one result per ack token the request
+    /// carried (`ack_tokens`, acks riding on the receive), in their order.
+    pub async fn receive_response(&self, req: pb::ReceiveRequest) -> Result<pb::ReceiveResponse> {
         let extra = Duration::from_millis(req.wait_ms);
-        let r = self
-            .call(true, extra, || {
-                let mut c = self.msg();
-                let req = req.clone();
-                async move { c.receive(req).await }
-            })
-            .await?;
-        Ok(r.deliveries)
+        self.call(true, extra, || {
+            let mut c = self.msg();
+            let req = req.clone();
+            async move { c.receive(req).await }
+        })
+        .await
     }
 
     /// Acknowledges deliveries; one result per token.
