@@ -30,6 +30,15 @@ use super::history::{
 
 /// Lease length of the workload's queues.
 pub const ACK_TIMEOUT_MS: u64 = 1000;
+/// Lease length the final drain asks for (the receive's `ack_timeout_ms`,
+/// a Subscribe's too): long enough that a slow store's commits cannot make
+/// a drain's acks come too late, short enough that a delivery whose ack
+/// was lost comes back well within the drain's 20 s without progress.
+pub const DRAIN_LEASE_MS: u64 = 10_000;
+/// Most messages of one drain receive (of one FIFO group: `DRAIN_PER_GROUP`).
+pub const DRAIN_BATCH: u32 = 20;
+/// Most messages of one FIFO group in one drain receive.
+pub const DRAIN_PER_GROUP: u32 = 5;
 /// Deliveries before a dead-letter move.
 pub const MAX_DELIVERIES: u32 = 3;
 /// The standard queue.
@@ -870,6 +879,26 @@ async fn ack(sh: &Shared, client: &Client, idx: usize, token: &str) {
     record_settle(sh, idx, SettleKind::Ack, inv, r, 0);
 }
 
+/// Acks the deliveries `acks` (delivery index, token) in one call, each
+/// recorded with its own result (the call's failure for all if it fails).
+async fn ack_many(sh: &Shared, client: &Client, acks: &[(usize, String)]) {
+    if acks.is_empty() {
+        return;
+    }
+    let inv = sh.hist.now();
+    let r = client
+        .ack(acks.iter().map(|(_, t)| t.clone()).collect())
+        .await
+        .map_err(|e| client_outcome(&e));
+    for (i, (idx, _)) in acks.iter().enumerate() {
+        let one = match &r {
+            Ok(results) => Ok(results.get(i).cloned().into_iter().collect()),
+            Err(o) => Err(o.clone()),
+        };
+        record_settle(sh, *idx, SettleKind::Ack, inv, one, 0);
+    }
+}
+
 async fn nack(sh: &Shared, client: &Client, idx: usize, token: &str, mates: &Mates) {
     let inv = sh.hist.now();
     let r = client
@@ -1043,6 +1072,52 @@ fn handle_fifo(
     }
 }
 
+/// Handles the deliveries of one receive of the final drain: per FIFO
+/// group (all of a standard queue's as one), in order, the acks in one
+/// call, flushed before each nack (poison), which may release the group's
+/// later deliveries (whose acks are then refused and the messages come
+/// again). One task per group.
+fn handle_drain(sh: &Arc<Shared>, client: &Client, batch: Vec<(usize, pb::Delivery)>, queue: &str) {
+    let mates: Arc<Mates> = Arc::new(
+        batch
+            .iter()
+            .map(|(idx, d)| (d.ack_token.clone(), *idx))
+            .collect(),
+    );
+    let fifo = fifo_kind(queue);
+    let mut groups: Vec<Vec<(usize, pb::Delivery)>> = Vec::new();
+    for (idx, d) in batch {
+        match groups
+            .iter_mut()
+            .find(|g| !fifo || g[0].1.group_id == d.group_id)
+        {
+            Some(g) => g.push((idx, d)),
+            None => groups.push(vec![(idx, d)]),
+        }
+    }
+    for group in groups {
+        let sh = Arc::clone(sh);
+        let client = client.clone();
+        let mates = Arc::clone(&mates);
+        let queue = queue.to_string();
+        sh.inflight.fetch_add(1, Ordering::SeqCst);
+        tokio::spawn(async move {
+            let mut acks: Vec<(usize, String)> = Vec::new();
+            for (idx, d) in &group {
+                match action(&sh, &queue, &d.message_id, d.delivery_count) {
+                    Action::Nack => {
+                        ack_many(&sh, &client, &std::mem::take(&mut acks)).await;
+                        nack(&sh, &client, *idx, &d.ack_token, &mates).await;
+                    }
+                    _ => acks.push((*idx, d.ack_token.clone())),
+                }
+            }
+            ack_many(&sh, &client, &acks).await;
+            sh.inflight.fetch_sub(1, Ordering::SeqCst);
+        });
+    }
+}
+
 /// A consumer of unary receives over every queue.
 pub async fn consumer(sh: Arc<Shared>, c: usize) -> anyhow::Result<()> {
     let Some(client) = connect(&sh).await else {
@@ -1072,13 +1147,16 @@ pub async fn consumer(sh: Arc<Shared>, c: usize) -> anyhow::Result<()> {
         let r = client
             .receive_response(pb::ReceiveRequest {
                 queue: queue.clone(),
-                max_messages: if draining { 100 } else { max_messages },
+                max_messages: if draining { DRAIN_BATCH } else { max_messages },
                 wait_ms: if draining { 20 } else { 200 },
                 ack_tokens: acks.iter().map(|(_, t)| t.clone()).collect(),
-                // The drain settles a FIFO group's messages one after the
-                // other: a few per group, so that the last are acked well
-                // within their lease.
-                max_per_group: if draining { 10 } else { 0 },
+                // The drain acks a batch in one call (a FIFO group's up to
+                // its first nack) under a lease of its own: a slow store
+                // (a PostgreSQL commit per call on a loaded machine) must
+                // not make the acks come after the queue's 1 s lease, and
+                // the messages go round until the drain gives up.
+                ack_timeout_ms: draining.then_some(DRAIN_LEASE_MS),
+                max_per_group: if draining { DRAIN_PER_GROUP } else { 0 },
                 ..Default::default()
             })
             .await
@@ -1103,7 +1181,9 @@ pub async fn consumer(sh: Arc<Shared>, c: usize) -> anyhow::Result<()> {
                         (idx, d)
                     })
                     .collect();
-                if fifo_kind(&queue) {
+                if draining {
+                    handle_drain(&sh, &client, batch, &queue);
+                } else if fifo_kind(&queue) {
                     handle_fifo(&sh, &client, batch, &queue, &riding);
                 } else {
                     for (idx, d) in batch {
@@ -1146,7 +1226,9 @@ pub async fn stream_consumer(sh: Arc<Shared>) -> anyhow::Result<()> {
                 kind: Some(In::Open(pb::SubscribeOpen {
                     queue: queue.clone(),
                     credit: rng.u32(1..=3),
-                    ack_timeout_ms: None,
+                    // The drain's lease (see `DRAIN_LEASE_MS`) in a session
+                    // opened once the drain began.
+                    ack_timeout_ms: (sh.phase() == FINAL).then_some(DRAIN_LEASE_MS),
                     max_per_group: 0,
                 })),
             })
