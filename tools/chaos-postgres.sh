@@ -1,23 +1,37 @@
 #!/usr/bin/env bash
 # The chaos run with the server on the PostgreSQL store (serve --store): a
 # throwaway PostgreSQL on loopback (tools/pg-local.sh), the seeded workload
-# and its history checker, and the server killed with SIGKILL (or stopped)
-# at random points and started again, taking its lease back, every
-# invariant checked over the whole run (RELIABILITY.md). The kill point
-# classes are those that do not need the local log's file-system calls.
+# and its history checker, every invariant checked over the whole run
+# (RELIABILITY.md). The kill point classes are those that do not need the
+# local log's file-system calls.
 #
-# Usage: tools/chaos-postgres.sh [SEED] [CYCLES]   (default 1 and 16)
+# MODE restart (the default): one server, killed with SIGKILL (or
+# stopped) at random points and started again, taking its lease back.
+# MODE takeover: two nodes on the same database (chaos --pair), both
+# --standby with a 2 s lease; each cycle ends the node that owns the
+# lease, the other takes over, the ended node starts again as the new
+# standby; the workload lists both nodes (the Rust client's failover).
+#
+# Usage: tools/chaos-postgres.sh [SEED] [CYCLES] [MODE] [CHAOS FLAGS...]
+#        (default 1, 16, restart; e.g. --history FILE after MODE)
 # Needs target/debug/chaos and target/debug/letterbox (cargo build --workspace --bins).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+[ -n "${PG_LOCAL_URL:-}" ] || exec tools/pg-local.sh run tools/chaos-postgres.sh "$@"
 seed=${1:-1}
 cycles=${2:-16}
+mode=${3:-restart}
+shift $(( $# < 3 ? $# : 3 ))
 bin=${CARGO_TARGET_DIR:-target}/debug
-[ -n "${PG_LOCAL_URL:-}" ] || exec tools/pg-local.sh run tools/chaos-postgres.sh "$@"
+case "$mode" in
+  restart) nodes=(--server-arg=--node-name --server-arg=chaos) ;;
+  takeover) nodes=(--pair --server-arg=--lease-ttl --server-arg=2s) ;;
+  *) echo "usage: $0 [SEED] [CYCLES] [restart|takeover]" >&2; exit 2 ;;
+esac
 admin=$PG_LOCAL_URL
 psql "$admin" -qc "CREATE DATABASE chaos"
 url="${admin%/postgres}/chaos"
 "$bin/chaos" --seed "$seed" --cycles "$cycles" --min-hits 1 \
     --classes random,startup,storm,shutdown,graceful --no-verify \
     --server-bin "$bin/letterbox" \
-    --server-arg=--store --server-arg="$url" --server-arg=--node-name --server-arg=chaos
+    --server-arg=--store --server-arg="$url" "${nodes[@]}" "$@"

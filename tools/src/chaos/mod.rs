@@ -17,9 +17,17 @@
 //! [`checker`]). The run prints a table and the seed, and fails on any
 //! violation.
 //!
+//! With `--pair` (the PostgreSQL store: `--server-arg=--store ...`) two
+//! nodes share the store, both `--standby`: each cycle ends the node
+//! that owns the lease (at a kill point class), the other takes over,
+//! and the ended node starts again as the new standby; the workload
+//! lists both nodes.
+//!
 //! ```text
 //! chaos --seed 7 --cycles 40                  # kill -9 chaos
 //! chaos --seed 7 --cycles 30 --power-loss     # power cuts
+//! chaos --seed 7 --cycles 10 --pair --no-verify --classes random,startup,storm,shutdown,graceful \
+//!       --server-arg=--store --server-arg=postgres://... --server-arg=--lease-ttl --server-arg=2s
 //! ```
 
 // Figures and timings: the casts between counts and floats are intended.
@@ -137,6 +145,17 @@ pub struct Args {
     /// Extra flag for `letterbox serve` (repeatable).
     #[arg(long = "server-arg", allow_hyphen_values = true)]
     pub server_args: Vec<String>,
+    /// Two nodes on one shared store (give it with `--server-arg=--store`
+    /// and a `postgres://` URL, and a short `--lease-ttl`): nodes `a` and
+    /// `b` on ports of their own, both `--standby`. Each cycle ends the
+    /// node that owns the lease by the cycle's kill point class, the
+    /// other node takes over, and the ended node starts again as the
+    /// standby (startup and storm: the node taking over is killed too,
+    /// before it serves, and both start again). The workload lists both
+    /// nodes. Only the classes random, startup, storm, shutdown and
+    /// graceful; no power loss, damage or soak.
+    #[arg(long)]
+    pub pair: bool,
 }
 
 /// Kill point classes, each a way a server epoch ends.
@@ -179,6 +198,7 @@ pub fn main() -> Result<()> {
 
 /// What happened to one server epoch.
 struct EpochEnd {
+    epoch: u64,
     class: String,
     status: Option<std::process::ExitStatus>,
 }
@@ -233,6 +253,30 @@ struct Nemesis {
     /// damaged directory, as they must: their "corrupt data" lines are
     /// expected.
     excused_log: Vec<(u64, u64)>,
+    /// `--pair`: the other node and the pair's state.
+    pair: Option<Pair>,
+}
+
+/// The two nodes of `--pair`. `Nemesis::spec` is always the node that
+/// owns the lease (or is to): the two specs swap at a takeover.
+struct Pair {
+    /// The spec of the node that is not `Nemesis::spec`'s.
+    other: ServerSpec,
+    /// The index (0 for `a`, 1 for `b`) of `Nemesis::spec`'s node.
+    cur: usize,
+    /// `Nemesis::spec`'s node while it serves, with its epoch.
+    owner: Option<(Server, u64)>,
+    /// The other node while it runs as the standby, with its epoch.
+    standby: Option<(Server, u64)>,
+    /// Per takeover: from the owner's end (its kill, or its exit after
+    /// SIGTERM) to the standby serving.
+    takeovers: Vec<Duration>,
+    /// After kills of nodes taking over (startup, storm): from the last
+    /// kill to one of the two nodes started again serving.
+    comebacks: Vec<Duration>,
+    /// Nodes killed while taking over, before they served (startup and
+    /// storm).
+    takeover_kills: u64,
 }
 
 impl Nemesis {
@@ -280,7 +324,8 @@ impl Nemesis {
 
     fn spawn(&mut self, kill: Option<&str>) -> Result<Server> {
         self.epoch += 1;
-        self.counters.set_epoch(self.epoch);
+        let node = self.pair.as_ref().map_or(0, |p| p.cur);
+        self.counters.set_epoch(node, self.epoch);
         let flags = self.flags();
         self.hist.nemesis(
             self.epoch,
@@ -344,6 +389,7 @@ impl Nemesis {
             let status = s.kill();
             self.after_exit(
                 &EpochEnd {
+                    epoch: self.epoch,
                     class: "not ready".into(),
                     status,
                 },
@@ -356,11 +402,12 @@ impl Nemesis {
 
     /// Stops a server with SIGTERM at the end of the run (a kill after
     /// 30 s), and checks the exit.
-    async fn final_stop(&mut self, mut s: Server) -> Result<()> {
+    async fn final_stop(&mut self, mut s: Server, epoch: u64) -> Result<()> {
         s.term();
         let status = s.wait_exit(Duration::from_secs(30)).await;
         self.after_exit(
             &EpochEnd {
+                epoch,
                 class: "final stop".into(),
                 status,
             },
@@ -379,6 +426,7 @@ impl Nemesis {
         self.hit(class);
         self.after_exit(
             &EpochEnd {
+                epoch: self.epoch,
                 class: class.to_string(),
                 status,
             },
@@ -417,12 +465,12 @@ impl Nemesis {
         if counts.get("mmap_write").copied().unwrap_or(0) > 0 {
             self.health.push(format!(
                 "epoch {}: the server wrote through a shared mapping of a data file, which the durable mirror does not model",
-                self.epoch
+                end.epoch
             ));
         }
         let detail = end.status.map_or("-".to_string(), |s| s.to_string());
         self.hist
-            .nemesis(self.epoch, "exit", format!("{} {detail}", end.class));
+            .nemesis(end.epoch, "exit", format!("{} {detail}", end.class));
         if let Some(status) = end.status {
             use std::os::unix::process::ExitStatusExt;
             let killed = status.signal() == Some(9);
@@ -430,7 +478,7 @@ impl Nemesis {
             if !(killed || (clean && expect_clean)) {
                 self.health.push(format!(
                     "epoch {} ({}): the server exited with {status}; log: {}",
-                    self.epoch,
+                    end.epoch,
                     end.class,
                     server::log_tail(&self.spec.log, 6).replace('\n', " | ")
                 ));
@@ -624,6 +672,273 @@ impl Nemesis {
         Ok(())
     }
 
+    /// `--pair`: the two nodes swap roles (`Nemesis::spec` becomes the
+    /// other node's).
+    fn swap(&mut self) {
+        if let Some(p) = self.pair.as_mut() {
+            std::mem::swap(&mut self.spec, &mut p.other);
+            p.cur ^= 1;
+        }
+    }
+
+    /// `--pair`: starts the other node as the standby (it waits for the
+    /// lease).
+    fn spawn_standby(&mut self) -> Result<()> {
+        self.swap();
+        let s = self.spawn(None);
+        let epoch = self.epoch;
+        self.swap();
+        let s = s?;
+        if let Some(p) = self.pair.as_mut() {
+            p.standby = Some((s, epoch));
+        }
+        Ok(())
+    }
+
+    /// `--pair`: how long a takeover may take, for kills aimed inside
+    /// one: the longest of the last five (3 s before any was seen).
+    fn takeover_estimate(&self) -> Duration {
+        self.pair
+            .as_ref()
+            .and_then(|p| {
+                let n = p.takeovers.len();
+                p.takeovers[n.saturating_sub(5)..].iter().max().copied()
+            })
+            .unwrap_or(Duration::from_secs(3))
+    }
+
+    /// An epoch `epoch` ended by kill point class `class`: counts the hit
+    /// (unless `class` is not a kill point class), then
+    /// [`Self::after_exit`].
+    fn end_of(
+        &mut self,
+        epoch: u64,
+        class: &str,
+        status: Option<std::process::ExitStatus>,
+        expect_clean: bool,
+        hit: bool,
+    ) -> Result<()> {
+        if hit {
+            self.hit(class);
+        }
+        self.after_exit(
+            &EpochEnd {
+                epoch,
+                class: class.to_string(),
+                status,
+            },
+            expect_clean,
+        )
+    }
+
+    /// `--pair`: the standby (the other node) takes over after the owner
+    /// ended at `ended`: waits up to 60 s for it to serve, and makes it
+    /// the owner. A standby that exits or does not serve in time is a
+    /// health problem (it is then killed).
+    async fn takeover(&mut self, ended: Instant) -> Result<()> {
+        self.swap();
+        let Some((mut s, epoch)) = self.pair.as_mut().and_then(|p| p.standby.take()) else {
+            return Ok(());
+        };
+        let until = Instant::now() + Duration::from_secs(60);
+        loop {
+            if s.poll_ready() {
+                let took = ended.elapsed();
+                self.hist.nemesis(
+                    epoch,
+                    "ready",
+                    format!("takeover in {} ms", took.as_millis()),
+                );
+                if let Some(p) = self.pair.as_mut() {
+                    p.takeovers.push(took);
+                    p.owner = Some((s, epoch));
+                }
+                return Ok(());
+            }
+            if let Some(status) = s.try_wait() {
+                self.health.push(format!(
+                    "epoch {epoch}: the standby exited instead of taking over ({status}); log: {}",
+                    server::log_tail(&self.spec.log, 5).replace('\n', " | ")
+                ));
+                return self.end_of(epoch, "standby exit", Some(status), false, false);
+            }
+            if Instant::now() >= until {
+                self.health.push(format!(
+                    "epoch {epoch}: the standby did not take over within 60 s; log: {}",
+                    server::log_tail(&self.spec.log, 5).replace('\n', " | ")
+                ));
+                let status = s.kill();
+                return self.end_of(epoch, "no takeover", status, false, false);
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// `--pair`: brings the pair up when no node serves: starts the nodes
+    /// not running (both `--standby`), waits up to 60 s for one of them
+    /// to take the lease and serve; it becomes the owner, the other the
+    /// standby. `since`: when the last node that held the lease was
+    /// killed, if one was (the time to a node serving is then a
+    /// takeover's).
+    async fn pair_up(&mut self, since: Option<Instant>) -> Result<()> {
+        let mine = self.spawn(None)?;
+        let mut nodes = [Some((mine, self.epoch)), None];
+        nodes[1] = match self.pair.as_mut().and_then(|p| p.standby.take()) {
+            Some(s) => Some(s),
+            None => {
+                self.swap();
+                let s = self.spawn(None);
+                let epoch = self.epoch;
+                self.swap();
+                Some((s?, epoch))
+            }
+        };
+        let until = Instant::now() + Duration::from_secs(60);
+        loop {
+            for i in 0..2 {
+                let ready = nodes[i].as_mut().is_some_and(|(s, _)| s.poll_ready());
+                if ready {
+                    if i == 1 {
+                        self.swap();
+                        nodes.swap(0, 1);
+                    }
+                    let [owner, standby] = nodes;
+                    let took = since.map(|t| t.elapsed());
+                    if let Some((_, epoch)) = &owner {
+                        let detail = took.map_or("the pair is up".to_string(), |t| {
+                            format!("the pair is up: takeover in {} ms", t.as_millis())
+                        });
+                        self.hist.nemesis(*epoch, "ready", detail);
+                    }
+                    if let Some(p) = self.pair.as_mut() {
+                        p.owner = owner;
+                        p.standby = standby;
+                        p.comebacks.extend(took);
+                    }
+                    return Ok(());
+                }
+            }
+            let exited = nodes
+                .iter_mut()
+                .flatten()
+                .any(|(s, _)| s.try_wait().is_some());
+            if exited || Instant::now() >= until {
+                let logs = format!(
+                    "{} | {}",
+                    server::log_tail(&self.spec.log, 5).replace('\n', " | "),
+                    self.pair
+                        .as_ref()
+                        .map_or(String::new(), |p| server::log_tail(&p.other.log, 5)
+                            .replace('\n', " | "))
+                );
+                bail!(
+                    "--pair: neither node came to serve (one exited, or 60 s passed); logs: {logs}"
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// `--pair`: one cycle. The owner serves a while, then is ended by
+    /// `class` (random: SIGKILL; shutdown: SIGKILL within its graceful
+    /// stop; graceful: SIGTERM and its clean exit); the standby takes
+    /// over and the ended node starts again as the standby. Startup and
+    /// storm: the owner is killed, then the node taking over is killed
+    /// before it serves (storm: three times, the node started again
+    /// alone each time), and the pair comes up again.
+    async fn pair_cycle(&mut self, class: &str) -> Result<()> {
+        if self.pair.as_ref().is_some_and(|p| p.owner.is_none()) {
+            self.pair_up(None).await?;
+        }
+        let Some((mut s, epoch)) = self.pair.as_mut().and_then(|p| p.owner.take()) else {
+            bail!("--pair: no owner");
+        };
+        if self.pair.as_ref().is_some_and(|p| p.standby.is_none()) {
+            self.spawn_standby()?;
+        }
+        let max_run = self.max_run;
+        let run = self.rng.u64(100..max_run.as_millis().max(200) as u64);
+        tokio::time::sleep(Duration::from_millis(run)).await;
+        match class {
+            "shutdown" | "graceful" => {
+                let window = self.stop_window();
+                s.term();
+                let termed = Instant::now();
+                self.hist.nemesis(epoch, "term", "");
+                if class == "shutdown" {
+                    let g = self.rng.u64(0..=window.as_micros() as u64);
+                    tokio::time::sleep(Duration::from_micros(g)).await;
+                    let (c, status) = match s.try_wait() {
+                        Some(st) => {
+                            self.stop_times.push(termed.elapsed());
+                            ("graceful", Some(st))
+                        }
+                        None => ("shutdown", s.kill()),
+                    };
+                    self.end_of(epoch, c, status, true, true)?;
+                } else {
+                    let status = s.wait_exit(Duration::from_secs(30)).await;
+                    match status {
+                        Some(_) => self.stop_times.push(termed.elapsed()),
+                        None => self
+                            .health
+                            .push(format!("epoch {epoch}: still running 30 s after SIGTERM")),
+                    }
+                    let status = match status {
+                        Some(st) => Some(st),
+                        None => s.kill(),
+                    };
+                    self.end_of(epoch, "graceful", status, true, true)?;
+                }
+            }
+            "startup" | "storm" => {
+                let status = s.kill();
+                self.end_of(epoch, "owner killed", status, false, false)?;
+                let ended = Instant::now();
+                drop(s);
+                self.swap();
+                let kills = if class == "storm" { 3 } else { 1 };
+                for k in 0..kills {
+                    let taking = if k == 0 {
+                        self.pair.as_mut().and_then(|p| p.standby.take())
+                    } else {
+                        Some((self.spawn(None)?, self.epoch))
+                    };
+                    let Some((mut t, e)) = taking else {
+                        break;
+                    };
+                    let est = self.takeover_estimate();
+                    let at = Duration::from_micros(
+                        self.rng
+                            .u64(0..=u64::try_from(est.as_micros()).unwrap_or(1_000_000)),
+                    );
+                    let since = if k == 0 { ended } else { Instant::now() };
+                    tokio::time::sleep(at.saturating_sub(since.elapsed())).await;
+                    let ready = t.poll_ready();
+                    let status = t.kill();
+                    if !ready && let Some(p) = self.pair.as_mut() {
+                        p.takeover_kills += 1;
+                    }
+                    let c = if ready { "random" } else { class };
+                    self.end_of(e, c, status, false, true)?;
+                }
+                // No node runs: both start again.
+                return self.pair_up(Some(Instant::now())).await;
+            }
+            _ => {
+                let status = s.kill();
+                self.end_of(epoch, "random", status, false, true)?;
+            }
+        }
+        let ended = Instant::now();
+        drop(s);
+        self.takeover(ended).await?;
+        if self.pair.as_ref().is_some_and(|p| p.owner.is_some()) {
+            self.spawn_standby()?;
+        }
+        Ok(())
+    }
+
     /// Runs one epoch of the given class to its end. The server is started
     /// here; on return it is dead.
     async fn epoch(&mut self, class: &str) -> Result<()> {
@@ -785,11 +1100,16 @@ fn verify(bin: &Path, data: &Path) -> Result<Option<String>> {
 pub async fn run(args: Args) -> Result<i32> {
     let seed = args.seed.unwrap_or_else(|| fastrand::u64(..));
     println!(
-        "chaos: seed {seed} ({}, {} cycles)",
+        "chaos: seed {seed} ({}{}, {} cycles)",
         if args.power_loss {
             format!("power loss, {} mirror", args.shim_mode)
         } else {
             "kill -9".to_string()
+        },
+        if args.pair {
+            ", two nodes taking over"
+        } else {
+            ""
         },
         args.cycles
     );
@@ -803,6 +1123,23 @@ pub async fn run(args: Args) -> Result<i32> {
             "--classes: {bad:?} is not a kill point class (known: {})",
             known.join(", ")
         );
+    }
+    if args.pair {
+        if args.power_loss || args.damage || args.soak_secs.is_some() {
+            bail!(
+                "--pair: no --power-loss, --damage or --soak-secs (the nodes keep no local state)"
+            );
+        }
+        if let Some(bad) = args.classes.iter().find(|c| c.starts_with("sys:")) {
+            bail!(
+                "--pair: {bad} needs the local log's file-system calls; use random, startup, storm, shutdown, graceful"
+            );
+        }
+        if !args.server_args.iter().any(|a| a == "--store") {
+            bail!(
+                "--pair: give the shared store (--server-arg=--store --server-arg=postgres://...)"
+            );
+        }
     }
     workload::set_poison_percent(args.poison_percent);
     if !matches!(args.shim_mode.as_str(), "strict" | "lenient" | "torn") {
@@ -838,7 +1175,7 @@ pub async fn run(args: Args) -> Result<i32> {
     std::fs::create_dir_all(&disk)?;
     let shim_path = shim::build(&run_dir)?;
     let port = server::free_port()?;
-    let spec = ServerSpec {
+    let mut spec = ServerSpec {
         bin: bin.clone(),
         data: disk.join("data"),
         root: disk.clone(),
@@ -852,13 +1189,39 @@ pub async fn run(args: Args) -> Result<i32> {
         extra: args.server_args.clone(),
         metrics_port: server::free_port()?,
     };
+    // `--pair`: node `b` beside `a`, each with its own ports, log and
+    // library files, both standbys (whichever gets the lease serves).
+    let other = if args.pair {
+        let mut b = spec.clone();
+        b.data = disk.join("data-b");
+        b.port = server::free_port()?;
+        b.metrics_port = server::free_port()?;
+        b.log = run_dir.join("server-b.log");
+        b.counts = run_dir.join("shim-counts-b");
+        b.mark = run_dir.join("shim-killed-b");
+        spec.log = run_dir.join("server-a.log");
+        for (node, name) in [(&mut spec, "a"), (&mut b, "b")] {
+            node.extra
+                .extend(["--node-name".into(), name.into(), "--standby".into()]);
+        }
+        let _ = std::fs::remove_file(&b.log);
+        Some(b)
+    } else {
+        None
+    };
+    let url = match &other {
+        Some(b) => format!("http://127.0.0.1:{port},http://127.0.0.1:{}", b.port),
+        None => format!("http://127.0.0.1:{port}"),
+    };
     let _ = std::fs::remove_file(&spec.log);
     let log_file = match &args.history {
         Some(p) => Some(std::fs::File::create(p)?),
         None => None,
     };
     let hist = Arc::new(History::new(log_file));
-    let counters = server::Counters::watch(spec.metrics_port)?;
+    let mut metrics_ports = vec![spec.metrics_port];
+    metrics_ports.extend(other.as_ref().map(|b| b.metrics_port));
+    let counters = server::Counters::watch(&metrics_ports)?;
     let mut nem = Nemesis {
         spec,
         counters,
@@ -878,7 +1241,11 @@ pub async fn run(args: Args) -> Result<i32> {
         restores: 0,
         torn_pages: 0,
         plan: Vec::new(),
-        classes: args.classes.clone(),
+        classes: if args.pair && args.classes.is_empty() {
+            NEMESIS_CLASSES.iter().map(|c| c.to_string()).collect()
+        } else {
+            args.classes.clone()
+        },
         soak: args.soak_secs.is_some(),
         damage_plan: Vec::new(),
         damage_outcomes: BTreeMap::new(),
@@ -886,6 +1253,15 @@ pub async fn run(args: Args) -> Result<i32> {
         damage_waiting: Vec::new(),
         damage_unrefused: Vec::new(),
         excused_log: Vec::new(),
+        pair: other.map(|other| Pair {
+            other,
+            cur: 0,
+            owner: None,
+            standby: None,
+            takeovers: Vec::new(),
+            comebacks: Vec::new(),
+            takeover_kills: 0,
+        }),
     };
     let started = Instant::now();
     let sh = Arc::new(Shared {
@@ -903,7 +1279,7 @@ pub async fn run(args: Args) -> Result<i32> {
         } else {
             0
         },
-        url: format!("http://127.0.0.1:{port}"),
+        url,
     });
 
     // Before epoch 1, in power-loss mode: the very first start of the
@@ -958,7 +1334,15 @@ pub async fn run(args: Args) -> Result<i32> {
     workers.push(tokio::spawn(workload::admin_worker(Arc::clone(&sh))));
     let mut soak_samples = Vec::new();
     let mut running = None;
-    if let Some(secs) = args.soak_secs {
+    let mut running_epoch = None;
+    if nem.pair.is_some() {
+        // Node `a` serves (its lease taken at once); `b` is its standby.
+        let epoch = nem.epoch;
+        if let Some(p) = nem.pair.as_mut() {
+            p.owner = Some((first, epoch));
+        }
+        nem.spawn_standby()?;
+    } else if let Some(secs) = args.soak_secs {
         let mut csv = std::fs::File::create(run_dir.join("soak.csv"))?;
         soak_samples = soak::run(
             &sh,
@@ -977,6 +1361,7 @@ pub async fn run(args: Args) -> Result<i32> {
         nem.hit("random");
         nem.after_exit(
             &EpochEnd {
+                epoch: nem.epoch,
                 class: "random".into(),
                 status,
             },
@@ -991,13 +1376,20 @@ pub async fn run(args: Args) -> Result<i32> {
     } else {
         args.cycles
     };
-    for cycle in 1..cycles {
+    // A pair's cycles each end its owner; the local mode's first cycle
+    // was the kill of the first server above.
+    let first_cycle = if nem.pair.is_some() { 0 } else { 1 };
+    for cycle in first_cycle..cycles {
         if args.damage {
             nem.damage_round().await?;
         }
         let class = nem.next_class();
         let before = nem.hits.get(&class).copied().unwrap_or(0);
-        nem.epoch(&class).await?;
+        if nem.pair.is_some() {
+            nem.pair_cycle(&class).await?;
+        } else {
+            nem.epoch(&class).await?;
+        }
         if nem.hits.get(&class).copied().unwrap_or(0) == before {
             // Not hit (a start-up kill that came after the start, a call
             // not reached...): try this class again next, a few times.
@@ -1018,6 +1410,21 @@ pub async fn run(args: Args) -> Result<i32> {
 
     // Final phase: a clean server, producers and admin stop, consumers ack
     // everything but poison, until every queue is empty.
+    if nem.pair.as_ref().is_some_and(|p| p.owner.is_none()) {
+        nem.pair_up(None).await?;
+    }
+    if let Some((s, epoch)) = nem.pair.as_mut().and_then(|p| p.owner.take()) {
+        running = Some(s);
+        // The standby goes (SIGKILL): the final stops and the restart
+        // below are the owner's node's.
+        if let Some((mut sb, e)) = nem.pair.as_mut().and_then(|p| p.standby.take()) {
+            let status = sb.kill();
+            nem.swap();
+            nem.end_of(e, "final: standby stopped", status, false, false)?;
+            nem.swap();
+        }
+        running_epoch = Some(epoch);
+    }
     let s = match running {
         Some(s) => s,
         None => {
@@ -1094,9 +1501,12 @@ pub async fn run(args: Args) -> Result<i32> {
         };
         soak_verdict(&soak_samples, after, &mut nem.health);
     }
-    nem.final_stop(s).await?;
+    let epoch = running_epoch.unwrap_or(nem.epoch);
+    nem.final_stop(s, epoch).await?;
 
     // Restart once more: nothing may reappear, the counters must hold.
+    // (`--pair`: the other node, which takes the lease the stop gave up.)
+    nem.swap();
     let mut s = nem.spawn(None)?;
     if nem.ready(&mut s).await? {
         let _ = workload::read_stats(&sh, "after a restart").await;
@@ -1108,14 +1518,21 @@ pub async fn run(args: Args) -> Result<i32> {
             Err(e) => nem.health.push(format!("final sweep failed: {e}")),
         }
     }
-    nem.final_stop(s).await?;
+    let epoch = nem.epoch;
+    nem.final_stop(s, epoch).await?;
     if !args.no_verify
+        && nem.pair.is_none()
         && let Some(problem) = verify(&bin, &nem.spec.data)?
     {
         nem.health.push(problem);
     }
     for line in server::bad_log_lines(&nem.spec.log, &nem.excused_log) {
         nem.health.push(format!("server log: {line}"));
+    }
+    if let Some(p) = &nem.pair {
+        for line in server::bad_log_lines(&p.other.log, &[]) {
+            nem.health.push(format!("server log: {line}"));
+        }
     }
 
     // Coverage gate: over the classes this run was given.
@@ -1277,16 +1694,13 @@ fn soak_verdict(samples: &[soak::Sample], after: soak::Sample, health: &mut Vec<
 }
 
 async fn workload_totals(sh: &Shared) -> Option<u64> {
-    let ch = workload::channel(&sh.url).ok()?;
-    let mut admin = letterbox::pb::admin_service_client::AdminServiceClient::new(ch);
+    let admin = letterbox::client::Client::with_config(workload::client_config(&sh.url))
+        .await
+        .ok()?;
     let mut total = 0;
     for q in workload::SOURCES {
         for name in [q.to_string(), workload::dlq_of(q)] {
-            let r = admin
-                .get_queue_stats(letterbox::pb::GetQueueStatsRequest { name })
-                .await
-                .ok()?;
-            total += r.into_inner().stats?.total;
+            total += admin.stats(&name).await.ok()?.total;
         }
     }
     Some(total)
@@ -1347,6 +1761,27 @@ fn print_summary(
     );
     let hits: Vec<String> = nem.hits.iter().map(|(c, n)| format!("{c} {n}")).collect();
     println!("kill points hit: {}", hits.join(", "));
+    if let Some(p) = &nem.pair {
+        let spread = |v: &[Duration]| {
+            let mut t = v.to_vec();
+            t.sort_unstable();
+            let ms = |d: Option<&Duration>| d.map_or(0, |d| d.as_millis());
+            format!(
+                "min {} ms, median {} ms, max {} ms",
+                ms(t.first()),
+                ms(t.get(t.len() / 2)),
+                ms(t.last())
+            )
+        };
+        println!(
+            "takeovers: {} (the owner's end to the standby serving: {}); nodes killed while taking over: {}, after which one of the two started again served {} times ({})",
+            p.takeovers.len(),
+            spread(&p.takeovers),
+            p.takeover_kills,
+            p.comebacks.len(),
+            spread(&p.comebacks)
+        );
+    }
     if args.damage {
         let per_kind: Vec<String> = damage::KINDS
             .iter()

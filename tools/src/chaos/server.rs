@@ -189,49 +189,63 @@ pub const WATCHED: [&str; 2] = [
     "letterbox_payloads_relocated_total",
 ];
 
-/// Reads [`WATCHED`] from the server's metrics endpoint every 100 ms while
-/// a run goes on and keeps, per server epoch, the highest value read
-/// (each start counts from zero). A value is kept only if the epoch did
-/// not change while it was read, so a page is never credited to the
-/// wrong start. What an epoch counted after its last read is missed: the
+/// The highest value of each watched counter read, per (node, epoch).
+type Seen = BTreeMap<(usize, u64), [u64; WATCHED.len()]>;
+
+/// Reads [`WATCHED`] from the servers' metrics endpoints (one per node)
+/// every 100 ms while a run goes on and keeps, per node and server epoch,
+/// the highest value read (each start counts from zero). A value is kept
+/// only if the node's epoch did not change while it was read, so a page
+/// is never credited to the wrong start. What an epoch counted after its last read is missed: the
 /// totals are lower bounds.
 pub struct Counters {
-    epoch: Arc<AtomicU64>,
-    seen: Arc<Mutex<BTreeMap<u64, [u64; WATCHED.len()]>>>,
+    /// The current epoch of each node.
+    epochs: Arc<Vec<AtomicU64>>,
+    seen: Arc<Mutex<Seen>>,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl Counters {
-    /// Starts reading `http://127.0.0.1:{port}/metrics`.
-    pub fn watch(port: u16) -> Result<Counters> {
-        let url = MetricsUrl::parse(&format!("http://127.0.0.1:{port}/metrics"))?;
-        let epoch = Arc::new(AtomicU64::new(0));
-        let seen: Arc<Mutex<BTreeMap<u64, [u64; WATCHED.len()]>>> = Arc::default();
-        let (e, s) = (Arc::clone(&epoch), Arc::clone(&seen));
+    /// Starts reading `http://127.0.0.1:{port}/metrics` of each node's
+    /// port.
+    pub fn watch(ports: &[u16]) -> Result<Counters> {
+        let urls = ports
+            .iter()
+            .map(|port| MetricsUrl::parse(&format!("http://127.0.0.1:{port}/metrics")))
+            .collect::<Result<Vec<_>>>()?;
+        let epochs: Arc<Vec<AtomicU64>> =
+            Arc::new(ports.iter().map(|_| AtomicU64::new(0)).collect());
+        let seen: Arc<Mutex<Seen>> = Arc::default();
+        let (e, s) = (Arc::clone(&epochs), Arc::clone(&seen));
         let task = tokio::spawn(async move {
             loop {
-                let before = e.load(Ordering::SeqCst);
-                if let Ok(page) = url.get().await
-                    && e.load(Ordering::SeqCst) == before
-                {
-                    let mut seen = s.lock().unwrap_or_else(|p| p.into_inner());
-                    let slot = seen.entry(before).or_default();
-                    for (v, name) in slot.iter_mut().zip(WATCHED) {
-                        if let Some(x) = sample(&page, name) {
-                            // Counters are whole numbers.
-                            *v = (*v).max(x as u64);
+                for (node, url) in urls.iter().enumerate() {
+                    let before = e[node].load(Ordering::SeqCst);
+                    if let Ok(page) = url.get().await
+                        && e[node].load(Ordering::SeqCst) == before
+                    {
+                        let mut seen = s.lock().unwrap_or_else(|p| p.into_inner());
+                        let slot = seen.entry((node, before)).or_default();
+                        for (v, name) in slot.iter_mut().zip(WATCHED) {
+                            if let Some(x) = sample(&page, name) {
+                                // Counters are whole numbers.
+                                *v = (*v).max(x as u64);
+                            }
                         }
                     }
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         });
-        Ok(Counters { epoch, seen, task })
+        Ok(Counters { epochs, seen, task })
     }
 
-    /// A new server epoch begins (before its server is spawned).
-    pub fn set_epoch(&self, epoch: u64) {
-        self.epoch.store(epoch, Ordering::SeqCst);
+    /// A new server epoch begins on node `node` (the index of its port),
+    /// before its server is spawned.
+    pub fn set_epoch(&self, node: usize, epoch: u64) {
+        if let Some(e) = self.epochs.get(node) {
+            e.store(epoch, Ordering::SeqCst);
+        }
     }
 
     /// Each watched counter summed over the epochs.

@@ -4,14 +4,21 @@
 //! an admin worker that creates, changes, deletes and reads queues.
 //!
 //! Every call goes into the [`History`]; nothing here judges the server.
+//!
+//! Unary calls go through the Rust client library ([`Client`]) with the
+//! run's endpoint list (one server, or the two nodes of a pair): a call
+//! that finds its node gone moves the client to the other one. Retries
+//! are off (one attempt per call, see [`client_config`]), so each record
+//! is the answer to exactly one request sent once. The two streams keep
+//! the raw stubs (see [`stream_channel`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use letterbox::client::{Client, ClientConfig, ClientError, ErrorKind, RetryPolicy};
 use letterbox::pb;
-use letterbox::pb::admin_service_client::AdminServiceClient;
 use letterbox::pb::messaging_service_client::MessagingServiceClient;
 use tokio::sync::mpsc;
 use tonic::transport::{Channel, Endpoint};
@@ -23,6 +30,15 @@ use super::history::{
 
 /// Lease length of the workload's queues.
 pub const ACK_TIMEOUT_MS: u64 = 1000;
+/// Lease length the final drain asks for (the receive's `ack_timeout_ms`,
+/// a Subscribe's too): long enough that a slow store's commits cannot make
+/// a drain's acks come too late, short enough that a delivery whose ack
+/// was lost comes back well within the drain's 20 s without progress.
+pub const DRAIN_LEASE_MS: u64 = 10_000;
+/// Most messages of one drain receive (of one FIFO group: `DRAIN_PER_GROUP`).
+pub const DRAIN_BATCH: u32 = 20;
+/// Most messages of one FIFO group in one drain receive.
+pub const DRAIN_PER_GROUP: u32 = 5;
 /// Deliveries before a dead-letter move.
 pub const MAX_DELIVERIES: u32 = 3;
 /// The standard queue.
@@ -177,7 +193,8 @@ pub struct Shared {
     pub backlog: AtomicU64,
     /// Soak: producers wait while the backlog is above this (0: never).
     pub backlog_cap: u64,
-    /// The server's URL.
+    /// The servers' URLs, comma-separated (one, or the two nodes of a
+    /// pair in `--pair` mode).
     pub url: String,
 }
 
@@ -200,8 +217,87 @@ fn msg_client(ch: &Channel) -> MessagingServiceClient<Channel> {
     MessagingServiceClient::new(ch.clone()).max_decoding_message_size(64 << 20)
 }
 
-fn admin_client(ch: &Channel) -> AdminServiceClient<Channel> {
-    AdminServiceClient::new(ch.clone())
+/// The settings of the workload's [`Client`]: the limits of [`channel`],
+/// and one attempt per call. The library retries a call that failed with
+/// UNAVAILABLE or a broken connection when it is safe to repeat, and a
+/// publish whose messages all have ids is (the repeat is idempotent):
+/// but a repeat of a publish or a settle whose first attempt may have
+/// been done would leave in the history only the second answer, of a
+/// request the checker does not know was sent twice. With one attempt,
+/// such a call is recorded as what it is, an unknown outcome, and the
+/// workload's own next call goes to the other node (the library's
+/// failover, which retries do not drive, moves the client at once).
+pub fn client_config(url: &str) -> ClientConfig {
+    let mut c = ClientConfig::new(url);
+    c.connect_timeout = Duration::from_millis(500);
+    c.request_timeout = Duration::from_secs(8);
+    c.retry = RetryPolicy {
+        max_attempts: 1,
+        ..RetryPolicy::default()
+    };
+    c
+}
+
+/// Connects a [`Client`] (to the first node that answers), trying again
+/// every 50 ms while none does; `None` once the workload stops. An
+/// attempt is given 2 s at most (a connection made to a node that then
+/// stops answering must not hold a worker up).
+pub async fn connect(sh: &Shared) -> Option<Client> {
+    loop {
+        let attempt = tokio::time::timeout(
+            Duration::from_secs(2),
+            Client::with_config(client_config(&sh.url)),
+        )
+        .await;
+        match attempt {
+            Ok(Ok(c)) => return Some(c),
+            _ if sh.phase() != STOP => tokio::time::sleep(Duration::from_millis(50)).await,
+            _ => return None,
+        }
+    }
+}
+
+/// The raw stub of one node, for the two streams. They keep the stubs:
+/// the library's `Subscription` settles through its own requests and the
+/// `Publisher` batches messages into requests of its own and retries
+/// them, while the checker needs the answer to each request the workload
+/// sent (by its request id or sequence), and a broken stream's
+/// unanswered requests as unknown outcomes. `at` picks the node; a stream
+/// worker moves to the next one after a stream could not be opened or
+/// broke.
+fn stream_channel(sh: &Shared, at: usize) -> anyhow::Result<Channel> {
+    let urls: Vec<&str> = sh.url.split(',').map(str::trim).collect();
+    channel(urls[at % urls.len()])
+}
+
+/// How a call through the [`Client`] that failed ended, as the raw stub's
+/// status would say ([`Outcome::from_status`]): an answer of the server
+/// is judged by its status; a connection that could not be made is a
+/// failure (the request was never sent); any other transport failure (a
+/// connection broken during the call) leaves the outcome unknown.
+pub fn client_outcome(e: &ClientError) -> Outcome {
+    if let Some(s) = e.status() {
+        return Outcome::from_status(s);
+    }
+    let msg = e.to_string();
+    match e.kind() {
+        ErrorKind::Transport
+            if msg.starts_with("connection refused at ") || msg.contains("tcp connect error") =>
+        {
+            Outcome::Fail {
+                code: "Unavailable".into(),
+                msg,
+            }
+        }
+        kind => Outcome::Info {
+            code: match kind {
+                ErrorKind::Rpc(c) => format!("{c:?}"),
+                ErrorKind::Transport => "Unavailable".into(),
+                other => format!("{other:?}"),
+            },
+            msg,
+        },
+    }
 }
 
 fn refused(o: &Outcome) -> bool {
@@ -209,10 +305,10 @@ fn refused(o: &Outcome) -> bool {
 }
 
 /// How a call that returned `r` ended.
-fn call_outcome<T>(r: &Result<T, tonic::Status>) -> Outcome {
+fn call_outcome<T>(r: &Result<T, ClientError>) -> Outcome {
     match r {
         Ok(_) => Outcome::Ok,
-        Err(s) => Outcome::from_status(s),
+        Err(e) => client_outcome(e),
     }
 }
 
@@ -275,17 +371,12 @@ pub fn expected_shape(c: &pb::QueueConfig) -> QueueShape {
 /// Creates one queue, recording the call.
 pub async fn create_queue(
     sh: &Shared,
-    admin: &mut AdminServiceClient<Channel>,
+    admin: &Client,
     name: &str,
     config: pb::QueueConfig,
 ) -> Outcome {
     let inv = sh.hist.now();
-    let r = admin
-        .create_queue(pb::CreateQueueRequest {
-            name: name.into(),
-            config: Some(config.clone()),
-        })
-        .await;
+    let r = admin.create_queue(name, config.clone()).await;
     let outcome = call_outcome(&r);
     sh.hist.admin(Admin {
         op: "create",
@@ -301,15 +392,16 @@ pub async fn create_queue(
 /// Creates the workload's queues (DLQs first) and its exchange with its
 /// two bindings, retrying until each is made.
 pub async fn setup(sh: &Shared) -> anyhow::Result<()> {
-    let ch = channel(&sh.url)?;
-    let mut admin = admin_client(&ch);
+    let admin = connect(sh)
+        .await
+        .ok_or_else(|| anyhow::anyhow!("no server to set the queues up on"))?;
     for q in SOURCES {
         for (name, config) in [
             (dlq_of(q), dlq_config(q)),
             (q.to_string(), source_config(q)),
         ] {
             let mut tries = 0;
-            while !create_queue(sh, &mut admin, &name, config.clone())
+            while !create_queue(sh, &admin, &name, config.clone())
                 .await
                 .is_ok()
             {
@@ -324,23 +416,13 @@ pub async fn setup(sh: &Shared) -> anyhow::Result<()> {
     let mut tries = 0;
     loop {
         let made = async {
-            admin
-                .create_exchange(pb::CreateExchangeRequest {
-                    name: EXCHANGE.into(),
-                })
-                .await?;
+            admin.create_exchange(EXCHANGE).await?;
             for q in [STD, TTL] {
                 admin
-                    .bind(pb::BindRequest {
-                        exchange: EXCHANGE.into(),
-                        binding: Some(pb::Binding {
-                            queue: q.into(),
-                            filter: [(DEST.to_string(), q.to_string())].into(),
-                        }),
-                    })
+                    .bind(EXCHANGE, q, vec![(DEST.to_string(), q.to_string())])
                     .await?;
             }
-            Ok::<_, tonic::Status>(())
+            Ok::<_, ClientError>(())
         }
         .await;
         match made {
@@ -509,18 +591,23 @@ async fn may_publish(sh: &Shared) -> bool {
 /// belongs to one producer, so a group's publish order is the producer's
 /// order.
 pub async fn producer(sh: Arc<Shared>, p: usize) -> anyhow::Result<()> {
-    let ch = channel(&sh.url)?;
-    let mut client = msg_client(&ch);
+    let Some(client) = connect(&sh).await else {
+        return Ok(());
+    };
     let mut rng = fastrand::Rng::with_seed(sh.seed ^ (0x5eed_0000 + p as u64));
     let mut seq = 0u64;
     let process = format!("producer {p}");
     while may_publish(&sh).await {
         let b = next_batch(&sh, p, &mut rng, &mut seq);
         let inv = sh.hist.now();
-        let r = client.publish(b.req.clone()).await;
+        let msgs = b.req.messages.clone();
+        let r = match b.queue {
+            Some(q) => client.publish(q, msgs).await,
+            None => client.publish_to_exchange(EXCHANGE, msgs).await,
+        };
         let outcome = call_outcome(&r);
         let failed = refused(&outcome);
-        let results = r.as_ref().ok().map(|r| r.get_ref().results.as_slice());
+        let results = r.as_ref().ok().map(Vec::as_slice);
         record_batch(&sh, b, inv, outcome, results, &process);
         let pause = if failed { 50 } else { rng.u64(0..15) };
         tokio::time::sleep(Duration::from_millis(pause)).await;
@@ -537,13 +624,13 @@ const STREAM_WINDOW: usize = 4;
 /// was refused (nothing stored); when the stream breaks, the requests not
 /// yet answered may or may not have been stored. Then a new stream.
 pub async fn stream_producer(sh: Arc<Shared>, p: usize) -> anyhow::Result<()> {
-    let ch = channel(&sh.url)?;
-    let mut client = msg_client(&ch);
+    let mut node = 0;
     let mut rng = fastrand::Rng::with_seed(sh.seed ^ (0x5eed_0000 + p as u64));
     let mut seq = 0u64;
     let mut sequence = 0u64;
     let process = format!("stream producer {p}");
     'streams: while may_publish(&sh).await {
+        let mut client = msg_client(&stream_channel(&sh, node)?);
         let (tx, rx) = mpsc::channel::<pb::PublishStreamRequest>(STREAM_WINDOW);
         let mut inbound = match client
             .publish_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
@@ -551,6 +638,7 @@ pub async fn stream_producer(sh: Arc<Shared>, p: usize) -> anyhow::Result<()> {
         {
             Ok(r) => r.into_inner(),
             Err(_) => {
+                node += 1;
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
             }
@@ -602,6 +690,7 @@ pub async fn stream_producer(sh: Arc<Shared>, p: usize) -> anyhow::Result<()> {
                             for (_, b, inv) in pending.drain(..) {
                                 record_batch(&sh, b, inv, outcome.clone(), None, &process);
                             }
+                            node += 1;
                             tokio::time::sleep(Duration::from_millis(50)).await;
                             continue 'streams;
                         }
@@ -761,7 +850,7 @@ fn record_settle(
     idx: usize,
     kind: SettleKind,
     inv: Stamp,
-    r: Result<Vec<pb::SettleResult>, tonic::Status>,
+    r: Result<Vec<pb::SettleResult>, Outcome>,
     timeout_ms: u64,
 ) {
     let result = match r {
@@ -769,7 +858,7 @@ fn record_settle(
             Some(r) => settle_result(r),
             None => no_result(),
         },
-        Err(s) => SettleResult::Call(Outcome::from_status(&s)),
+        Err(o) => SettleResult::Call(o),
     };
     sh.hist.settle(Settle {
         delivery: idx,
@@ -781,67 +870,69 @@ fn record_settle(
     });
 }
 
-async fn ack(sh: &Shared, client: &mut MessagingServiceClient<Channel>, idx: usize, token: &str) {
+async fn ack(sh: &Shared, client: &Client, idx: usize, token: &str) {
     let inv = sh.hist.now();
     let r = client
-        .ack(pb::AckRequest {
-            ack_tokens: vec![token.to_string()],
-        })
+        .ack(vec![token.to_string()])
         .await
-        .map(|resp| resp.into_inner().results);
+        .map_err(|e| client_outcome(&e));
     record_settle(sh, idx, SettleKind::Ack, inv, r, 0);
 }
 
-async fn nack(
-    sh: &Shared,
-    client: &mut MessagingServiceClient<Channel>,
-    idx: usize,
-    token: &str,
-    mates: &Mates,
-) {
+/// Acks the deliveries `acks` (delivery index, token) in one call, each
+/// recorded with its own result (the call's failure for all if it fails).
+async fn ack_many(sh: &Shared, client: &Client, acks: &[(usize, String)]) {
+    if acks.is_empty() {
+        return;
+    }
     let inv = sh.hist.now();
     let r = client
-        .nack(pb::NackRequest {
-            items: vec![pb::NackItem {
-                ack_token: token.to_string(),
-                reason: "chaos".into(),
-                ..Default::default()
-            }],
-        })
+        .ack(acks.iter().map(|(_, t)| t.clone()).collect())
         .await
-        .map(tonic::Response::into_inner);
+        .map_err(|e| client_outcome(&e));
+    for (i, (idx, _)) in acks.iter().enumerate() {
+        let one = match &r {
+            Ok(results) => Ok(results.get(i).cloned().into_iter().collect()),
+            Err(o) => Err(o.clone()),
+        };
+        record_settle(sh, *idx, SettleKind::Ack, inv, one, 0);
+    }
+}
+
+async fn nack(sh: &Shared, client: &Client, idx: usize, token: &str, mates: &Mates) {
+    let inv = sh.hist.now();
+    let r = client
+        .nack_releasing(vec![pb::NackItem {
+            ack_token: token.to_string(),
+            reason: "chaos".into(),
+            ..Default::default()
+        }])
+        .await
+        .map_err(|e| client_outcome(&e));
     let released = r
         .as_ref()
-        .map(|resp| resp.released.clone())
+        .map(|(_, released)| released.clone())
         .unwrap_or_default();
     record_settle(
         sh,
         idx,
         SettleKind::Nack,
         inv,
-        r.map(|resp| resp.results),
+        r.map(|(results, _)| results),
         0,
     );
     record_released(sh, &released, mates, inv);
 }
 
-async fn extend(
-    sh: &Shared,
-    client: &mut MessagingServiceClient<Channel>,
-    idx: usize,
-    token: &str,
-    ms: u64,
-) {
+async fn extend(sh: &Shared, client: &Client, idx: usize, token: &str, ms: u64) {
     let inv = sh.hist.now();
     let r = client
-        .extend_lease(pb::ExtendLeaseRequest {
-            items: vec![pb::ExtendItem {
-                ack_token: token.to_string(),
-                timeout_ms: ms,
-            }],
-        })
+        .extend(vec![pb::ExtendItem {
+            ack_token: token.to_string(),
+            timeout_ms: ms,
+        }])
         .await
-        .map(|resp| resp.into_inner().results);
+        .map_err(|e| client_outcome(&e));
     record_settle(sh, idx, SettleKind::Extend, inv, r, ms);
 }
 
@@ -871,7 +962,7 @@ async fn past_deadline(sh: &Shared, deadline: u64) {
 /// FIFO group only then; `mates` are the deliveries of the same receive.
 async fn settle_one(
     sh: &Shared,
-    client: &mut MessagingServiceClient<Channel>,
+    client: &Client,
     act: Action,
     idx: usize,
     d: &pb::Delivery,
@@ -903,7 +994,7 @@ async fn settle_one(
 /// `Receive`.
 fn handle(
     sh: &Arc<Shared>,
-    client: &MessagingServiceClient<Channel>,
+    client: &Client,
     idx: usize,
     d: pb::Delivery,
     queue: &str,
@@ -918,10 +1009,10 @@ fn handle(
         return;
     }
     let sh = Arc::clone(sh);
-    let mut client = client.clone();
+    let client = client.clone();
     sh.inflight.fetch_add(1, Ordering::SeqCst);
     tokio::spawn(async move {
-        settle_one(&sh, &mut client, act, idx, &d, &Mates::new()).await;
+        settle_one(&sh, &client, act, idx, &d, &Mates::new()).await;
         sh.inflight.fetch_sub(1, Ordering::SeqCst);
     });
 }
@@ -938,7 +1029,7 @@ fn handle(
 /// that rides goes after the direct acks of the messages behind it.
 fn handle_fifo(
     sh: &Arc<Shared>,
-    client: &MessagingServiceClient<Channel>,
+    client: &Client,
     batch: Vec<(usize, pb::Delivery)>,
     queue: &str,
     riding: &Arc<Riding>,
@@ -958,7 +1049,7 @@ fn handle_fifo(
     }
     for group in groups {
         let sh = Arc::clone(sh);
-        let mut client = client.clone();
+        let client = client.clone();
         let riding = Arc::clone(riding);
         let mates = Arc::clone(&mates);
         let queue = queue.to_string();
@@ -974,8 +1065,54 @@ fn handle_fifo(
                     ride(&sh, &riding, *idx, &d.ack_token);
                     continue;
                 }
-                settle_one(&sh, &mut client, act, *idx, d, &mates).await;
+                settle_one(&sh, &client, act, *idx, d, &mates).await;
             }
+            sh.inflight.fetch_sub(1, Ordering::SeqCst);
+        });
+    }
+}
+
+/// Handles the deliveries of one receive of the final drain: per FIFO
+/// group (all of a standard queue's as one), in order, the acks in one
+/// call, flushed before each nack (poison), which may release the group's
+/// later deliveries (whose acks are then refused and the messages come
+/// again). One task per group.
+fn handle_drain(sh: &Arc<Shared>, client: &Client, batch: Vec<(usize, pb::Delivery)>, queue: &str) {
+    let mates: Arc<Mates> = Arc::new(
+        batch
+            .iter()
+            .map(|(idx, d)| (d.ack_token.clone(), *idx))
+            .collect(),
+    );
+    let fifo = fifo_kind(queue);
+    let mut groups: Vec<Vec<(usize, pb::Delivery)>> = Vec::new();
+    for (idx, d) in batch {
+        match groups
+            .iter_mut()
+            .find(|g| !fifo || g[0].1.group_id == d.group_id)
+        {
+            Some(g) => g.push((idx, d)),
+            None => groups.push(vec![(idx, d)]),
+        }
+    }
+    for group in groups {
+        let sh = Arc::clone(sh);
+        let client = client.clone();
+        let mates = Arc::clone(&mates);
+        let queue = queue.to_string();
+        sh.inflight.fetch_add(1, Ordering::SeqCst);
+        tokio::spawn(async move {
+            let mut acks: Vec<(usize, String)> = Vec::new();
+            for (idx, d) in &group {
+                match action(&sh, &queue, &d.message_id, d.delivery_count) {
+                    Action::Nack => {
+                        ack_many(&sh, &client, &std::mem::take(&mut acks)).await;
+                        nack(&sh, &client, *idx, &d.ack_token, &mates).await;
+                    }
+                    _ => acks.push((*idx, d.ack_token.clone())),
+                }
+            }
+            ack_many(&sh, &client, &acks).await;
             sh.inflight.fetch_sub(1, Ordering::SeqCst);
         });
     }
@@ -983,8 +1120,9 @@ fn handle_fifo(
 
 /// A consumer of unary receives over every queue.
 pub async fn consumer(sh: Arc<Shared>, c: usize) -> anyhow::Result<()> {
-    let ch = channel(&sh.url)?;
-    let mut client = msg_client(&ch);
+    let Some(client) = connect(&sh).await else {
+        return Ok(());
+    };
     let mut rng = fastrand::Rng::with_seed(sh.seed ^ (0xc0_0000 + c as u64));
     let queues: Vec<String> = SOURCES
         .iter()
@@ -1007,24 +1145,27 @@ pub async fn consumer(sh: Arc<Shared>, c: usize) -> anyhow::Result<()> {
         let call = sh.hist.call_id();
         let inv = sh.hist.now();
         let r = client
-            .receive(pb::ReceiveRequest {
+            .receive_response(pb::ReceiveRequest {
                 queue: queue.clone(),
-                max_messages: if draining { 100 } else { max_messages },
+                max_messages: if draining { DRAIN_BATCH } else { max_messages },
                 wait_ms: if draining { 20 } else { 200 },
                 ack_tokens: acks.iter().map(|(_, t)| t.clone()).collect(),
-                // The drain settles a FIFO group's messages one after the
-                // other: a few per group, so that the last are acked well
-                // within their lease.
-                max_per_group: if draining { 10 } else { 0 },
+                // The drain acks a batch in one call (a FIFO group's up to
+                // its first nack) under a lease of its own: a slow store
+                // (a PostgreSQL commit per call on a loaded machine) must
+                // not make the acks come after the queue's 1 s lease, and
+                // the messages go round until the drain gives up.
+                ack_timeout_ms: draining.then_some(DRAIN_LEASE_MS),
+                max_per_group: if draining { DRAIN_PER_GROUP } else { 0 },
                 ..Default::default()
             })
             .await
-            .map(tonic::Response::into_inner);
+            .map_err(|e| client_outcome(&e));
         // The riding acks: one outcome each, or the call's failure.
         for (i, (idx, _)) in acks.iter().enumerate() {
             let one = match &r {
                 Ok(resp) => Ok(resp.ack_results.get(i).cloned().into_iter().collect()),
-                Err(s) => Err(s.clone()),
+                Err(o) => Err(o.clone()),
             };
             record_settle(&sh, *idx, SettleKind::Ack, inv, one, 0);
         }
@@ -1040,7 +1181,9 @@ pub async fn consumer(sh: Arc<Shared>, c: usize) -> anyhow::Result<()> {
                         (idx, d)
                     })
                     .collect();
-                if fifo_kind(&queue) {
+                if draining {
+                    handle_drain(&sh, &client, batch, &queue);
+                } else if fifo_kind(&queue) {
                     handle_fifo(&sh, &client, batch, &queue, &riding);
                 } else {
                     for (idx, d) in batch {
@@ -1048,8 +1191,8 @@ pub async fn consumer(sh: Arc<Shared>, c: usize) -> anyhow::Result<()> {
                     }
                 }
             }
-            Err(s) => {
-                sh.hist.receive_call(&Outcome::from_status(&s));
+            Err(o) => {
+                sh.hist.receive_call(&o);
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }
@@ -1057,7 +1200,7 @@ pub async fn consumer(sh: Arc<Shared>, c: usize) -> anyhow::Result<()> {
     let left: Vec<(usize, String)> =
         std::mem::take(&mut *riding.lock().unwrap_or_else(|e| e.into_inner()));
     for (idx, token) in left {
-        ack(&sh, &mut client, idx, &token).await;
+        ack(&sh, &client, idx, &token).await;
         sh.inflight.fetch_sub(1, Ordering::SeqCst);
     }
     Ok(())
@@ -1068,8 +1211,7 @@ pub async fn consumer(sh: Arc<Shared>, c: usize) -> anyhow::Result<()> {
 pub async fn stream_consumer(sh: Arc<Shared>) -> anyhow::Result<()> {
     use letterbox::pb::subscribe_request::Kind as In;
     use letterbox::pb::subscribe_response::Kind as Out;
-    let ch = channel(&sh.url)?;
-    let mut client = msg_client(&ch);
+    let mut node = 0;
     let mut rng = fastrand::Rng::with_seed(sh.seed ^ 0x57ea);
     let name = "stream consumer".to_string();
     while sh.phase() != STOP {
@@ -1084,18 +1226,22 @@ pub async fn stream_consumer(sh: Arc<Shared>) -> anyhow::Result<()> {
                 kind: Some(In::Open(pb::SubscribeOpen {
                     queue: queue.clone(),
                     credit: rng.u32(1..=3),
-                    ack_timeout_ms: None,
+                    // The drain's lease (see `DRAIN_LEASE_MS`) in a session
+                    // opened once the drain began.
+                    ack_timeout_ms: (sh.phase() == FINAL).then_some(DRAIN_LEASE_MS),
                     max_per_group: 0,
                 })),
             })
             .await;
         let inv = sh.hist.now();
+        let mut client = msg_client(&stream_channel(&sh, node)?);
         let mut stream = match client
             .subscribe(tokio_stream::wrappers::ReceiverStream::new(rx))
             .await
         {
             Ok(s) => s.into_inner(),
             Err(_) => {
+                node += 1;
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
             }
@@ -1115,7 +1261,11 @@ pub async fn stream_consumer(sh: Arc<Shared>) -> anyhow::Result<()> {
             };
             let resp = match msg {
                 Ok(Some(r)) => r,
-                Ok(None) | Err(_) => break,
+                Ok(None) => break,
+                Err(_) => {
+                    node += 1;
+                    break;
+                }
             };
             match resp.kind {
                 Some(Out::Deliveries(batch)) => {
@@ -1243,8 +1393,9 @@ pub const META_QUEUES: usize = 4;
 /// queues, and reads the workload's own queues, so that the checker can
 /// tell whether configurations survive every restart.
 pub async fn admin_worker(sh: Arc<Shared>) -> anyhow::Result<()> {
-    let ch = channel(&sh.url)?;
-    let mut admin = admin_client(&ch);
+    let Some(admin) = connect(&sh).await else {
+        return Ok(());
+    };
     let mut rng = fastrand::Rng::with_seed(sh.seed ^ 0xad_0000);
     while !sh.quiet.load(Ordering::Relaxed) {
         tokio::time::sleep(Duration::from_millis(rng.u64(100..400))).await;
@@ -1253,7 +1404,7 @@ pub async fn admin_worker(sh: Arc<Shared>) -> anyhow::Result<()> {
             // Read one of the workload's queues.
             let q = SOURCES[rng.usize(0..SOURCES.len())];
             let name = if rng.bool() { q.to_string() } else { dlq_of(q) };
-            get_queue(&sh, &mut admin, &name).await;
+            get_queue(&sh, &admin, &name).await;
             continue;
         }
         let name = format!("meta-{n}");
@@ -1270,7 +1421,7 @@ pub async fn admin_worker(sh: Arc<Shared>) -> anyhow::Result<()> {
                     max_length: rng.bool().then(|| rng.u64(1..100_000)),
                     ..Default::default()
                 };
-                let o = create_queue(&sh, &mut admin, &name, config).await;
+                let o = create_queue(&sh, &admin, &name, config).await;
                 if o.is_info() {
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
@@ -1307,12 +1458,7 @@ pub async fn admin_worker(sh: Arc<Shared>) -> anyhow::Result<()> {
             }
             5..7 => {
                 let inv = sh.hist.now();
-                let r = admin
-                    .delete_queue(pb::DeleteQueueRequest {
-                        name: name.clone(),
-                        force: false,
-                    })
-                    .await;
+                let r = admin.delete_queue(&name, false).await;
                 let outcome = call_outcome(&r);
                 sh.hist.admin(Admin {
                     op: "delete",
@@ -1323,27 +1469,19 @@ pub async fn admin_worker(sh: Arc<Shared>) -> anyhow::Result<()> {
                     outcome,
                 });
             }
-            _ => get_queue(&sh, &mut admin, &name).await,
+            _ => get_queue(&sh, &admin, &name).await,
         }
     }
     Ok(())
 }
 
 /// Reads a queue's configuration, recording it.
-pub async fn get_queue(sh: &Shared, admin: &mut AdminServiceClient<Channel>, name: &str) {
+pub async fn get_queue(sh: &Shared, admin: &Client, name: &str) {
     let inv = sh.hist.now();
-    let r = admin
-        .get_queue(pb::GetQueueRequest { name: name.into() })
-        .await;
+    let r = admin.get_queue(name).await;
     let (outcome, config) = match r {
-        Ok(resp) => (
-            Outcome::Ok,
-            resp.into_inner()
-                .queue
-                .and_then(|q| q.config)
-                .map(|c| shape(&c)),
-        ),
-        Err(s) => (Outcome::from_status(&s), None),
+        Ok(q) => (Outcome::Ok, q.config.map(|c| shape(&c))),
+        Err(e) => (client_outcome(&e), None),
     };
     sh.hist.admin(Admin {
         op: "get",
@@ -1358,16 +1496,11 @@ pub async fn get_queue(sh: &Shared, admin: &mut AdminServiceClient<Channel>, nam
 /// Reads the stats of every workload queue, recording them; `None` if a
 /// call failed.
 pub async fn read_stats(sh: &Shared, label: &'static str) -> Option<Vec<(String, u64)>> {
-    let ch = channel(&sh.url).ok()?;
-    let mut admin = admin_client(&ch);
+    let admin = Client::with_config(client_config(&sh.url)).await.ok()?;
     let mut totals = Vec::new();
     for q in SOURCES {
         for name in [q.to_string(), dlq_of(q)] {
-            let r = admin
-                .get_queue_stats(pb::GetQueueStatsRequest { name: name.clone() })
-                .await
-                .ok()?;
-            let s = r.into_inner().stats?;
+            let s = admin.stats(&name).await.ok()?;
             totals.push((name.clone(), s.total));
             sh.hist.stats(super::history::StatsRead {
                 label,
@@ -1388,24 +1521,23 @@ pub async fn read_stats(sh: &Shared, label: &'static str) -> Option<Vec<(String,
 /// One receive on every workload queue after the final restart: anything
 /// returned reappeared. Recorded as deliveries (and acked).
 pub async fn sweep_once(sh: &Arc<Shared>) -> anyhow::Result<usize> {
-    let ch = channel(&sh.url)?;
-    let mut client = msg_client(&ch);
+    let client = Client::with_config(client_config(&sh.url)).await?;
     let mut n = 0;
     for q in SOURCES {
         for name in [q.to_string(), dlq_of(q)] {
             let call = sh.hist.call_id();
             let inv = sh.hist.now();
-            let r = client
-                .receive(pb::ReceiveRequest {
+            let deliveries = client
+                .receive_with(pb::ReceiveRequest {
                     queue: name.clone(),
                     max_messages: 100,
                     wait_ms: 300,
                     ..Default::default()
                 })
                 .await?;
-            for d in r.into_inner().deliveries {
+            for d in deliveries {
                 let idx = record_delivery(sh, &d, call, &name, inv, false, "final sweep");
-                ack(sh, &mut client, idx, &d.ack_token).await;
+                ack(sh, &client, idx, &d.ack_token).await;
                 n += 1;
             }
         }
