@@ -105,12 +105,29 @@ pub fn lock_dir(dir: &Path) -> Result<DirLock> {
         .mode(0o600)
         .open(&path)
         .map_err(|e| StorageError::io("open", &path, e))?;
-    match file.try_lock() {
-        Ok(()) => Ok(DirLock { _file: file }),
-        Err(std::fs::TryLockError::WouldBlock) => Err(StorageError::Locked { path }),
-        Err(std::fs::TryLockError::Error(e)) => Err(StorageError::io("lock", &path, e)),
+    // A lock found held is tried again for a moment before the refusal:
+    // a process that forks (a test run starting PostgreSQL, a supervisor)
+    // gives its child a copy of every open file until the child's exec
+    // closes it, and the lock lives as long as any copy does, so a store
+    // just closed can look held by another process for that long. Another
+    // server really holding it holds it longer than this.
+    let deadline = std::time::Instant::now() + LOCK_PATIENCE;
+    loop {
+        match file.try_lock() {
+            Ok(()) => return Ok(DirLock { _file: file }),
+            Err(std::fs::TryLockError::WouldBlock) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            Err(std::fs::TryLockError::WouldBlock) => return Err(StorageError::Locked { path }),
+            Err(std::fs::TryLockError::Error(e)) => {
+                return Err(StorageError::io("lock", &path, e));
+            }
+        }
     }
 }
+
+/// How long [`lock_dir`] tries again a lock found held before refusing.
+const LOCK_PATIENCE: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// Checks the format file of an existing data directory, or writes it into
 /// a new (empty) one. Refuses a non-empty directory without one. Returns
@@ -444,5 +461,21 @@ mod tests {
         let _held = lock_dir(dir.path()).expect("first lock");
         let err = lock_dir(dir.path()).expect_err("second lock");
         assert!(matches!(err, StorageError::Locked { .. }));
+    }
+
+    #[test]
+    fn a_lock_released_within_the_patience_is_taken() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        // A copy of the locked file held for a moment (as a forked child
+        // holds one until its exec), then closed.
+        let held = lock_dir(dir.path()).expect("first lock");
+        let copy = held._file.try_clone().expect("dup");
+        drop(held);
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(LOCK_PATIENCE / 5);
+            drop(copy);
+        });
+        let _lock = lock_dir(dir.path()).expect("taken once the copy is closed");
+        t.join().expect("thread");
     }
 }
