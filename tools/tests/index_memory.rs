@@ -31,11 +31,13 @@ fn index_memory_reports_the_store_and_the_engine_apart() {
         panic!("expected three B/msg figures in {row:?}");
     };
     // Every queued message has its 24-byte entry (in chunks of 64) in the
-    // engine, with its share of the ready and expiry bitmaps: 25-26 B/msg
-    // measured at 30,000. The figures are signed (sled's cache may give
-    // back during the rebuild some of what it took as the store opened),
-    // so the bound leaves room below the entry's size.
-    assert!(engine >= 16.0, "engine {engine} B/msg in {row:?}");
+    // engine, with its share of the ready and expiry bitmaps: 24-26 B/msg
+    // measured at 30,000. The figures are signed: sled's cache may give
+    // back during the rebuild some of what it took as the store opened
+    // (8.3 B/msg seen once on a loaded machine), so the engine's figure is
+    // only required to be there, and the whole to hold at least the entry.
+    assert!(engine > 0.0, "engine {engine} B/msg in {row:?}");
+    assert!(both >= 24.0, "store and engine {both} B/msg in {row:?}");
     assert!(store > 0.0, "store {store} B/msg in {row:?}");
     assert!((store + engine - both).abs() < 0.2, "{row:?}");
 }
