@@ -32,6 +32,26 @@
 //! * **Schema**: created by the server and versioned in `lb_schema`; a
 //!   database whose schema is newer than this server's is refused.
 //!
+//! ## Round trips
+//!
+//! The statements of commits and reads are prepared once per connection
+//! ([`Statements`]); each finds its rows by the primary key, so that the
+//! generic plan PostgreSQL settles on after a few executions (planned
+//! before the tables grew) stays an index lookup. (The chunks of replaced
+//! values are deleted by key alone: the earlier join with the table, the
+//! one statement whose plan could turn into a scan of a whole table, left
+//! publishing 2-3× slower at times; planning every execution instead
+//! cost consuming half its rate.) A commit is two round trips: `BEGIN` with the fence's
+//! `SELECT ... FOR SHARE`, sent together; then, only if the epoch is still
+//! ours, every write, the marker and `COMMIT` as one pipeline (each
+//! request leaves when its future is first polled, and the server answers
+//! in order). A write the server refuses aborts the transaction, whose
+//! `COMMIT` then rolls back without an error of its own: the commit is
+//! reported failed by that write's answer. A write that could not be sent
+//! (a failure before the server saw it) stops the pipeline before its
+//! `COMMIT` (`ROLLBACK` instead). A `COMMIT` that failed is an unknown
+//! outcome, as above.
+//!
 //! Keys live in three tables by their tag, each with its own vacuum
 //! settings: message records (`lb_meta`, rewritten on every delivery),
 //! bodies (`lb_payload`) and everything else (`lb_small`). `bytea`
@@ -43,17 +63,20 @@
 //! [`PgState::set_chunk_size`]) is kept in pieces: its row holds an empty
 //! `v` and the number of pieces in `chunks`, and the pieces are rows
 //! `(shard, k, n, v)` of `lb_chunk`, `n` from 0. A commit that writes or
-//! deletes a key first deletes the chunks of the value it replaces, in
-//! the same transaction; reads put the pieces back together in the same
+//! deletes a key first deletes the key's chunks (there are some only if
+//! the value it replaces was chunked), in the same transaction; reads put the pieces back together in the same
 //! statement (one snapshot), so a caller never sees chunks. Schema
 //! version 2 added them (the `chunks` column, default 0, and `lb_chunk`);
 //! a version 1 database is migrated when a server first connects.
 
 use std::collections::BTreeMap;
+use std::pin::Pin;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use tokio_postgres::{Client, NoTls};
+use futures_util::future::{BoxFuture, MaybeDone, maybe_done};
+use tokio_postgres::{Client, NoTls, Statement};
 
 use super::backend::prefix_end;
 use super::keys::{TAG_META, TAG_PAYLOAD};
@@ -179,6 +202,119 @@ pub struct PgState {
     shard: i32,
     target: String,
     chunk_size: usize,
+    stmts: Statements,
+}
+
+/// The statements of commits and reads, prepared once per connection: a
+/// statement given as text is prepared again on every call, one more
+/// round trip each time, and a prepared one can be sent in a pipeline.
+struct Statements {
+    /// The fence: the owner row's epoch, locked `FOR SHARE`.
+    fence: Statement,
+    /// Records the batch's lsn in the shard's commit marker.
+    marker: Statement,
+    /// Deletes the chunks of some keys (`$2`).
+    drop_chunks: Statement,
+    /// Inserts the pieces of chunked values.
+    insert_chunks: Statement,
+    /// Per table of [`TABLES`], in that order.
+    tables: Vec<TableStatements>,
+    /// Reads keys of every table at once (`k = ANY($2)`).
+    get_many: Statement,
+    /// A range of the key space with its end (`$4`), and to the end.
+    scan_to: Statement,
+    scan_all: Statement,
+}
+
+/// The statements of one table.
+struct TableStatements {
+    /// Deletes some keys.
+    delete: Statement,
+    /// Inserts or replaces rows (keys, values, chunk counts).
+    upsert: Statement,
+    /// Reads one key.
+    get: Statement,
+}
+
+impl Statements {
+    async fn prepare(client: &Client) -> std::result::Result<Statements, tokio_postgres::Error> {
+        let mut tables = Vec::with_capacity(TABLES.len());
+        for t in TABLES {
+            tables.push(TableStatements {
+                delete: client
+                    .prepare(&format!(
+                        "DELETE FROM {t} WHERE shard = $1 AND k = ANY($2)"
+                    ))
+                    .await?,
+                upsert: client
+                    .prepare(&format!(
+                        "INSERT INTO {t} (shard, k, v, chunks)
+                         SELECT $1, * FROM unnest($2::bytea[], $3::bytea[], $4::int[])
+                         ON CONFLICT (shard, k) DO UPDATE SET v = excluded.v, chunks = excluded.chunks"
+                    ))
+                    .await?,
+                get: client
+                    .prepare(&format!(
+                        "SELECT k, v, chunks, {CHUNKS} FROM {t} t WHERE shard = $1 AND k = $2"
+                    ))
+                    .await?,
+            });
+        }
+        let every = |part: &str| {
+            TABLES
+                .iter()
+                .map(|t| part.replace("{t}", t))
+                .collect::<Vec<_>>()
+                .join(" UNION ALL ")
+        };
+        let get_many = format!(
+            "SELECT k, v, chunks, {CHUNKS} FROM ({}) t",
+            every("(SELECT k, v, chunks FROM {t} WHERE shard = $1 AND k = ANY($2))")
+        );
+        let scan = |bound: &str| {
+            format!(
+                "SELECT k, v, chunks, {CHUNKS} FROM ({}) t ORDER BY k LIMIT $3",
+                every(&format!(
+                    "(SELECT k, v, chunks FROM {{t}} WHERE shard = $1 AND k >= $2 {bound}
+                      ORDER BY k LIMIT $3)"
+                ))
+            )
+        };
+        Ok(Statements {
+            fence: client
+                .prepare("SELECT epoch FROM lb_owner WHERE shard = $1 FOR SHARE")
+                .await?,
+            marker: client
+                .prepare("UPDATE lb_marker SET committed_lsn = $2 WHERE shard = $1")
+                .await?,
+            drop_chunks: client
+                .prepare("DELETE FROM lb_chunk WHERE shard = $1 AND k = ANY($2)")
+                .await?,
+            insert_chunks: client
+                .prepare(
+                    "INSERT INTO lb_chunk (shard, k, n, v)
+                     SELECT $1, * FROM unnest($2::bytea[], $3::int[], $4::bytea[])",
+                )
+                .await?,
+            tables,
+            get_many: client.prepare(&get_many).await?,
+            scan_to: client.prepare(&scan("AND k < $4")).await?,
+            scan_all: client.prepare(&scan("")).await?,
+        })
+    }
+}
+
+/// A request of a commit's pipeline: rows changed, or the error.
+type Request<'a> = BoxFuture<'a, std::result::Result<u64, tokio_postgres::Error>>;
+
+/// One table's share of a commit.
+#[derive(Default)]
+struct Part<'a> {
+    stmts: Option<&'a TableStatements>,
+    deletes: Vec<&'a [u8]>,
+    keys: Vec<&'a [u8]>,
+    values: Vec<&'a [u8]>,
+    counts: Vec<i32>,
 }
 
 impl std::fmt::Debug for PgState {
@@ -274,22 +410,22 @@ impl PgState {
                 tracing::warn!(error = %e, "PostgreSQL connection ended");
             }
         });
-        let state = PgState {
-            client,
-            shard,
-            target,
-            chunk_size: DEFAULT_CHUNK_SIZE,
-        };
-        state.migrate().await?;
-        state
-            .client
+        migrate(&client).await?;
+        client
             .execute(
                 "INSERT INTO lb_marker (shard, committed_lsn) VALUES ($1, 0)
                  ON CONFLICT (shard) DO NOTHING",
                 &[&shard],
             )
             .await?;
-        Ok(state)
+        let stmts = Statements::prepare(&client).await?;
+        Ok(PgState {
+            client,
+            shard,
+            target,
+            chunk_size: DEFAULT_CHUNK_SIZE,
+            stmts,
+        })
     }
 
     /// The hosts and database this state is kept in.
@@ -306,50 +442,6 @@ impl PgState {
     /// size from now on. Reads do not depend on it.
     pub fn set_chunk_size(&mut self, bytes: usize) {
         self.chunk_size = bytes.max(1);
-    }
-
-    /// Creates the schema, or checks that the one there is not newer.
-    /// Concurrent servers serialise on an advisory lock.
-    async fn migrate(&self) -> Result<()> {
-        // A constant key of our own for the advisory lock ("lbox").
-        const LOCK: i64 = 0x6c62_6f78;
-        self.client
-            .execute("SELECT pg_advisory_lock($1)", &[&LOCK])
-            .await?;
-        let result = self.migrate_locked().await;
-        let unlocked = self
-            .client
-            .execute("SELECT pg_advisory_unlock($1)", &[&LOCK])
-            .await;
-        result?;
-        unlocked?;
-        Ok(())
-    }
-
-    async fn migrate_locked(&self) -> Result<()> {
-        self.client
-            .batch_execute("CREATE TABLE IF NOT EXISTS lb_schema (version int NOT NULL)")
-            .await?;
-        let found: Option<i32> = self
-            .client
-            .query_opt("SELECT max(version) FROM lb_schema", &[])
-            .await?
-            .and_then(|row| row.get(0));
-        let found = found.unwrap_or(0);
-        if found > SCHEMA_VERSION {
-            return Err(PgError::NewerSchema {
-                found,
-                supported: SCHEMA_VERSION,
-            });
-        }
-        for (version, migration) in MIGRATIONS {
-            if found < version {
-                let sql =
-                    format!("BEGIN; {migration} INSERT INTO lb_schema VALUES ({version}); COMMIT;");
-                self.client.batch_execute(&sql).await?;
-            }
-        }
-        Ok(())
     }
 
     /// Takes the shard's lease for `ttl` if it is free, lapsed by the
@@ -467,42 +559,51 @@ impl PgState {
             last.insert(k.as_ref(), v.as_ref());
         }
         let shard = self.shard;
-        let txn = self.client.transaction().await?;
-        let epoch: Option<i64> = txn
-            .query_opt(
-                "SELECT epoch FROM lb_owner WHERE shard = $1 FOR SHARE",
-                &[&shard],
-            )
-            .await?
-            .map(|row| row.get(0));
+        let client = &self.client;
+        let stmts = &self.stmts;
+        // First round trip: the transaction begins and the fence is read
+        // (and locked); nothing is written unless the epoch is still ours.
+        let (begun, fence_row) = futures_util::future::join(
+            client.batch_execute("BEGIN"),
+            client.query_opt(&stmts.fence, &[&shard]),
+        )
+        .await;
+        let epoch: Option<i64> = match begun.and(fence_row) {
+            Ok(row) => row.map(|row| row.get(0)),
+            Err(e) => {
+                let _ = client.batch_execute("ROLLBACK").await;
+                return Err(e.into());
+            }
+        };
         if epoch != Some(fence.epoch) {
-            drop(txn);
+            client.batch_execute("ROLLBACK").await?;
             return Err(PgError::Fenced {
                 shard,
                 mine: fence.epoch,
                 current: epoch.unwrap_or(0),
             });
         }
+        // Second round trip: every write, the marker and the COMMIT, sent
+        // together.
         let chunk = self.chunk_size;
-        for t in TABLES {
-            let mut touched: Vec<&[u8]> = Vec::new();
-            let mut deletes: Vec<&[u8]> = Vec::new();
-            let mut keys: Vec<&[u8]> = Vec::new();
-            let mut values: Vec<&[u8]> = Vec::new();
-            let mut counts: Vec<i32> = Vec::new();
-            let mut chunk_keys: Vec<&[u8]> = Vec::new();
-            let mut chunk_ns: Vec<i32> = Vec::new();
-            let mut chunk_values: Vec<&[u8]> = Vec::new();
-            for (k, v) in last.iter().filter(|(k, _)| table(k) == t) {
-                touched.push(k);
+        let mut parts: Vec<Part<'_>> = Vec::new();
+        // Every key written or deleted: the chunks of the values they
+        // replace go first.
+        let touched: Vec<&[u8]> = last.keys().copied().collect();
+        let mut chunk_keys: Vec<&[u8]> = Vec::new();
+        let mut chunk_ns: Vec<i32> = Vec::new();
+        let mut chunk_values: Vec<&[u8]> = Vec::new();
+        for (t, ts) in TABLES.iter().zip(&stmts.tables) {
+            let mut part = Part::default();
+            for (k, v) in last.iter().filter(|(k, _)| table(k) == *t) {
                 match v {
                     Some(v) if v.len() > chunk => {
                         let pieces = v.chunks(chunk);
                         let n = i32::try_from(pieces.len())
                             .map_err(|_| PgError::Db(format!("a value of {} bytes", v.len())))?;
-                        keys.push(k);
-                        values.push(&[]);
-                        counts.push(n);
+                        part.keys.push(k);
+                        part.values.push(&[]);
+                        part.counts.push(n);
                         for (i, piece) in (0..n).zip(pieces) {
                             chunk_keys.push(k);
                             chunk_ns.push(i);
@@ -510,58 +611,92 @@ impl PgState {
                         }
                     }
                     Some(v) => {
-                        keys.push(k);
-                        values.push(v.as_ref());
-                        counts.push(0);
+                        part.keys.push(k);
+                        part.values.push(v.as_ref());
+                        part.counts.push(0);
                     }
-                    None => deletes.push(k),
+                    None => part.deletes.push(k),
                 }
             }
-            if touched.is_empty() {
-                continue;
+            part.stmts = Some(ts);
+            parts.push(part);
+        }
+        let touched = &touched;
+        let mut requests: Vec<Request<'_>> = vec![Box::pin(async move {
+            client.execute(&stmts.drop_chunks, &[&shard, touched]).await
+        })];
+        for part in &parts {
+            let Some(ts) = part.stmts else { continue };
+            if !part.deletes.is_empty() {
+                requests.push(Box::pin(async move {
+                    client.execute(&ts.delete, &[&shard, &part.deletes]).await
+                }));
             }
-            // The chunks of the values being replaced or deleted.
-            txn.execute(
-                &format!(
-                    "DELETE FROM lb_chunk WHERE shard = $1 AND k IN
-                       (SELECT k FROM {t} WHERE shard = $1 AND k = ANY($2) AND chunks > 0)"
-                ),
-                &[&shard, &touched],
-            )
-            .await?;
-            if !deletes.is_empty() {
-                txn.execute(
-                    &format!("DELETE FROM {t} WHERE shard = $1 AND k = ANY($2)"),
-                    &[&shard, &deletes],
-                )
-                .await?;
-            }
-            if !keys.is_empty() {
-                txn.execute(
-                    &format!(
-                        "INSERT INTO {t} (shard, k, v, chunks)
-                         SELECT $1, * FROM unnest($2::bytea[], $3::bytea[], $4::int[])
-                         ON CONFLICT (shard, k) DO UPDATE SET v = excluded.v, chunks = excluded.chunks"
-                    ),
-                    &[&shard, &keys, &values, &counts],
-                )
-                .await?;
-            }
-            if !chunk_keys.is_empty() {
-                txn.execute(
-                    "INSERT INTO lb_chunk (shard, k, n, v)
-                     SELECT $1, * FROM unnest($2::bytea[], $3::int[], $4::bytea[])",
-                    &[&shard, &chunk_keys, &chunk_ns, &chunk_values],
-                )
-                .await?;
+            if !part.keys.is_empty() {
+                requests.push(Box::pin(async move {
+                    client
+                        .execute(
+                            &ts.upsert,
+                            &[&shard, &part.keys, &part.values, &part.counts],
+                        )
+                        .await
+                }));
             }
         }
-        txn.execute(
-            "UPDATE lb_marker SET committed_lsn = $2 WHERE shard = $1",
-            &[&shard, &marker],
+        let (chunk_keys, chunk_ns, chunk_values) = (&chunk_keys, &chunk_ns, &chunk_values);
+        if !chunk_keys.is_empty() {
+            requests.push(Box::pin(async move {
+                client
+                    .execute(
+                        &stmts.insert_chunks,
+                        &[&shard, chunk_keys, chunk_ns, chunk_values],
+                    )
+                    .await
+            }));
+        }
+        requests.push(Box::pin(async move {
+            client.execute(&stmts.marker, &[&shard, &marker]).await
+        }));
+        let mut writes: Vec<MaybeDone<Request<'_>>> =
+            requests.into_iter().map(maybe_done).collect();
+        // Each request leaves when its future is first polled: all of them
+        // now, in order. One that failed without the server's word (its
+        // encoding, or the connection already gone) was not sent, and the
+        // COMMIT must not follow it.
+        let unsent = std::future::poll_fn(|cx| {
+            for f in &mut writes {
+                let _ = Pin::new(f).poll(cx);
+            }
+            Poll::Ready(writes.iter().find_map(|f| match f {
+                MaybeDone::Done(Err(e)) if e.as_db_error().is_none() => Some(db_text(e)),
+                _ => None,
+            }))
+        })
+        .await;
+        if let Some(detail) = unsent {
+            let _ = client.batch_execute("ROLLBACK").await;
+            return Err(PgError::Db(format!(
+                "a write of the commit up to lsn {lsn} was not sent: {detail}"
+            )));
+        }
+        // The COMMIT behind them, then every answer, in order.
+        let (_, committed) = futures_util::future::join(
+            futures_util::future::join_all(writes.iter_mut()),
+            client.batch_execute("COMMIT"),
         )
-        .await?;
-        txn.commit().await.map_err(|e| PgError::Unknown {
+        .await;
+        // A statement the server refused aborted the transaction: its
+        // COMMIT then rolls back (without an error), and nothing of the
+        // batch is committed. A request that failed otherwise (the
+        // connection lost) leaves the COMMIT's own answer to decide.
+        for f in &mut writes {
+            if let Some(Err(e)) = Pin::new(f).take_output()
+                && e.as_db_error().is_some()
+            {
+                return Err(e.into());
+            }
+        }
+        committed.map_err(|e| PgError::Unknown {
             lsn,
             detail: db_text(&e),
         })
@@ -610,15 +745,10 @@ impl PgState {
 
     /// One key's value.
     pub async fn get(&self, key: &[u8]) -> Result<Option<Bytes>> {
+        let t = TABLES.iter().position(|t| *t == table(key)).unwrap_or(0);
         let row = self
             .client
-            .query_opt(
-                &format!(
-                    "SELECT k, v, chunks, {CHUNKS} FROM {} t WHERE shard = $1 AND k = $2",
-                    table(key)
-                ),
-                &[&self.shard, &key],
-            )
+            .query_opt(&self.stmts.tables[t].get, &[&self.shard, &key])
             .await?;
         row.map(|r| whole(&r).map(|(_, v)| v)).transpose()
     }
@@ -626,19 +756,13 @@ impl PgState {
     /// The rows of those of `keys` that exist, with their whole values,
     /// read in one statement (in no particular order).
     pub async fn get_many(&self, keys: &[&[u8]]) -> Result<Vec<(Bytes, Bytes)>> {
-        let parts: Vec<String> = TABLES
-            .iter()
-            .filter(|t| keys.iter().any(|k| table(k) == **t))
-            .map(|t| format!("(SELECT k, v, chunks FROM {t} WHERE shard = $1 AND k = ANY($2))"))
-            .collect();
-        if parts.is_empty() {
+        if keys.is_empty() {
             return Ok(Vec::new());
         }
-        let sql = format!(
-            "SELECT k, v, chunks, {CHUNKS} FROM ({}) t",
-            parts.join(" UNION ALL ")
-        );
-        let rows = self.client.query(&sql, &[&self.shard, &keys]).await?;
+        let rows = self
+            .client
+            .query(&self.stmts.get_many, &[&self.shard, &keys])
+            .await?;
         rows.iter().map(whole).collect()
     }
 
@@ -677,34 +801,62 @@ impl PgState {
             return Ok(Vec::new());
         }
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let bound = if end.is_some() { "AND k < $4" } else { "" };
-        let parts: Vec<String> = TABLES
-            .iter()
-            .map(|t| {
-                format!(
-                    "(SELECT k, v, chunks FROM {t} WHERE shard = $1 AND k >= $2 {bound}
-                      ORDER BY k LIMIT $3)"
-                )
-            })
-            .collect();
-        let sql = format!(
-            "SELECT k, v, chunks, {CHUNKS} FROM ({}) t ORDER BY k LIMIT $3",
-            parts.join(" UNION ALL ")
-        );
         let rows = match end {
             Some(end) => {
                 self.client
-                    .query(&sql, &[&self.shard, &start, &limit, &end])
+                    .query(&self.stmts.scan_to, &[&self.shard, &start, &limit, &end])
                     .await?
             }
             None => {
                 self.client
-                    .query(&sql, &[&self.shard, &start, &limit])
+                    .query(&self.stmts.scan_all, &[&self.shard, &start, &limit])
                     .await?
             }
         };
         rows.iter().map(whole).collect()
     }
+}
+
+/// Creates the schema, or checks that the one there is not newer.
+/// Concurrent servers serialise on an advisory lock.
+async fn migrate(client: &Client) -> Result<()> {
+    // A constant key of our own for the advisory lock ("lbox").
+    const LOCK: i64 = 0x6c62_6f78;
+    client
+        .execute("SELECT pg_advisory_lock($1)", &[&LOCK])
+        .await?;
+    let result = migrate_locked(client).await;
+    let unlocked = client
+        .execute("SELECT pg_advisory_unlock($1)", &[&LOCK])
+        .await;
+    result?;
+    unlocked?;
+    Ok(())
+}
+
+async fn migrate_locked(client: &Client) -> Result<()> {
+    client
+        .batch_execute("CREATE TABLE IF NOT EXISTS lb_schema (version int NOT NULL)")
+        .await?;
+    let found: Option<i32> = client
+        .query_opt("SELECT max(version) FROM lb_schema", &[])
+        .await?
+        .and_then(|row| row.get(0));
+    let found = found.unwrap_or(0);
+    if found > SCHEMA_VERSION {
+        return Err(PgError::NewerSchema {
+            found,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    for (version, migration) in MIGRATIONS {
+        if found < version {
+            let sql =
+                format!("BEGIN; {migration} INSERT INTO lb_schema VALUES ({version}); COMMIT;");
+            client.batch_execute(&sql).await?;
+        }
+    }
+    Ok(())
 }
 
 /// The chunks of a row `t` of a chunked value, in order, in the same

@@ -182,14 +182,28 @@ impl Recent {
         self.bytes += size;
         self.order.push_back((key.clone(), self.kept));
         self.values.insert(key, (value, self.kept));
-        while self.bytes > self.budget || self.order.len() > 2 * self.values.len() + 16 {
+        while self.bytes > self.budget {
             let Some((old, n)) = self.order.pop_front() else {
                 break;
             };
-            if self.values.get(&old).is_some_and(|(_, m)| *m == n) {
+            if self.is_current(&old, n) {
                 self.forget(&old);
             }
         }
+        // Stale entries (keys forgotten or kept again since) are dropped
+        // when they outnumber the live ones, never by evicting live values
+        // for them: the stale entries of values acknowledged lately sit
+        // behind older live ones.
+        if self.order.len() > 2 * self.values.len() + 16 {
+            let values = &self.values;
+            self.order
+                .retain(|(k, n)| values.get(k).is_some_and(|(_, m)| m == n));
+        }
+    }
+
+    /// Whether the entry `(key, n)` of `order` is the key's current one.
+    fn is_current(&self, key: &[u8], n: u64) -> bool {
+        self.values.get(key).is_some_and(|(_, m)| *m == n)
     }
 }
 
@@ -898,6 +912,35 @@ mod tests {
         assert!(!r.values.contains_key(&k(6)));
         assert_eq!(r.bytes, 30);
         assert_eq!(r.values.len(), 3);
+    }
+
+    #[test]
+    fn forgotten_values_do_not_push_live_ones_out() {
+        // As a consumer acknowledges behind a publisher: values kept in
+        // order, each one kept again (its lease), then forgotten (its ack).
+        let k = |i: u32| Bytes::from([&[TAG_META][..], &i.to_be_bytes()].concat());
+        let mut r = Recent {
+            budget: 1 << 20,
+            ..Recent::default()
+        };
+        for i in 0..1000 {
+            r.keep(k(i), Bytes::from_static(b"record"));
+        }
+        for i in 0..900 {
+            r.keep(k(i), Bytes::from_static(b"leased"));
+            r.forget(&k(i));
+        }
+        // Within the budget, every value not forgotten is still there.
+        for i in 900..1000 {
+            assert!(r.values.contains_key(&k(i)), "value {i} evicted");
+        }
+        assert_eq!(r.values.len(), 100);
+        // And the order's stale entries stay bounded.
+        assert!(
+            r.order.len() <= 2 * r.values.len() + 18,
+            "{}",
+            r.order.len()
+        );
     }
 
     #[test]

@@ -555,3 +555,68 @@ async fn chunked_values_read_whole_and_leave_no_chunks_behind() {
         vec![(m1.encode(), b(b"tiny")), (m2.encode(), b(b"0123456"))]
     );
 }
+
+#[tokio::test]
+async fn a_commit_the_server_refuses_in_part_commits_nothing() {
+    let Some(pg) = LocalPg::start("a_commit_the_server_refuses_in_part_commits_nothing") else {
+        return;
+    };
+    let url = pg.url();
+    let mut s = PgState::connect(&url, 1).await.expect("connect");
+    let fence = s.acquire("a", TTL).await.expect("acquire").expect("free");
+    s.commit(&fence, &[put(Key::Payload(1), b"before")], 1)
+        .await
+        .expect("commit");
+    // The server will refuse one row of the next batch: a constraint on
+    // one key of one table, the batch's other writes to every table sent
+    // in the same pipeline before and after it.
+    let (admin, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(conn);
+    let refused = Key::Counters(9).encode();
+    let hex: String = refused.iter().map(|x| format!("{x:02x}")).collect();
+    admin
+        .batch_execute(&format!(
+            "ALTER TABLE lb_small ADD CONSTRAINT refuse_one CHECK (k <> '\\x{hex}'::bytea)"
+        ))
+        .await
+        .expect("constraint");
+    let batch = vec![
+        put(Key::Meta(1, 1), b"m11"),
+        put(Key::Payload(1), b"after"),
+        put(Key::Payload(2), &vec![7u8; 200_000]),
+        (refused.clone(), Some(b(b"no"))),
+        put(Key::Counters(8), b"c8"),
+    ];
+    let err = s.commit(&fence, &batch, 2).await.expect_err("refused");
+    assert!(matches!(err, PgError::Db(_)), "{err:?}");
+    assert!(err.to_string().contains("refuse_one"), "{err}");
+    // Nothing of it: the marker, every key as before.
+    assert_eq!(s.committed_lsn().await.expect("marker"), 1);
+    assert_eq!(s.get(&Key::Meta(1, 1).encode()).await.expect("get"), None);
+    assert_eq!(
+        s.get(&Key::Payload(1).encode()).await.expect("get"),
+        Some(b(b"before"))
+    );
+    assert_eq!(s.get(&Key::Payload(2).encode()).await.expect("get"), None);
+    assert_eq!(s.get(&Key::Counters(8).encode()).await.expect("get"), None);
+    let chunks: i64 = admin
+        .query_one("SELECT count(*) FROM lb_chunk", &[])
+        .await
+        .expect("chunks")
+        .get(0);
+    assert_eq!(chunks, 0);
+    // The connection is out of the failed transaction: the next commit
+    // goes through.
+    admin
+        .batch_execute("ALTER TABLE lb_small DROP CONSTRAINT refuse_one")
+        .await
+        .expect("drop constraint");
+    s.commit(&fence, &batch, 3).await.expect("commit after");
+    assert_eq!(s.committed_lsn().await.expect("marker"), 3);
+    assert_eq!(
+        s.get(&Key::Payload(2).encode()).await.expect("get"),
+        Some(b(&vec![7u8; 200_000]))
+    );
+}
