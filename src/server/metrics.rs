@@ -537,6 +537,23 @@ pub(crate) fn registry(sources: Sources) -> Registry {
             m.apply_seconds,
         );
     }
+    if let Some(m) = broker.store().pg_metrics().cloned() {
+        r.register(
+            "letterbox_commit_seconds",
+            "Time from a change's submission to its durability (the wait of every acknowledged call)",
+            m.commit_seconds,
+        );
+        r.register(
+            "letterbox_pg_transaction_seconds",
+            "Time of each PostgreSQL transaction of the commit path, from BEGIN to the answer of its COMMIT (with a synchronous standby, its flush too)",
+            m.transaction_seconds,
+        );
+        r.register(
+            "letterbox_pg_batch_records",
+            "Transactions committed by one PostgreSQL transaction (group commit at work)",
+            m.batch_records,
+        );
+    }
     r.register(
         "letterbox_grpc_requests",
         "gRPC calls ended, by method (Service/Method) and status code (OK, NOT_FOUND, ...); a call stopped before it answered counts as CANCELLED, or DEADLINE_EXCEEDED past its deadline",

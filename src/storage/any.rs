@@ -18,7 +18,8 @@ use bytes::Bytes;
 use tokio::sync::watch;
 
 use super::{
-    Backend, Commit, LocalBackend, PgBackend, Result, Store, StoreMetrics, StoreStats, Txn,
+    Backend, Commit, LocalBackend, PgBackend, PgStoreMetrics, Result, Store, StoreMetrics,
+    StoreStats, Txn,
 };
 
 /// A backend chosen at start (see the module doc).
@@ -167,6 +168,15 @@ impl Store<AnyBackend> {
         match self.backend() {
             AnyBackend::Local(b) => Some(b.metrics()),
             AnyBackend::Pg(_) => None,
+        }
+    }
+
+    /// Distributions of the PostgreSQL backend's commit path since open
+    /// (`None` on the local one).
+    pub fn pg_metrics(&self) -> Option<&PgStoreMetrics> {
+        match self.backend() {
+            AnyBackend::Local(_) => None,
+            AnyBackend::Pg(b) => Some(b.metrics()),
         }
     }
 

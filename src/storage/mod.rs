@@ -131,7 +131,7 @@ pub(crate) use open::{open_db, read_sys, replay_into};
 pub use pg_backend::{PgBackend, PgBackendOptions};
 use rank::{RankedCondvar, RankedGuard, RankedMutex};
 use records::{MetaRecord, PayloadRecord};
-pub use stats::{StoreMetrics, StoreStats};
+pub use stats::{PgStoreMetrics, StoreMetrics, StoreStats};
 pub use txn::{Txn, encode_payload, txn_log_size};
 pub use wal::Mutation;
 

@@ -35,7 +35,7 @@
 //! ## Round trips
 //!
 //! The statements of commits and reads are prepared once per connection
-//! ([`Statements`]); each finds its rows by the primary key, so that the
+//! (`Statements`); each finds its rows by the primary key, so that the
 //! generic plan PostgreSQL settles on after a few executions (planned
 //! before the tables grew) stays an index lookup. (The chunks of replaced
 //! values are deleted by key alone: the earlier join with the table, the

@@ -68,6 +68,7 @@ use tokio::sync::{Notify, oneshot, watch};
 
 use super::keys::{TAG_META, TAG_PAYLOAD};
 use super::pg::{self, Fence, Outcome, PgError, PgState};
+use super::stats::PgStoreMetrics;
 use super::{Backend, Commit, Result, StorageError, Txn};
 
 /// How a [`PgBackend`] runs.
@@ -125,6 +126,8 @@ type Changes = Vec<(Bytes, Option<Bytes>)>;
 /// A transaction waiting for the committer.
 struct Queued {
     lsn: u64,
+    /// When it was submitted.
+    submitted: Instant,
     changes: Changes,
     bytes: usize,
     done: Answer,
@@ -218,6 +221,7 @@ struct Shared {
     handle: Handle,
     url: String,
     opts: PgBackendOptions,
+    metrics: PgStoreMetrics,
     #[cfg(test)]
     renewal_paused: AtomicBool,
 }
@@ -334,6 +338,7 @@ impl PgBackend {
             handle: handle.clone(),
             url: url.to_string(),
             opts,
+            metrics: PgStoreMetrics::new(),
             #[cfg(test)]
             renewal_paused: AtomicBool::new(false),
         });
@@ -349,6 +354,11 @@ impl PgBackend {
             })),
             closed: Mutex::new(None),
         })
+    }
+
+    /// Distributions of the commit path since open.
+    pub fn metrics(&self) -> &PgStoreMetrics {
+        &self.shared.metrics
     }
 
     /// The database, by its hosts and name (no password).
@@ -538,6 +548,9 @@ impl Shared {
             }
         }
         for q in batch {
+            self.metrics
+                .commit_seconds
+                .observe(q.submitted.elapsed().as_secs_f64());
             let _ = q.done.send(Ok(()));
         }
     }
@@ -571,8 +584,15 @@ async fn committer(shared: Arc<Shared>, mut writer: PgState) {
             }
             shared.wake.notified().await;
         };
+        let started = Instant::now();
         match commit_batch(&shared, &mut writer, &batch).await {
-            Ok(()) => shared.done(batch),
+            Ok(()) => {
+                let m = &shared.metrics;
+                m.transaction_seconds
+                    .observe(started.elapsed().as_secs_f64());
+                m.batch_records.observe(batch.len() as f64);
+                shared.done(batch);
+            }
             Err(reason) => {
                 shared.fail(&reason);
                 refuse(batch, &reason);
@@ -695,6 +715,7 @@ impl Backend for PgBackend {
         let (done, rx) = oneshot::channel();
         front.queue.push_back(Queued {
             lsn,
+            submitted: Instant::now(),
             changes,
             bytes,
             done,
@@ -873,6 +894,7 @@ mod tests {
     fn queued(lsn: u64, bytes: usize) -> Queued {
         Queued {
             lsn,
+            submitted: Instant::now(),
             changes: Vec::new(),
             bytes,
             done: oneshot::channel().0,

@@ -88,6 +88,18 @@ impl Node {
         addr: SocketAddr,
         standby: bool,
     ) -> Node {
+        Node::start_with(dir, name, url, addr, standby, &[]).await
+    }
+
+    /// [`Node::start`] with more flags.
+    async fn start_with(
+        dir: &tempfile::TempDir,
+        name: &str,
+        url: &str,
+        addr: SocketAddr,
+        standby: bool,
+        extra: &[&str],
+    ) -> Node {
         let log = dir.path().join(format!("{name}.log"));
         let mut args: Vec<String> = [
             "--store",
@@ -105,6 +117,7 @@ impl Node {
         if standby {
             args.push("--standby".into());
         }
+        args.extend(extra.iter().map(|s| s.to_string()));
         let data = dir.path().join(format!("{name}-data"));
         let l = log.clone();
         let (child, got) = tokio::task::spawn_blocking(move || spawn(&data, &l, &args))
@@ -327,4 +340,72 @@ async fn a_paused_owner_is_fenced_and_steps_down() {
     let mut bodies: Vec<String> = got.iter().map(body).collect();
     bodies.sort();
     assert_eq!(bodies, ["before", "on-b"], "{}", b.log());
+}
+
+/// The value of the sample `name` (no labels) in a metrics text.
+fn sample(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no sample {name} in:\n{text}"))
+}
+
+/// The commit path on PostgreSQL in the metrics: every acknowledged
+/// change counted in the commit wait, and the PostgreSQL transactions
+/// that committed them with how many each carried.
+#[tokio::test]
+async fn the_postgresql_store_reports_its_commits_in_the_metrics() {
+    let Some(pg) = Pg::start("the_postgresql_store_reports_its_commits_in_the_metrics") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let url = fresh_database(&pg.url).await;
+    let (addr, metrics) = (free_addr(), free_addr());
+    let metrics_flag = metrics.to_string();
+    let _node = Node::start_with(
+        &dir,
+        "m",
+        &url,
+        addr,
+        false,
+        &["--metrics-listen", &metrics_flag],
+    )
+    .await;
+    let c = Client::connect(format!("http://{addr}")).await.unwrap();
+    c.create_queue("jobs", pb::QueueConfig::default())
+        .await
+        .unwrap();
+    for i in 0..5 {
+        c.publish("jobs", vec![Client::message(format!("body-{i}"))])
+            .await
+            .unwrap();
+    }
+    let text = {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(metrics).await.unwrap();
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut raw = Vec::new();
+        s.read_to_end(&mut raw).await.unwrap();
+        String::from_utf8_lossy(&raw).into_owned()
+    };
+    // The queue's creation and five publishes, each acknowledged once
+    // committed: six changes at least (the server may commit more of its
+    // own), in as many PostgreSQL transactions or fewer.
+    let changes = sample(&text, "letterbox_commit_seconds_count");
+    assert!(changes >= 6.0, "{changes} changes counted");
+    // A batch's size is counted just before its changes' waits end.
+    let carried = sample(&text, "letterbox_pg_batch_records_sum");
+    assert!(carried >= changes, "{carried} carried, {changes} changes");
+    let transactions = sample(&text, "letterbox_pg_transaction_seconds_count");
+    assert!(
+        transactions >= 1.0 && transactions <= changes,
+        "{transactions} transactions"
+    );
+    assert_eq!(
+        sample(&text, "letterbox_pg_batch_records_count"),
+        transactions
+    );
+    // The local log's figures are not made up for a store without one.
+    assert!(!text.contains("letterbox_log_sync_seconds"), "{text}");
 }
