@@ -220,10 +220,16 @@ impl Broker {
             return Ok(());
         };
         if faults::on(Fault::DlqTwoSteps) {
-            // Negative control: the copy first, durable, then the removal
-            // in a later transaction.
+            // Negative control: a copy first (record and body, the body
+            // under the new position's payload number, so that the copy is
+            // deliverable however the original ends), durable, then the
+            // removal in a later transaction. Memory keeps the shared body:
+            // without a crash the copy's body is only left over.
             let mut copy = crate::storage::Txn::new();
-            persist::put_new(&mut copy, dlq_qid, new_pos, &meta);
+            if let Some(body) = self.store.get_payload(meta.pid())? {
+                copy.put_payload(new_pos, crate::storage::encode_payload(&body));
+            }
+            persist::put_new(&mut copy, dlq_qid, new_pos, &meta.clone().with_pid(new_pos));
             self.store.submit(copy).wait_blocking();
             std::thread::sleep(std::time::Duration::from_millis(100));
             change.txn.delete(Key::Meta(qid, pos));

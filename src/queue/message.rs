@@ -197,6 +197,13 @@ impl Message {
         self.pid
     }
 
+    /// The same message with its body stored under payload number `pid`
+    /// (the DLQ two-steps negative control's copy has a body of its own).
+    pub(crate) fn with_pid(mut self, pid: u64) -> Self {
+        self.pid = pid;
+        self
+    }
+
     /// The message id.
     pub(crate) fn id(&self) -> &str {
         &self.id
