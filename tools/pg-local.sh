@@ -8,6 +8,9 @@
 #                                       (default 5439), print the admin URL
 #   tools/pg-local.sh url DIR           the admin URL again
 #   tools/pg-local.sh stop DIR          stop it (immediate)
+#   tools/pg-local.sh up DIR            start it again after a stop, on
+#                                       the same port, with its data (crash
+#                                       recovery after an immediate stop)
 #   tools/pg-local.sh run CMD [ARGS...] start one in a new temporary
 #                                       directory on a free port, run CMD
 #                                       with its admin URL in PG_LOCAL_URL,
@@ -34,17 +37,26 @@ if [ "$cmd" = run ]; then
 fi
 dir=${2:?give a scratch directory}
 
+pg_start() { # dir port
+    as_pg "$(pg_bin)/pg_ctl" -D "$1/data" -l "$1/log" -w \
+        -o "-p $2 -k $1 -c listen_addresses=127.0.0.1 -c fsync=on -c max_connections=200" start > /dev/null
+}
+
 case "$cmd" in
 start)
     port=${3:-5439}
-    bin=$(pg_bin)
     mkdir -p "$dir"
     dir=$(cd "$dir" && pwd)
     [ "$(id -u)" = 0 ] && chown postgres: "$dir"
-    as_pg "$bin/initdb" -D "$dir/data" -A trust -U postgres --no-sync > "$dir/initdb.log"
-    as_pg "$bin/pg_ctl" -D "$dir/data" -l "$dir/log" -w \
-        -o "-p $port -k $dir -c listen_addresses=127.0.0.1 -c fsync=on -c max_connections=200" start > /dev/null
+    as_pg "$(pg_bin)/initdb" -D "$dir/data" -A trust -U postgres --no-sync > "$dir/initdb.log"
+    pg_start "$dir" "$port"
     echo "postgres://postgres@127.0.0.1:$port/postgres" | tee "$dir/url"
+    ;;
+up)
+    dir=$(cd "$dir" && pwd)
+    url=$(cat "$dir/url")
+    port=${url##*:}
+    pg_start "$dir" "${port%%/*}"
     ;;
 url) cat "$dir/url" ;;
 stop)

@@ -393,9 +393,9 @@ async fn open_remote(
                 let wait = holder.remaining.clamp(Duration::from_millis(50), poll);
                 tokio::time::sleep(wait).await;
             }
-            Err(StorageError::Pg(e @ (PgError::Connect { .. } | PgError::Db(_))))
-                if remote.standby =>
-            {
+            Err(StorageError::Pg(
+                e @ (PgError::Connect { .. } | PgError::Lost(_) | PgError::Db(_)),
+            )) if remote.standby => {
                 tracing::warn!(store = %target, error = %e, "standby: PostgreSQL not reachable; trying again");
                 tokio::time::sleep(poll).await;
             }

@@ -41,16 +41,19 @@
 //! values are deleted by key alone: the earlier join with the table, the
 //! one statement whose plan could turn into a scan of a whole table, left
 //! publishing 2-3× slower at times; planning every execution instead
-//! cost consuming half its rate.) A commit is two round trips: `BEGIN` with the fence's
-//! `SELECT ... FOR SHARE`, sent together; then, only if the epoch is still
-//! ours, every write, the marker and `COMMIT` as one pipeline (each
-//! request leaves when its future is first polled, and the server answers
-//! in order). A write the server refuses aborts the transaction, whose
-//! `COMMIT` then rolls back without an error of its own: the commit is
-//! reported failed by that write's answer. A write that could not be sent
-//! (a failure before the server saw it) stops the pipeline before its
-//! `COMMIT` (`ROLLBACK` instead). A `COMMIT` that failed is an unknown
-//! outcome, as above.
+//! cost consuming half its rate.) A commit is two round trips: `BEGIN`
+//! with the fence's `SELECT ... FOR SHARE`, sent together; then, only if
+//! the epoch is still ours, every write, the marker and `COMMIT` as one
+//! pipeline (each request leaves when its future is first polled, and
+//! the server answers in order). A write the server refuses aborts the
+//! transaction, whose `COMMIT` then rolls back without an error of its
+//! own: the commit is reported failed by that write's answer. A write
+//! that could not be sent (a failure before the server saw it) stops the
+//! pipeline before its `COMMIT` (`ROLLBACK` instead). A `COMMIT` that
+//! failed is an unknown outcome, as above. A failure that says the
+//! connection is gone (closed, reset, the server shutting down or
+//! read-only) before `COMMIT` is [`PgError::Lost`]: nothing committed, and
+//! a new connection may succeed.
 //!
 //! Keys live in three tables by their tag, each with its own vacuum
 //! settings: message records (`lb_meta`, rewritten on every delivery),
@@ -64,8 +67,9 @@
 //! `v` and the number of pieces in `chunks`, and the pieces are rows
 //! `(shard, k, n, v)` of `lb_chunk`, `n` from 0. A commit that writes or
 //! deletes a key first deletes the key's chunks (there are some only if
-//! the value it replaces was chunked), in the same transaction; reads put the pieces back together in the same
-//! statement (one snapshot), so a caller never sees chunks. Schema
+//! the value it replaces was chunked), in the same transaction; reads put
+//! the pieces back together in the same statement (one snapshot), so a
+//! caller never sees chunks. Schema
 //! version 2 added them (the `chunks` column, default 0, and `lb_chunk`);
 //! a version 1 database is migrated when a server first connects.
 
@@ -146,11 +150,47 @@ pub enum PgError {
     /// A statement failed; nothing of the transaction was committed.
     #[error("PostgreSQL: {0}")]
     Db(String),
+    /// The connection was lost (closed, reset, or the server shutting down
+    /// or refusing writes, as a primary does while a failover demotes it)
+    /// before the statement's outcome could matter: nothing of the
+    /// transaction was committed, and a new connection may succeed.
+    #[error("PostgreSQL: connection lost: {0}")]
+    Lost(String),
+}
+
+impl PgError {
+    /// Whether a new connection may succeed where this failed: the
+    /// database could not be reached, or the connection was lost.
+    pub fn is_connection(&self) -> bool {
+        matches!(self, PgError::Connect { .. } | PgError::Lost(_))
+    }
 }
 
 impl From<tokio_postgres::Error> for PgError {
     fn from(e: tokio_postgres::Error) -> PgError {
-        PgError::Db(db_text(&e))
+        if connection_lost(&e) {
+            PgError::Lost(db_text(&e))
+        } else {
+            PgError::Db(db_text(&e))
+        }
+    }
+}
+
+/// Whether `e` says the connection is gone rather than refusing a
+/// statement: closed, an I/O error, or the server's word that it is
+/// shutting down, cannot accept the session, or is read-only now (SQLSTATE
+/// classes 08 and 57, and 25006: a demoted primary).
+fn connection_lost(e: &tokio_postgres::Error) -> bool {
+    if e.is_closed() {
+        return true;
+    }
+    match e.as_db_error() {
+        Some(db) => {
+            let code = db.code().code();
+            // 57014 is a statement cancelled (a timeout), not a loss.
+            code.starts_with("08") || (code.starts_with("57") && code != "57014") || code == "25006"
+        }
+        None => std::error::Error::source(e).is_some_and(|s| s.is::<std::io::Error>()),
     }
 }
 
@@ -310,7 +350,6 @@ type Request<'a> = BoxFuture<'a, std::result::Result<u64, tokio_postgres::Error>
 /// One table's share of a commit.
 #[derive(Default)]
 struct Part<'a> {
-    stmts: Option<&'a TableStatements>,
     deletes: Vec<&'a [u8]>,
     keys: Vec<&'a [u8]>,
     values: Vec<&'a [u8]>,
@@ -380,12 +419,12 @@ CREATE TABLE lb_chunk (shard int NOT NULL, k bytea NOT NULL, n int NOT NULL, v b
 /// Each migration and the version it leads to, in order.
 const MIGRATIONS: [(i32, &str); 2] = [(1, MIGRATION_1), (2, MIGRATION_2)];
 
-/// The table a key lives in, by its tag.
-fn table(key: &[u8]) -> &'static str {
+/// The table a key lives in, by its tag: its place in [`TABLES`].
+fn table(key: &[u8]) -> usize {
     match key.first() {
-        Some(&TAG_META) => "lb_meta",
-        Some(&TAG_PAYLOAD) => "lb_payload",
-        _ => "lb_small",
+        Some(&TAG_META) => 0,
+        Some(&TAG_PAYLOAD) => 1,
+        _ => 2,
     }
 }
 
@@ -586,16 +625,16 @@ impl PgState {
         // Second round trip: every write, the marker and the COMMIT, sent
         // together.
         let chunk = self.chunk_size;
-        let mut parts: Vec<Part<'_>> = Vec::new();
+        let mut parts: Vec<(&TableStatements, Part<'_>)> = Vec::new();
         // Every key written or deleted: the chunks of the values they
         // replace go first.
         let touched: Vec<&[u8]> = last.keys().copied().collect();
         let mut chunk_keys: Vec<&[u8]> = Vec::new();
         let mut chunk_ns: Vec<i32> = Vec::new();
         let mut chunk_values: Vec<&[u8]> = Vec::new();
-        for (t, ts) in TABLES.iter().zip(&stmts.tables) {
+        for (t, ts) in stmts.tables.iter().enumerate() {
             let mut part = Part::default();
-            for (k, v) in last.iter().filter(|(k, _)| table(k) == *t) {
+            for (k, v) in last.iter().filter(|(k, _)| table(k) == t) {
                 match v {
                     Some(v) if v.len() > chunk => {
                         let pieces = v.chunks(chunk);
@@ -618,15 +657,13 @@ impl PgState {
                     None => part.deletes.push(k),
                 }
             }
-            part.stmts = Some(ts);
-            parts.push(part);
+            parts.push((ts, part));
         }
         let touched = &touched;
         let mut requests: Vec<Request<'_>> = vec![Box::pin(async move {
             client.execute(&stmts.drop_chunks, &[&shard, touched]).await
         })];
-        for part in &parts {
-            let Some(ts) = part.stmts else { continue };
+        for (ts, part) in &parts {
             if !part.deletes.is_empty() {
                 requests.push(Box::pin(async move {
                     client.execute(&ts.delete, &[&shard, &part.deletes]).await
@@ -668,16 +705,21 @@ impl PgState {
                 let _ = Pin::new(f).poll(cx);
             }
             Poll::Ready(writes.iter().find_map(|f| match f {
-                MaybeDone::Done(Err(e)) if e.as_db_error().is_none() => Some(db_text(e)),
+                MaybeDone::Done(Err(e)) if e.as_db_error().is_none() => {
+                    Some((db_text(e), connection_lost(e)))
+                }
                 _ => None,
             }))
         })
         .await;
-        if let Some(detail) = unsent {
+        if let Some((detail, lost)) = unsent {
             let _ = client.batch_execute("ROLLBACK").await;
-            return Err(PgError::Db(format!(
-                "a write of the commit up to lsn {lsn} was not sent: {detail}"
-            )));
+            let detail = format!("a write of the commit up to lsn {lsn} was not sent: {detail}");
+            return Err(if lost {
+                PgError::Lost(detail)
+            } else {
+                PgError::Db(detail)
+            });
         }
         // The COMMIT behind them, then every answer, in order.
         let (_, committed) = futures_util::future::join(
@@ -745,10 +787,9 @@ impl PgState {
 
     /// One key's value.
     pub async fn get(&self, key: &[u8]) -> Result<Option<Bytes>> {
-        let t = TABLES.iter().position(|t| *t == table(key)).unwrap_or(0);
         let row = self
             .client
-            .query_opt(&self.stmts.tables[t].get, &[&self.shard, &key])
+            .query_opt(&self.stmts.tables[table(key)].get, &[&self.shard, &key])
             .await?;
         row.map(|r| whole(&r).map(|(_, v)| v)).transpose()
     }

@@ -14,7 +14,8 @@
 //!   node name of its options, or refuses, naming the node that holds it,
 //!   its epoch and how long its lease still runs ([`PgError::Held`]). A
 //!   task renews the lease every third of its time to live, on the reading
-//!   connection (replaced when it fails).
+//!   connection (replaced when it fails, as it is when a read finds it
+//!   lost).
 //! * **Submitting** gives a transaction the next lsn (from the shard's
 //!   commit marker + 1 at open) and puts its changes into an in-memory
 //!   overlay (key → the latest value or deletion, with its lsn), where
@@ -30,18 +31,24 @@
 //!   splits one) and commits them as one fenced PostgreSQL transaction
 //!   with the lsn of the last as the commit marker. Then it answers each
 //!   and drops the overlay's entries no newer than that lsn.
-//! * **An unknown outcome** (`COMMIT` failed) is settled on a new
-//!   connection by the commit marker ([`PgState::resolve`]): committed, the
-//!   batch is answered; not committed, the same batch is sent once more on
-//!   the new connection, before anything newer.
+//! * **A lost connection** during a commit (closed or reset, the server
+//!   shutting down or turned read-only, as a primary is while PostgreSQL
+//!   fails over; or `COMMIT` failed, an unknown outcome) is replaced, and
+//!   the batch settled on the new connection by the commit marker
+//!   ([`PgState::resolve`]): committed, the batch is answered; not
+//!   committed, the same batch is sent again, before anything newer. This
+//!   goes on until the lease as it stood at the first loss runs out, so an
+//!   owner rides out a PostgreSQL restart or switchover shorter than that;
+//!   the fence makes every attempt safe.
 //! * **Fail-stop.** The backend stops for good, every queued and later
 //!   transaction answered with the reason and [`Backend::failure`] set to
 //!   it, when a commit is refused by the fence (another node took the
-//!   shard: the reason names both epochs), when a statement fails, when an
-//!   unknown outcome cannot be settled or its retry fails, and when the
-//!   lease could not be renewed before it ran out. Nothing else is
-//!   retried: the engine's contract is fail-stop, and the process recovers
-//!   by starting again (and taking the lease again).
+//!   shard: the reason names both epochs), when a statement is refused,
+//!   when a lost connection could not be replaced and the batch settled
+//!   while the lease ran, and when the lease could not be renewed before it
+//!   ran out. Nothing else is retried: the engine's contract is fail-stop,
+//!   and the process recovers by starting again (and taking the lease
+//!   again).
 //! * **Chunks**: values longer than `chunk_size` are stored in pieces by
 //!   [`PgState::commit`] and put back together by its reads.
 //! * **Closing** stops taking transactions, commits what is queued,
@@ -389,22 +396,50 @@ impl PgBackend {
         end: Option<&[u8]>,
         limit: usize,
     ) -> Result<Vec<(Bytes, Bytes)>> {
-        let reader = self.shared.reader();
         let end = end.map(<[u8]>::to_vec);
-        run(&self.shared.handle, async move {
-            reader.scan_range(&start, end.as_deref(), limit).await
+        self.read(move |reader| {
+            let (start, end) = (start.clone(), end.clone());
+            async move { reader.scan_range(&start, end.as_deref(), limit).await }
         })
-        .ok_or_else(stopped)?
-        .map_err(StorageError::from)
     }
 
     /// Whether `key` exists in PostgreSQL.
     fn read_exists(&self, key: &[u8]) -> Result<bool> {
-        let reader = self.shared.reader();
+        Ok(self.read_key(key)?.is_some())
+    }
+
+    /// The value of `key` in PostgreSQL.
+    fn read_key(&self, key: &[u8]) -> Result<Option<Bytes>> {
         let key = key.to_vec();
-        let got = run(&self.shared.handle, async move { reader.get(&key).await })
-            .ok_or_else(stopped)??;
-        Ok(got.is_some())
+        self.read(move |reader| {
+            let key = key.clone();
+            async move { reader.get(&key).await }
+        })
+    }
+
+    /// Runs `read` on the reading connection, and when it finds that
+    /// connection lost (PostgreSQL restarted or failed over), once more on
+    /// a new one, which replaces it.
+    fn read<T, F, Fut>(&self, read: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: Fn(Arc<PgState>) -> Fut + Send + 'static,
+        Fut: Future<Output = pg::Result<T>> + Send,
+    {
+        let shared = Arc::clone(&self.shared);
+        run(&self.shared.handle, async move {
+            match read(shared.reader()).await {
+                Err(e) if e.is_connection() => {
+                    tracing::warn!(error = %e, "PostgreSQL: the reading connection was lost; connecting again");
+                    let fresh = Arc::new(PgState::connect(&shared.url, shared.opts.shard).await?);
+                    *lock(&shared.reader) = Arc::clone(&fresh);
+                    read(fresh).await
+                }
+                done => done,
+            }
+        })
+        .ok_or_else(stopped)?
+        .map_err(StorageError::from)
     }
 
     /// The transaction's changes as absolute puts and deletes, with its
@@ -492,10 +527,8 @@ impl Shared {
         Arc::clone(&lock(&self.reader))
     }
 
-    /// A new connection, tried until the lease would run out (once at
-    /// least).
-    async fn connect(&self) -> std::result::Result<PgState, PgError> {
-        let deadline = lock(&self.fence).valid_until;
+    /// A new connection, tried until `deadline` (once at least).
+    async fn connect(&self, deadline: Instant) -> std::result::Result<PgState, PgError> {
         loop {
             match PgState::connect(&self.url, self.opts.shard).await {
                 Ok(mut s) => {
@@ -616,7 +649,11 @@ fn take_batch(queue: &mut VecDeque<Queued>, max: usize) -> VecDeque<Queued> {
     batch
 }
 
-/// Commits one batch; the reason to stop if it cannot be.
+/// Commits one batch; the reason to stop if it cannot be. A connection
+/// lost on the way (before the batch was sent, or during its `COMMIT`)
+/// is replaced, and the batch settled by the commit marker and sent again
+/// if it did not commit, until the lease as it stood when the connection
+/// was lost runs out (see the module doc).
 async fn commit_batch(
     shared: &Shared,
     writer: &mut PgState,
@@ -629,26 +666,50 @@ async fn commit_batch(
         .iter()
         .flat_map(|q| q.changes.iter().cloned())
         .collect();
-    let fence = *lock(&shared.fence);
-    let detail = match writer.commit(&fence, &changes, last).await {
-        Ok(()) => return Ok(()),
-        Err(PgError::Unknown { detail, .. }) => detail,
-        Err(e) => return Err(format!("commit up to lsn {last}: {e}")),
-    };
-    tracing::warn!(lsn = last, %detail, "PostgreSQL: commit outcome unknown, settling it");
-    let unsettled = |e: PgError| {
-        format!(
-            "the outcome of the commit up to lsn {last} is unknown ({detail}) and could not be settled: {e}"
-        )
-    };
-    let mut fresh = shared.connect().await.map_err(unsettled)?;
-    let outcome = fresh.resolve(last).await.map_err(unsettled)?;
-    *writer = fresh;
-    match outcome {
-        Outcome::Committed => Ok(()),
-        Outcome::NotCommitted => writer.commit(&fence, &changes, last).await.map_err(|e| {
-            format!("commit up to lsn {last}, sent again after its first outcome was unknown ({detail}): {e}")
-        }),
+    // Until when a lost connection is replaced; what the first loss was.
+    let mut lost: Option<(Instant, String)> = None;
+    loop {
+        let fence = *lock(&shared.fence);
+        let settled = match &lost {
+            None => Ok(Outcome::NotCommitted),
+            Some(_) => writer.resolve(last).await,
+        };
+        let failed = match settled {
+            Ok(Outcome::Committed) => return Ok(()),
+            Ok(Outcome::NotCommitted) => match writer.commit(&fence, &changes, last).await {
+                Ok(()) => return Ok(()),
+                Err(e) => e,
+            },
+            Err(e) => e,
+        };
+        let detail = match failed {
+            PgError::Unknown { detail, .. } => detail,
+            e if e.is_connection() => e.to_string(),
+            e => {
+                return Err(match &lost {
+                    None => format!("commit up to lsn {last}: {e}"),
+                    Some((_, first)) => format!(
+                        "commit up to lsn {last}, sent again after its connection was lost ({first}): {e}"
+                    ),
+                });
+            }
+        };
+        let again = lost.is_some();
+        let (deadline, first) = lost.get_or_insert_with(|| (fence.valid_until, detail.clone()));
+        if Instant::now() >= *deadline {
+            return Err(format!(
+                "the connection was lost during the commit up to lsn {last} ({first}), and the lease ran out before it could be settled (last: {detail})"
+            ));
+        }
+        tracing::warn!(lsn = last, %detail, "PostgreSQL: connection lost during a commit; connecting again to settle it");
+        if again {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        *writer = shared.connect(*deadline).await.map_err(|e| {
+            format!(
+                "the connection was lost during the commit up to lsn {last} ({first}), and no new one could be made while the lease ran: {e}"
+            )
+        })?;
     }
 }
 
@@ -735,11 +796,7 @@ impl Backend for PgBackend {
                 return Ok(Some(v.clone()));
             }
         }
-        let reader = self.shared.reader();
-        let key = key.to_vec();
-        run(&self.shared.handle, async move { reader.get(&key).await })
-            .ok_or_else(stopped)?
-            .map_err(StorageError::from)
+        self.read_key(key)
     }
 
     fn get_many(&self, keys: &[&[u8]]) -> Result<Vec<Option<Bytes>>> {
@@ -767,16 +824,18 @@ impl Backend for PgBackend {
         if wanted.is_empty() {
             return Ok(out);
         }
-        let reader = self.shared.reader();
-        let rows = run(&self.shared.handle, async move {
-            let mut rows = Vec::new();
-            for part in wanted.chunks(MAX_READ) {
-                let part: Vec<&[u8]> = part.iter().map(Vec::as_slice).collect();
-                rows.extend(reader.get_many(&part).await?);
+        let wanted = Arc::new(wanted);
+        let rows = self.read(move |reader| {
+            let wanted = Arc::clone(&wanted);
+            async move {
+                let mut rows = Vec::new();
+                for part in wanted.chunks(MAX_READ) {
+                    let part: Vec<&[u8]> = part.iter().map(Vec::as_slice).collect();
+                    rows.extend(reader.get_many(&part).await?);
+                }
+                Ok::<_, PgError>(rows)
             }
-            Ok::<_, PgError>(rows)
-        })
-        .ok_or_else(stopped)??;
+        })?;
         let found: HashMap<Bytes, Bytes> = rows.into_iter().collect();
         for i in missing {
             out[i] = found.get(keys[i]).cloned();

@@ -376,7 +376,8 @@ async fn an_unknown_commit_outcome_is_settled_by_the_marker() {
     );
 
     // Cut off before COMMIT (waiting for a row another session holds):
-    // an error that is not "unknown", and the marker says not committed.
+    // a lost connection, not an unknown outcome (a new connection may
+    // send the batch again), and the marker says not committed.
     let fa = fresh
         .acquire("a", TTL)
         .await
@@ -403,7 +404,7 @@ async fn an_unknown_commit_outcome_is_settled_by_the_marker() {
         .expect("terminate");
     let (_, r) = committing.await.expect("join");
     let err = r.expect_err("cut off before COMMIT");
-    assert!(matches!(err, PgError::Db(_)), "{err}");
+    assert!(matches!(err, PgError::Lost(_)), "{err}");
     monitor.batch_execute("COMMIT").await.expect("unlock");
     let mut again = PgState::connect(&url, 1).await.expect("connect");
     assert_eq!(
