@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# loadgen on raw tonic stubs (built from dc54ea5) against loadgen on the
+# client library (e794222 and after), the same release server for both,
+# on the rows whose Letterbox side moved to the client library: for each
+# row, REPS repetitions of each loadgen in turn, each against a fresh
+# server on a fresh data directory. One line per run: the row, the build,
+# loadgen's msg/s line, loadgen's own CPU seconds (user + system) and the
+# server's.
+#
+#   docs/benchmarks/2026-12-07/loadgen-client-ab/run.sh OLD_LOADGEN NEW_LOADGEN SERVER > runs.txt
+set -euo pipefail
+OLD=$1 NEW=$2 SERVER=$3
+REPS=${REPS:-3}
+PORT=${PORT:-7431}
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+ROWS=(
+  "--workload publish-durable --window 1024 --batch 100 --count 200000 --max-secs 60"
+  "--workload consume-ack --prefetch 1 --ack async --count 6250 --max-secs 60"
+  "--workload consume-ack --prefetch 1 --ack sync --count 6250 --max-secs 60"
+  "--workload consume-ack --prefetch 256 --ack async --count 200000 --max-secs 60"
+  "--workload end-to-end --window 64 --prefetch 256 --count 100000 --max-secs 60"
+)
+for row in "${ROWS[@]}"; do
+  for rep in $(seq "$REPS"); do
+    for build in old new; do
+      lg=$OLD
+      [ $build = new ] && lg=$NEW
+      dir=$WORK/data
+      rm -rf "$dir"
+      /usr/bin/time -o "$WORK/server.time" -f "%U %S" "$SERVER" serve --data-dir "$dir" \
+        --listen "127.0.0.1:$PORT" > "$WORK/server.log" 2>&1 &
+      timer=$!
+      for _ in $(seq 100); do
+        grep -q "127.0.0.1:$PORT" "$WORK/server.log" 2> /dev/null && break
+        sleep 0.1
+      done
+      server=$(pgrep -f "^$SERVER serve --data-dir $dir" | head -1)
+      # shellcheck disable=SC2086
+      out=$(/usr/bin/time -o "$WORK/loadgen.time" -f "%U %S" "$lg" run --target letterbox \
+        --letterbox-url "http://127.0.0.1:$PORT" --reps 1 $row 2>&1 |
+        grep -v '^{' | grep 'msg/s' | sed 's/.*rep 1\] //')
+      kill -TERM "$server"
+      wait "$timer" || true
+      echo "row [$row] rep $rep build $build | $out | loadgen $(awk '{ printf "%.2f", $1 + $2 }' "$WORK/loadgen.time") s | server $(awk '{ printf "%.2f", $1 + $2 }' "$WORK/server.time") s"
+    done
+  done
+done
