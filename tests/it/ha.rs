@@ -2,7 +2,9 @@
 //! with SIGKILL and a standby taking over with nothing acknowledged lost
 //! or repeated and delivery counts exact; an owner paused past its lease
 //! (SIGSTOP) fenced when it resumes, its writes refused, and stepping
-//! down. PostgreSQL is started for each test on a loopback port by
+//! down; PostgreSQL itself crashing and coming back, within the owner's
+//! lease (the owner goes on) and past it (the owner stops, the standby
+//! waits and takes over). PostgreSQL is started for each test on a loopback port by
 //! `tools/pg-local.sh` (as the `postgres` user under root); without
 //! Debian's `postgresql` the tests skip, unless
 //! LETTERBOX_REQUIRE_ECOSYSTEM=1, when they fail.
@@ -449,6 +451,91 @@ async fn the_owner_rides_out_a_postgresql_crash_shorter_than_its_lease() {
     assert!(seen.values().all(|&n| n == 1), "delivered twice: {seen:?}");
     let stats = once.stats("q").await.unwrap();
     assert_eq!(stats.published, 12, "{stats:?}");
+}
+
+/// PostgreSQL down for longer than the lease (2 s): the owner stops
+/// (its lease ran out unrenewed) and the standby, which cannot reach
+/// PostgreSQL either, keeps waiting; once PostgreSQL is back the standby
+/// takes over and serves everything acknowledged before.
+#[tokio::test]
+async fn a_postgresql_outage_longer_than_the_lease_stops_the_owner_and_the_standby_waits_it_out() {
+    let test =
+        "a_postgresql_outage_longer_than_the_lease_stops_the_owner_and_the_standby_waits_it_out";
+    let Some(pg) = Pg::start(test) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let url = fresh_database(&pg.url).await;
+    let (addr_a, addr_b) = (free_addr(), free_addr());
+    let mut a = Node::start(&dir, "a", &url, addr_a, false).await;
+    let standby = {
+        let (dir_path, url) = (dir.path().to_path_buf(), url.clone());
+        tokio::spawn(async move {
+            let d = tempfile::TempDir::new_in(dir_path).unwrap();
+            let n = Node::start(&d, "b", &url, addr_b, true).await;
+            (n, d)
+        })
+    };
+    let only_a = Client::connect(format!("http://{addr_a}")).await.unwrap();
+    only_a
+        .create_queue("q", pb::QueueConfig::default())
+        .await
+        .unwrap();
+    let msgs: Vec<pb::PublishMessage> = (0..5)
+        .map(|i| Client::message_with_id(format!("m{i}"), format!("m{i}")))
+        .collect();
+    only_a.publish("q", msgs).await.unwrap();
+
+    pg.crash();
+    // The owner's lease (2 s) runs out unrenewed: it stops, exit code 3.
+    let child = a.child.as_mut().unwrap();
+    let until = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            Instant::now() < until,
+            "the owner still runs with PostgreSQL down:\n{}",
+            a.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    a.child = None;
+    assert_eq!(status.code(), Some(3), "{}", a.log());
+    assert!(a.log().contains("ran out unrenewed"), "{}", a.log());
+    // The standby waits: it neither serves nor gives up.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        !standby.is_finished(),
+        "the standby served with PostgreSQL down"
+    );
+
+    pg.up();
+    let (b, _bdir) = tokio::time::timeout(Duration::from_secs(30), standby)
+        .await
+        .expect("the standby did not take over once PostgreSQL was back")
+        .unwrap();
+    assert!(
+        b.log().contains("PostgreSQL not reachable"),
+        "the standby did not meet the outage:\n{}",
+        b.log()
+    );
+    let only_b = Client::connect(format!("http://{addr_b}")).await.unwrap();
+    let mut got: Vec<String> = Vec::new();
+    let until = Instant::now() + Duration::from_secs(10);
+    while got.len() < 5 && Instant::now() < until {
+        for d in only_b
+            .receive("q", 10, Duration::from_millis(300))
+            .await
+            .unwrap()
+        {
+            got.push(body(&d));
+            only_b.ack(vec![d.ack_token.clone()]).await.unwrap();
+        }
+    }
+    got.sort();
+    assert_eq!(got, ["m0", "m1", "m2", "m3", "m4"], "{}", b.log());
 }
 
 /// The value of the sample `name` (no labels) in a metrics text.
