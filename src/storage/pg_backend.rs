@@ -31,24 +31,25 @@
 //!   splits one) and commits them as one fenced PostgreSQL transaction
 //!   with the lsn of the last as the commit marker. Then it answers each
 //!   and drops the overlay's entries no newer than that lsn.
-//! * **A lost connection** during a commit (closed or reset, the server
-//!   shutting down or turned read-only, as a primary is while PostgreSQL
-//!   fails over; or `COMMIT` failed, an unknown outcome) is replaced, and
-//!   the batch settled on the new connection by the commit marker
-//!   ([`PgState::resolve`]): committed, the batch is answered; not
-//!   committed, the same batch is sent again, before anything newer. This
-//!   goes on until the lease as it stood at the first loss runs out, so an
-//!   owner rides out a PostgreSQL restart or switchover shorter than that;
-//!   the fence makes every attempt safe.
+//! * **An unknown outcome** (`COMMIT` failed) is settled on a new
+//!   connection by the commit marker ([`PgState::resolve`]): committed, the
+//!   batch is answered; not committed, the same batch is sent once more on
+//!   the new connection, before anything newer.
+//! * **Reads** that find the reading connection lost (PostgreSQL restarted
+//!   or failing over) replace it and are tried again until the lease as it
+//!   stood at the loss runs out, and then stop the backend: a read never
+//!   fails for a lost connection while the backend goes on, so the engine,
+//!   which may change its state in memory around a read, never goes on
+//!   from a read it could not make.
 //! * **Fail-stop.** The backend stops for good, every queued and later
 //!   transaction answered with the reason and [`Backend::failure`] set to
 //!   it, when a commit is refused by the fence (another node took the
-//!   shard: the reason names both epochs), when a statement is refused,
-//!   when a lost connection could not be replaced and the batch settled
-//!   while the lease ran, and when the lease could not be renewed before it
-//!   ran out. Nothing else is retried: the engine's contract is fail-stop,
-//!   and the process recovers by starting again (and taking the lease
-//!   again).
+//!   shard: the reason names both epochs), when a statement fails (a lost
+//!   connection included), when an unknown outcome cannot be settled or
+//!   its retry fails, when a read cannot be made while the lease runs, and
+//!   when the lease could not be renewed before it ran out. Nothing else
+//!   is retried: the engine's contract is fail-stop, and the process
+//!   recovers by starting again (and taking the lease again).
 //! * **Chunks**: values longer than `chunk_size` are stored in pieces by
 //!   [`PgState::commit`] and put back together by its reads.
 //! * **Closing** stops taking transactions, commits what is queued,
@@ -417,9 +418,14 @@ impl PgBackend {
         })
     }
 
-    /// Runs `read` on the reading connection, and when it finds that
-    /// connection lost (PostgreSQL restarted or failed over), once more on
-    /// a new one, which replaces it.
+    /// Runs `read` on the reading connection. When it finds that
+    /// connection lost (PostgreSQL restarted or failing over), a new one
+    /// replaces it and the read is tried again, until the lease as it stood
+    /// at the loss runs out: the backend then stops (fail-stop), as it does
+    /// when a commit cannot be made in that time. A read never fails for a
+    /// lost connection while the backend goes on, so that the engine, which
+    /// may have changed its state in memory around the read, never goes on
+    /// from a read it could not make.
     fn read<T, F, Fut>(&self, read: F) -> Result<T>
     where
         T: Send + 'static,
@@ -428,14 +434,28 @@ impl PgBackend {
     {
         let shared = Arc::clone(&self.shared);
         run(&self.shared.handle, async move {
-            match read(shared.reader()).await {
-                Err(e) if e.is_connection() => {
-                    tracing::warn!(error = %e, "PostgreSQL: the reading connection was lost; connecting again");
-                    let fresh = Arc::new(PgState::connect(&shared.url, shared.opts.shard).await?);
-                    *lock(&shared.reader) = Arc::clone(&fresh);
-                    read(fresh).await
+            let mut deadline: Option<Instant> = None;
+            loop {
+                let e = match read(shared.reader()).await {
+                    Err(e) if e.is_connection() => e,
+                    done => return done,
+                };
+                if let Some(reason) = lock(&shared.front).failed.clone() {
+                    return Err(PgError::Db(reason));
                 }
-                done => done,
+                let until = *deadline.get_or_insert_with(|| lock(&shared.fence).valid_until);
+                if Instant::now() >= until {
+                    let reason = format!(
+                        "a read could not be made while the lease ran (the connection was lost: {e})"
+                    );
+                    shared.fail(&reason);
+                    return Err(PgError::Db(reason));
+                }
+                tracing::warn!(error = %e, "PostgreSQL: the reading connection was lost; connecting again");
+                match PgState::connect(&shared.url, shared.opts.shard).await {
+                    Ok(fresh) => *lock(&shared.reader) = Arc::new(fresh),
+                    Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+                }
             }
         })
         .ok_or_else(stopped)?
@@ -649,11 +669,7 @@ fn take_batch(queue: &mut VecDeque<Queued>, max: usize) -> VecDeque<Queued> {
     batch
 }
 
-/// Commits one batch; the reason to stop if it cannot be. A connection
-/// lost on the way (before the batch was sent, or during its `COMMIT`)
-/// is replaced, and the batch settled by the commit marker and sent again
-/// if it did not commit, until the lease as it stood when the connection
-/// was lost runs out (see the module doc).
+/// Commits one batch; the reason to stop if it cannot be.
 async fn commit_batch(
     shared: &Shared,
     writer: &mut PgState,
@@ -666,50 +682,27 @@ async fn commit_batch(
         .iter()
         .flat_map(|q| q.changes.iter().cloned())
         .collect();
-    // Until when a lost connection is replaced; what the first loss was.
-    let mut lost: Option<(Instant, String)> = None;
-    loop {
-        let fence = *lock(&shared.fence);
-        let settled = match &lost {
-            None => Ok(Outcome::NotCommitted),
-            Some(_) => writer.resolve(last).await,
-        };
-        let failed = match settled {
-            Ok(Outcome::Committed) => return Ok(()),
-            Ok(Outcome::NotCommitted) => match writer.commit(&fence, &changes, last).await {
-                Ok(()) => return Ok(()),
-                Err(e) => e,
-            },
-            Err(e) => e,
-        };
-        let detail = match failed {
-            PgError::Unknown { detail, .. } => detail,
-            e if e.is_connection() => e.to_string(),
-            e => {
-                return Err(match &lost {
-                    None => format!("commit up to lsn {last}: {e}"),
-                    Some((_, first)) => format!(
-                        "commit up to lsn {last}, sent again after its connection was lost ({first}): {e}"
-                    ),
-                });
-            }
-        };
-        let again = lost.is_some();
-        let (deadline, first) = lost.get_or_insert_with(|| (fence.valid_until, detail.clone()));
-        if Instant::now() >= *deadline {
-            return Err(format!(
-                "the connection was lost during the commit up to lsn {last} ({first}), and the lease ran out before it could be settled (last: {detail})"
-            ));
-        }
-        tracing::warn!(lsn = last, %detail, "PostgreSQL: connection lost during a commit; connecting again to settle it");
-        if again {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-        *writer = shared.connect(*deadline).await.map_err(|e| {
-            format!(
-                "the connection was lost during the commit up to lsn {last} ({first}), and no new one could be made while the lease ran: {e}"
-            )
-        })?;
+    let fence = *lock(&shared.fence);
+    let detail = match writer.commit(&fence, &changes, last).await {
+        Ok(()) => return Ok(()),
+        Err(PgError::Unknown { detail, .. }) => detail,
+        Err(e) => return Err(format!("commit up to lsn {last}: {e}")),
+    };
+    tracing::warn!(lsn = last, %detail, "PostgreSQL: commit outcome unknown, settling it");
+    let unsettled = |e: PgError| {
+        format!(
+            "the outcome of the commit up to lsn {last} is unknown ({detail}) and could not be settled: {e}"
+        )
+    };
+    let deadline = fence.valid_until;
+    let mut fresh = shared.connect(deadline).await.map_err(unsettled)?;
+    let outcome = fresh.resolve(last).await.map_err(unsettled)?;
+    *writer = fresh;
+    match outcome {
+        Outcome::Committed => Ok(()),
+        Outcome::NotCommitted => writer.commit(&fence, &changes, last).await.map_err(|e| {
+            format!("commit up to lsn {last}, sent again after its first outcome was unknown ({detail}): {e}")
+        }),
     }
 }
 
