@@ -10,15 +10,14 @@
 # started again under the same node name, as its systemd unit would, on
 # the new primary. Then the queue is drained: every acknowledged message
 # must be there once and nothing else (a publish that failed may be there,
-# once). EXPECT=ride: the owner must instead still run (for a server that
-# rides a database failover out). Prints one line of figures: publishes
+# once). Prints one line of figures: publishes
 # acknowledged and failed, the longest time without an acknowledgement,
 # the owner's exit. Exits non-zero when a check fails.
 #
 #   cargo build --bin letterbox
 #   tools/pg-primary-kill.sh
 #
-# Env: SECS (40), KILL_AT (8), LEASE (10s), EXPECT (stop|ride),
+# Env: SECS (40), KILL_AT (8), LEASE (10s),
 # LETTERBOX (the binary, target/debug/letterbox), DIR (scratch).
 set -euo pipefail
 
@@ -26,7 +25,6 @@ here=$(cd "$(dirname "$0")" && pwd)
 SECS=${SECS:-40}
 KILL_AT=${KILL_AT:-8}
 LEASE=${LEASE:-10s}
-EXPECT=${EXPECT:-stop}
 LB=${LETTERBOX:-${CARGO_TARGET_DIR:-$here/../target}/debug/letterbox}
 DIR=${DIR:-$(mktemp -d /tmp/letterbox-pgkill.XXXXXX)}
 server=
@@ -90,9 +88,9 @@ if [ $alive = no ]; then
 fi
 "$LB" consume q --json --wait 2s --max 100 > "$DIR/consumed" 2>> "$DIR/consume.err" || true
 
-python3 - "$DIR" "$alive" "$status" "$EXPECT" "$LEASE" << 'EOF'
+python3 - "$DIR" "$alive" "$status" "$LEASE" << 'EOF'
 import json, sys
-d, alive, status, expect, lease = sys.argv[1:]
+d, alive, status, lease = sys.argv[1:]
 ok, failed, done_ok = set(), set(), []
 for line in open(f"{d}/publishes"):
     kind, mid, t0, t1 = line.split()
@@ -119,10 +117,7 @@ for mid, n in seen.items():
     elif mid in failed and n > 1:
         problems.append(f"{mid} (failed publish) delivered {n} times")
 if alive == "yes":
-    if expect == "stop":
-        problems.append("the owner was expected to stop and still runs")
-elif expect == "ride":
-    problems.append(f"the owner stopped (exit {status})")
+    problems.append("the owner was expected to stop and still runs")
 elif status != "3":
     problems.append(f"the owner stopped with exit {status}, not 3")
 print(json.dumps({

@@ -740,6 +740,94 @@ async fn an_unknown_commit_outcome_is_settled_and_the_backend_goes_on() {
     backend.close().expect("close");
 }
 
+/// Ends the session `pid` of `pg` and waits until it is gone.
+async fn cut(monitor: &tokio_postgres::Client, pid: i32) {
+    let ended: bool = monitor
+        .query_one("SELECT pg_terminate_backend($1, $2)", &[&pid, &10_000i64])
+        .await
+        .expect("terminate")
+        .get(0);
+    assert!(ended, "session {pid} still there");
+}
+
+/// The reading connection cut while the writing one lives: a read meets
+/// the lost connection, is made again on a new one and answers; the
+/// backend goes on. Then, with no connection to be had, a read that meets
+/// the loss keeps trying until the lease runs out and the backend stops:
+/// the read fails only with the backend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_on_a_lost_connection_is_made_again_until_the_lease_runs_out() {
+    let Some(pg) =
+        LocalPg::start("a_read_on_a_lost_connection_is_made_again_until_the_lease_runs_out")
+    else {
+        return;
+    };
+    let monitor = sql(&pg).await;
+    // The renewals (on the reading connection) paused, so that only the
+    // read finds the connection lost; the lease (6 s) runs from the open.
+    let backend = pg_open(&pg, "a", Duration::from_secs(6), 1024).expect("open");
+    backend.pause_renewal();
+    let mut t = Txn::new();
+    t.put(Key::Counters(1), b("one"));
+    backend.submit(t).wait().await.expect("durable");
+
+    let reader = backend.reader_pid();
+    cut(&monitor, reader).await;
+    assert_eq!(
+        backend
+            .get(&Key::Counters(1).encode())
+            .expect("read again on a new connection"),
+        Some(b("one"))
+    );
+    assert!(backend.failure().borrow().is_none());
+    assert_ne!(backend.reader_pid(), reader, "a new reading connection");
+    let mut t = Txn::new();
+    t.put(Key::Counters(1), b("two"));
+    backend.submit(t).wait().await.expect("the writer goes on");
+
+    // No new session of the database can start: the read waits out the
+    // lease, then the backend stops and the read fails, naming why.
+    // (Said from another database: a session cannot close its own.)
+    let url = pg.url();
+    let (base, db) = url.rsplit_once('/').expect("a database in the URL");
+    let (admin, conn) =
+        tokio_postgres::connect(&format!("{base}/template1"), tokio_postgres::NoTls)
+            .await
+            .expect("connect to template1");
+    tokio::spawn(conn);
+    admin
+        .batch_execute(&format!("ALTER DATABASE \"{db}\" ALLOW_CONNECTIONS false"))
+        .await
+        .expect("no connections");
+    cut(&monitor, backend.reader_pid()).await;
+    let err = backend
+        .get(&Key::Counters(1).encode())
+        .expect_err("no read once the lease ran out");
+    assert!(
+        err.to_string()
+            .contains("a read could not be made while the lease ran"),
+        "{err}"
+    );
+    let stopped = backend.failure().borrow().clone();
+    assert!(stopped.is_some_and(|r| r.contains("a read could not be made")));
+    let mut t = Txn::new();
+    t.put(Key::Counters(1), b("three"));
+    backend
+        .submit(t)
+        .wait()
+        .await
+        .expect_err("a stopped backend commits nothing");
+    admin
+        .batch_execute(&format!("ALTER DATABASE \"{db}\" ALLOW_CONNECTIONS true"))
+        .await
+        .expect("connections again");
+    let other = PgState::connect(&pg.url(), 3).await.expect("connect");
+    assert_eq!(
+        other.get(&Key::Counters(1).encode()).await.expect("get"),
+        Some(b("two"))
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_put_if_the_key_exists_follows_the_overlay_then_postgres() {
     let Some(pg) = LocalPg::start("a_put_if_the_key_exists_follows_the_overlay_then_postgres")

@@ -785,6 +785,16 @@ impl PgState {
         Ok(u64::try_from(v).unwrap_or(0))
     }
 
+    /// The process id of this connection's session (tests: to cut it).
+    #[cfg(test)]
+    pub(crate) async fn session_pid(&self) -> Result<i32> {
+        Ok(self
+            .client
+            .query_one("SELECT pg_backend_pid()", &[])
+            .await?
+            .get(0))
+    }
+
     /// One key's value.
     pub async fn get(&self, key: &[u8]) -> Result<Option<Bytes>> {
         let row = self

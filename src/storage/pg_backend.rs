@@ -390,6 +390,18 @@ impl PgBackend {
         self.shared.renewal_paused.store(true, Ordering::Relaxed);
     }
 
+    /// The session of the reading connection (tests: to cut it alone).
+    #[cfg(test)]
+    pub(crate) fn reader_pid(&self) -> i32 {
+        let reader = self.shared.reader();
+        run(
+            &self.shared.handle,
+            async move { reader.session_pid().await },
+        )
+        .expect("backend running")
+        .expect("pg_backend_pid")
+    }
+
     /// Rows of PostgreSQL from `start` to `end`, at most `limit`.
     fn read_range(
         &self,
@@ -444,18 +456,23 @@ impl PgBackend {
                     return Err(PgError::Db(reason));
                 }
                 let until = *deadline.get_or_insert_with(|| lock(&shared.fence).valid_until);
-                if Instant::now() >= until {
-                    let reason = format!(
-                        "a read could not be made while the lease ran (the connection was lost: {e})"
-                    );
-                    shared.fail(&reason);
-                    return Err(PgError::Db(reason));
-                }
-                tracing::warn!(error = %e, "PostgreSQL: the reading connection was lost; connecting again");
-                match PgState::connect(&shared.url, shared.opts.shard).await {
-                    Ok(fresh) => *lock(&shared.reader) = Arc::new(fresh),
-                    Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
-                }
+                let why = if Instant::now() >= until {
+                    e.to_string()
+                } else {
+                    tracing::warn!(error = %e, "PostgreSQL: the reading connection was lost; connecting again");
+                    match shared.connect(until).await {
+                        Ok(fresh) => {
+                            *lock(&shared.reader) = Arc::new(fresh);
+                            continue;
+                        }
+                        Err(c) => format!("{e}; connecting again: {c}"),
+                    }
+                };
+                let reason = format!(
+                    "a read could not be made while the lease ran (the connection was lost: {why})"
+                );
+                shared.fail(&reason);
+                return Err(PgError::Db(reason));
             }
         })
         .ok_or_else(stopped)?
@@ -741,9 +758,7 @@ async fn renewer(shared: Arc<Shared>) {
             return;
         }
         tracing::warn!(%why, "PostgreSQL: lease renewal failed, trying a new connection");
-        if let Ok(Ok(s)) =
-            tokio::time::timeout(period, PgState::connect(&shared.url, shared.opts.shard)).await
-        {
+        if let Ok(Ok(s)) = tokio::time::timeout(period, shared.connect(Instant::now())).await {
             *lock(&shared.reader) = Arc::new(s);
         }
     }

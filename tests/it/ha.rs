@@ -170,6 +170,20 @@ impl Node {
     fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
+
+    /// Waits up to `within` for the process to end by itself and returns
+    /// its exit status, or panics naming `who` with the node's log.
+    async fn wait_exit(&mut self, within: Duration, who: &str) -> std::process::ExitStatus {
+        let until = Instant::now() + within;
+        loop {
+            if let Some(s) = self.child.as_mut().expect("running").try_wait().unwrap() {
+                self.child = None;
+                return s;
+            }
+            assert!(Instant::now() < until, "{who} still runs:\n{}", self.log());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
 }
 
 impl Drop for Node {
@@ -337,20 +351,9 @@ async fn a_paused_owner_is_fenced_and_steps_down() {
     assert!(answer.is_err(), "a fenced owner acknowledged a publish");
 
     // It steps down: the process ends with an error naming the fence.
-    let child = a.child.as_mut().unwrap();
-    let until = Instant::now() + Duration::from_secs(15);
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(
-            Instant::now() < until,
-            "the fenced owner still runs:\n{}",
-            a.log()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    a.child = None;
+    let status = a
+        .wait_exit(Duration::from_secs(15), "the fenced owner")
+        .await;
     assert!(!status.success(), "{}", a.log());
     let log = a.log();
     assert!(log.contains("epoch"), "the stop names the fence:\n{log}");
@@ -400,20 +403,9 @@ async fn a_postgresql_outage_longer_than_the_lease_stops_the_owner_and_the_stand
     pg.crash();
     // The owner stops, exit code 3: its lease (2 s) runs out unrenewed, or
     // a commit or a read meets the lost connection first.
-    let child = a.child.as_mut().unwrap();
-    let until = Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(
-            Instant::now() < until,
-            "the owner still runs with PostgreSQL down:\n{}",
-            a.log()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    a.child = None;
+    let status = a
+        .wait_exit(Duration::from_secs(20), "with PostgreSQL down, the owner")
+        .await;
     assert_eq!(status.code(), Some(3), "{}", a.log());
     assert!(
         a.log().contains("PostgreSQL backend stopped"),
