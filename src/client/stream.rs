@@ -111,7 +111,7 @@ impl Settler {
 /// An open push subscription; see [`super::Client::subscribe`].
 #[derive(Debug)]
 pub struct Subscription {
-    deliveries: mpsc::Receiver<Result<pb::Delivery>>,
+    deliveries: mpsc::UnboundedReceiver<Result<pb::Delivery>>,
     settler: Settler,
     reader: Option<tokio::task::JoinHandle<()>>,
 }
@@ -151,7 +151,11 @@ impl Subscription {
             .await?
             .into_inner();
         let pending: Pending = Arc::default();
-        let (dtx, drx) = mpsc::channel(16);
+        // Unbounded: the server pushes no more deliveries than the credit
+        // lets be unsettled, so the credit bounds this buffer. A bounded one
+        // smaller than the credit would stall the reader behind deliveries
+        // nobody takes while a settle result it has yet to read is awaited.
+        let (dtx, drx) = mpsc::unbounded_channel();
         let p = Arc::clone(&pending);
         let reader = tokio::spawn(async move {
             loop {
@@ -159,7 +163,7 @@ impl Subscription {
                     Ok(Some(resp)) => match resp.kind {
                         Some(In::Deliveries(batch)) => {
                             for d in batch.deliveries {
-                                if dtx.send(Ok(d)).await.is_err() {
+                                if dtx.send(Ok(d)).is_err() {
                                     return;
                                 }
                             }
@@ -173,7 +177,7 @@ impl Subscription {
                     },
                     Ok(None) => break,
                     Err(status) => {
-                        let _ = dtx.send(Err(status.into())).await;
+                        let _ = dtx.send(Err(status.into()));
                         break;
                     }
                 }

@@ -547,6 +547,40 @@ async fn credit_bounds_what_the_server_pushes() {
     sub.close().await;
 }
 
+/// A credit larger than any buffer of the client's, each ack awaited
+/// before the next delivery is taken: the ack's result comes back on the
+/// stream behind deliveries pushed meanwhile, and the subscription must
+/// read past them to hand it over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn awaited_acks_under_a_large_credit_do_not_stall() {
+    let s = TestServer::start().await;
+    let c = client(&s).await;
+    queue(&c, "q", config()).await;
+    publish_n(&c, "q", "m", 150).await;
+    let mut sub = c.subscribe("q", 100, None).await.unwrap();
+    let settler = sub.settler();
+    let mut bodies = Vec::new();
+    for _ in 0..150 {
+        let d = tokio::time::timeout(Duration::from_secs(10), sub.next())
+            .await
+            .expect("a delivery in time")
+            .unwrap()
+            .unwrap();
+        bodies.push(String::from_utf8_lossy(&d.body).into_owned());
+        let r = tokio::time::timeout(Duration::from_secs(10), settler.ack(vec![d.ack_token]))
+            .await
+            .unwrap_or_else(|_| panic!("no ack result after {} deliveries", bodies.len()))
+            .unwrap();
+        assert_eq!(r[0].status, pb::SettleStatus::Ok as i32);
+    }
+    bodies.sort();
+    bodies.dedup();
+    assert_eq!(bodies.len(), 150, "each message once");
+    let stats = c.stats("q").await.unwrap();
+    assert_eq!((stats.ready, stats.in_flight), (0, 0));
+    sub.close().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streams_on_one_queue_share_its_messages() {
     let s = TestServer::start().await;
