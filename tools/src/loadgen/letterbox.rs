@@ -5,15 +5,16 @@
 //! as on a raw stub) does the queue set-up, stats and redrive, the batched
 //! `Publish` calls and the `Receive` consumer's calls: per call it adds
 //! only a timer for its request timeout (with one attempt allowed, the
-//! request is sent as given, not copied). Raw tonic stubs stay where the
-//! row measures the wire shape itself: one unary `Publish` per message (a
-//! row put beside tonic-floor, i.e. the cost of a bare tonic call, which
-//! a client layer would blur), and the streams (`PublishStream`
+//! request is sent as given, not copied), and those rows measure the same
+//! through it as through raw stubs
+//! (docs/benchmarks/2026-12-07/loadgen-client-ab). Raw tonic stubs stay
+//! where the row measures the wire shape itself: one unary `Publish` per
+//! message (a row put beside tonic-floor, i.e. the cost of a bare tonic
+//! call, which a client layer would blur), and the streams (`PublishStream`
 //! publishers, the `Subscribe` consumer): the client library has no
 //! `PublishStream`, and its `Subscription` would change the subscribe
-//! rows (it hands deliveries over through 16 slots where this consumer
-//! holds the whole credit, so that an awaited settle result is never
-//! queued behind deliveries; a lock and a sender clone per settle).
+//! rows (deliveries handed over by a reader task of its own; a lock and a
+//! sender clone per settle).
 //!
 //! Durability acknowledgement = the `Publish` response: the server answers
 //! only once the batch is fdatasynced (group commit across concurrent

@@ -8,6 +8,8 @@
 # server's.
 #
 #   docs/benchmarks/2026-12-07/loadgen-client-ab/run.sh OLD_LOADGEN NEW_LOADGEN SERVER > runs.txt
+#
+# ROW="--workload ..." runs that row alone.
 set -euo pipefail
 OLD=$1 NEW=$2 SERVER=$3
 REPS=${REPS:-3}
@@ -21,6 +23,9 @@ ROWS=(
   "--workload consume-ack --prefetch 256 --ack async --count 200000 --max-secs 60"
   "--workload end-to-end --window 64 --prefetch 256 --count 100000 --max-secs 60"
 )
+if [ -n "${ROW:-}" ]; then
+  ROWS=("$ROW")
+fi
 for row in "${ROWS[@]}"; do
   for rep in $(seq "$REPS"); do
     for build in old new; do
