@@ -140,14 +140,13 @@ fn an_update_to_every_value_gives_exactly_those_values() {
 fn the_grpc_message_carries_every_value() {
     use crate::server::convert::{config_input, config_pb};
     for c in [full(), full_standard()] {
-        let mut pb = config_pb(&c);
+        let pb = config_pb(&c);
         if !c.kind.is_fifo() {
-            // A standard queue's message shows the FIFO-only values at
-            // their defaults, and refuses them in a request.
-            assert_eq!(pb.dedup_window_ms, Some(c.dedup_window));
-            pb.dedup_window_ms = None;
-            pb.on_poison = 0;
-            pb.content_based_dedup = None;
+            // A standard queue's message leaves the FIFO-only values
+            // unset, which a request refuses set.
+            assert_eq!(pb.dedup_window_ms, None);
+            assert_eq!(pb.on_poison, 0);
+            assert_eq!(pb.content_based_dedup, None);
         }
         let input = config_input(Some(pb)).expect("converts");
         assert_eq!(new_config(&input).expect("valid"), c);

@@ -144,7 +144,7 @@ pub(crate) fn config_json(c: &pb::QueueConfig) -> Value {
         "max_length": max_length,
         "max_lease_total_ms": max_lease_total_ms,
         "dedup_window_ms": dedup_window_ms,
-        "on_poison": enum_name(*on_poison, |p: pb::PoisonPolicy| p.as_str_name().trim_start_matches("POISON_POLICY_")),
+        "on_poison": (*on_poison != 0).then(|| enum_name(*on_poison, |p: pb::PoisonPolicy| p.as_str_name().trim_start_matches("POISON_POLICY_"))),
         "content_based_dedup": content_based_dedup,
     })
 }

@@ -75,7 +75,9 @@ pub(crate) fn config_input(c: Option<pb::QueueConfig>) -> Result<QueueConfigInpu
     })
 }
 
-/// A configuration in force, every field set.
+/// A configuration in force, every field set, but for a standard queue
+/// the FIFO-only ones (unset, as in the definitions document): what is
+/// read back can be sent again as a request.
 pub(crate) fn config_pb(c: &QueueConfig) -> pb::QueueConfig {
     let QueueConfig {
         kind,
@@ -91,6 +93,7 @@ pub(crate) fn config_pb(c: &QueueConfig) -> pb::QueueConfig {
         on_poison,
         content_based_dedup,
     } = c;
+    let fifo = kind.is_fifo();
     pb::QueueConfig {
         kind: match kind {
             QueueKind::Standard => pb::QueueKind::Standard,
@@ -111,12 +114,13 @@ pub(crate) fn config_pb(c: &QueueConfig) -> pb::QueueConfig {
         dead_letter_on_expiry: Some(*dead_letter_on_expiry),
         max_length: *max_length,
         max_lease_total_ms: Some(*max_lease_total),
-        dedup_window_ms: Some(*dedup_window),
+        dedup_window_ms: fifo.then_some(*dedup_window),
         on_poison: match on_poison {
+            _ if !fifo => pb::PoisonPolicy::Unspecified,
             PoisonPolicy::DeadLetterAndContinue => pb::PoisonPolicy::DeadLetterAndContinue,
             PoisonPolicy::ParkGroup => pb::PoisonPolicy::ParkGroup,
         } as i32,
-        content_based_dedup: Some(*content_based_dedup),
+        content_based_dedup: fifo.then_some(*content_based_dedup),
     }
 }
 

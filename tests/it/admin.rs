@@ -41,6 +41,67 @@ async fn create_returns_every_default_and_is_idempotent() {
     assert_status(different, Code::AlreadyExists, "ack_timeout");
 }
 
+/// A queue's configuration as `GetQueue` shows it, sent back: accepted
+/// by `CreateQueue` (the same queue, not created again) and by
+/// `UpdateQueue` (nothing changed), for a standard queue (whose FIFO-only
+/// values are left unset) and a FIFO one.
+#[tokio::test]
+async fn a_configuration_read_back_can_be_sent_again() {
+    let s = TestServer::start().await;
+    let mut c = s.clients().await;
+    let fifo = pb::QueueConfig {
+        kind: pb::QueueKind::Fifo as i32,
+        dedup_window_ms: Some(60_000),
+        on_poison: pb::PoisonPolicy::ParkGroup as i32,
+        ..config()
+    };
+    for (name, cfg) in [("standard", config()), ("ordered", fifo)] {
+        c.create(name, cfg).await;
+        let shown = c
+            .admin
+            .get_queue(pb::GetQueueRequest { name: name.into() })
+            .await
+            .expect("get")
+            .into_inner()
+            .queue
+            .expect("queue")
+            .config
+            .expect("config");
+        if name == "standard" {
+            assert_eq!(
+                (
+                    shown.dedup_window_ms,
+                    shown.on_poison,
+                    shown.content_based_dedup
+                ),
+                (None, 0, None),
+                "FIFO-only values unset on a standard queue"
+            );
+        }
+        let again = c
+            .admin
+            .create_queue(pb::CreateQueueRequest {
+                name: name.into(),
+                config: Some(shown.clone()),
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{name}: its own configuration refused: {e}"))
+            .into_inner();
+        assert!(!again.created, "{name}");
+        let updated = c
+            .admin
+            .update_queue(pb::UpdateQueueRequest {
+                name: name.into(),
+                config: Some(shown.clone()),
+                ..Default::default()
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{name}: its own configuration refused as an update: {e}"))
+            .into_inner();
+        assert_eq!(updated.queue.expect("queue").config, Some(shown), "{name}");
+    }
+}
+
 #[tokio::test]
 async fn bad_names_and_values_are_refused_naming_them() {
     let s = TestServer::start().await;
