@@ -77,6 +77,7 @@ pub(crate) struct Console {
     broker: Arc<Broker>,
     auth: Arc<Authenticator>,
     sessions: session::Sessions,
+    logins: session::LoginThrottle,
     history: history::History,
     jobs: jobs::Jobs,
     started: Instant,
@@ -414,6 +415,7 @@ pub(crate) async fn serve(
     let console = Arc::new(Console {
         history: history::History::new(opts.sample_every),
         sessions: session::Sessions::new(),
+        logins: session::LoginThrottle::default(),
         jobs: jobs::Jobs::new(),
         started: Instant::now(),
         broker,

@@ -5,10 +5,13 @@
 //! login page opens one for valid credentials (a bearer token, or a client
 //! id and secret, checked by [`Authenticator`] off the async workers).
 //! Sessions live in memory: an hour after their last use, twelve hours at
-//! most, and until the server stops.
+//! most, and until the server stops. An address whose last
+//! [`MAX_FAILED_LOGINS`] logins within [`FAILED_LOGIN_WINDOW`] all failed
+//! is refused (429, `Retry-After`) without its credentials being checked
+//! until the oldest of them is that old ([`LoginThrottle`]).
 
-use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::collections::{HashMap, VecDeque};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
 
 use axum::extract::{Query, State};
@@ -19,7 +22,7 @@ use subtle::ConstantTimeEq;
 
 use super::{Failure, Posted, Shared, layout};
 use crate::auth::{Credentials, Principal, hex_sha256, new_token};
-use crate::queue::model::HOUR;
+use crate::queue::model::{HOUR, MINUTE, SECOND};
 use crate::server::audit;
 
 /// The cookie's name.
@@ -30,6 +33,72 @@ const IDLE: u64 = HOUR;
 const LIFETIME: u64 = 12 * HOUR;
 /// Most sessions kept (the oldest go first).
 const MAX_SESSIONS: usize = 10_000;
+/// Failed logins from one address that close the login to it...
+pub(crate) const MAX_FAILED_LOGINS: usize = 5;
+/// ...when they all fell within this time.
+pub(crate) const FAILED_LOGIN_WINDOW: u64 = 5 * MINUTE;
+/// Most addresses whose failed logins are remembered (those with none
+/// within the window go first, then the longest quiet).
+const MAX_TRACKED_ADDRESSES: usize = 10_000;
+
+/// Failed console logins by address: brute force against a secret or a
+/// token gets [`MAX_FAILED_LOGINS`] tries per [`FAILED_LOGIN_WINDOW`]
+/// from one address, and costs no argon2 check beyond them. A successful
+/// login forgets the address's failures. Behind a reverse proxy every
+/// visitor has the proxy's address.
+#[derive(Debug, Default)]
+pub(crate) struct LoginThrottle {
+    failed: Mutex<HashMap<IpAddr, VecDeque<u64>>>,
+}
+
+impl LoginThrottle {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<IpAddr, VecDeque<u64>>> {
+        self.failed.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// How long (ms) `peer` must wait before its next login is checked,
+    /// or `None` when it may try now.
+    pub(crate) fn wait(&self, peer: IpAddr, now: u64) -> Option<u64> {
+        let mut failed = self.lock();
+        let times = failed.get_mut(&peer)?;
+        times.retain(|t| now < t.saturating_add(FAILED_LOGIN_WINDOW));
+        if times.is_empty() {
+            failed.remove(&peer);
+            return None;
+        }
+        (times.len() >= MAX_FAILED_LOGINS)
+            .then(|| times[0].saturating_add(FAILED_LOGIN_WINDOW) - now)
+    }
+
+    /// Counts a failed login from `peer`.
+    pub(crate) fn failed(&self, peer: IpAddr, now: u64) {
+        let mut failed = self.lock();
+        if !failed.contains_key(&peer) && failed.len() >= MAX_TRACKED_ADDRESSES {
+            failed.retain(|_, ts| {
+                ts.back()
+                    .is_some_and(|t| now < t.saturating_add(FAILED_LOGIN_WINDOW))
+            });
+            if failed.len() >= MAX_TRACKED_ADDRESSES
+                && let Some(quiet) = failed
+                    .iter()
+                    .min_by_key(|(_, ts)| ts.back().copied())
+                    .map(|(ip, _)| *ip)
+            {
+                failed.remove(&quiet);
+            }
+        }
+        let times = failed.entry(peer).or_default();
+        times.push_back(now);
+        while times.len() > MAX_FAILED_LOGINS {
+            times.pop_front();
+        }
+    }
+
+    /// Forgets `peer`'s failures (it logged in).
+    pub(crate) fn succeeded(&self, peer: IpAddr) {
+        self.lock().remove(&peer);
+    }
+}
 
 /// One session.
 #[derive(Debug)]
@@ -242,6 +311,27 @@ pub(crate) async fn login(State(c): State<Shared>, req: axum::extract::Request) 
     } else {
         "(token)".into()
     };
+    let from = peer.map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |p| p.ip());
+    if let Some(ms) = c.logins.wait(from, c.now()) {
+        let secs = ms.div_ceil(SECOND);
+        let why = format!(
+            "too many failed logins from {from}: {MAX_FAILED_LOGINS} within {} minutes; try again in {secs} s",
+            FAILED_LOGIN_WINDOW / MINUTE
+        );
+        audit::refused(
+            audit::Who {
+                principal: &presented,
+                peer,
+            },
+            "console.login",
+            "",
+            &why,
+        );
+        let mut r = login_form(&c, Some(&next), Some(&why), StatusCode::TOO_MANY_REQUESTS);
+        r.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        return r;
+    }
     let creds = if !token.is_empty() {
         Credentials::Bearer(&token)
     } else if !id.is_empty() {
@@ -258,6 +348,7 @@ pub(crate) async fn login(State(c): State<Shared>, req: axum::extract::Request) 
     let principal = match checked {
         Ok(p) => p,
         Err(e) => {
+            c.logins.failed(from, c.now());
             audit::refused(
                 audit::Who {
                     principal: &presented,
@@ -275,6 +366,7 @@ pub(crate) async fn login(State(c): State<Shared>, req: axum::extract::Request) 
             );
         }
     };
+    c.logins.succeeded(from);
     let (token, s) = c.sessions.open(principal, peer, true, c.now());
     audit::done(s.who(), "console.login", "", "session opened");
     let mut r = (
@@ -316,6 +408,48 @@ mod tests {
         assert!(session.csrf_matches(session.csrf()));
         assert!(!session.csrf_matches(""));
         assert!(!session.csrf_matches("x"));
+    }
+
+    #[test]
+    fn failed_logins_close_an_address_for_the_window_only() {
+        let t = LoginThrottle::default();
+        let (a, b): (IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
+        for i in 0..MAX_FAILED_LOGINS as u64 {
+            assert_eq!(t.wait(a, 1000 * i), None, "try {i}");
+            t.failed(a, 1000 * i);
+        }
+        // Closed until the first failure is a window old.
+        let last = 1000 * (MAX_FAILED_LOGINS as u64 - 1);
+        assert_eq!(t.wait(a, last), Some(FAILED_LOGIN_WINDOW - last));
+        assert_eq!(t.wait(b, last), None, "another address may try");
+        assert_eq!(t.wait(a, FAILED_LOGIN_WINDOW - 1), Some(1));
+        // Then one more try, and closed again if it fails.
+        assert_eq!(t.wait(a, FAILED_LOGIN_WINDOW), None);
+        t.failed(a, FAILED_LOGIN_WINDOW);
+        assert_eq!(t.wait(a, FAILED_LOGIN_WINDOW), Some(1000));
+        // Failures spread wider than the window never close it.
+        let spread = LoginThrottle::default();
+        for i in 0..3 * MAX_FAILED_LOGINS as u64 {
+            let now = i * (FAILED_LOGIN_WINDOW / MAX_FAILED_LOGINS as u64 + 1);
+            assert_eq!(spread.wait(a, now), None, "try {i}");
+            spread.failed(a, now);
+        }
+        // A login forgets the failures.
+        t.succeeded(a);
+        assert_eq!(t.wait(a, FAILED_LOGIN_WINDOW), None);
+    }
+
+    #[test]
+    fn the_addresses_remembered_are_bounded() {
+        let t = LoginThrottle::default();
+        for i in 0..u32::try_from(MAX_TRACKED_ADDRESSES).unwrap() + 10 {
+            t.failed(IpAddr::V4(Ipv4Addr::from(i)), u64::from(i));
+        }
+        assert_eq!(t.lock().len(), MAX_TRACKED_ADDRESSES);
+        assert!(
+            !t.lock().contains_key(&IpAddr::V4(Ipv4Addr::from(0))),
+            "the longest quiet went first"
+        );
     }
 
     #[test]

@@ -590,6 +590,56 @@ async fn with_principals_the_console_asks_for_credentials_and_applies_the_grants
     server.stop().await;
 }
 
+/// Five failed logins from one address within five minutes close the
+/// login to it: the next attempt is refused (429, `Retry-After`) without
+/// its credentials being checked, right ones too, until the first failure
+/// is five minutes old; then a right one logs in.
+#[tokio::test]
+async fn failed_logins_close_the_login_to_the_address_for_a_while() {
+    let principals = vec![PrincipalConfig {
+        name: "reader".into(),
+        token_sha256: vec![hex_sha256(b"reader-token")],
+        consume: vec!["*".to_string()],
+        ..PrincipalConfig::default()
+    }];
+    let server = start(principals).await;
+    let console = server.console.expect("console on");
+    let mut web = Web::new(console);
+    for i in 0..5 {
+        let r = web
+            .post("/login", &[("token", &format!("guess-{i}")), ("next", "/")])
+            .await;
+        assert_eq!(r.status, 401, "guess {i}: {}", r.body);
+        server.clock.advance(10_000);
+    }
+    let closed = web
+        .post("/login", &[("token", "reader-token"), ("next", "/")])
+        .await;
+    assert_eq!(closed.status, 429, "{}", closed.body);
+    closed.has("too many failed logins from 127.0.0.1");
+    assert_eq!(
+        closed
+            .headers
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok()),
+        Some("250"),
+        "five minutes from the first failure, 50 s ago"
+    );
+    assert!(web.cookie.is_none(), "no session");
+    server.clock.advance(249_000);
+    let still = web
+        .post("/login", &[("token", "reader-token"), ("next", "/")])
+        .await;
+    assert_eq!(still.status, 429, "{}", still.body);
+    server.clock.advance(1_000);
+    let open = web
+        .post("/login", &[("token", "reader-token"), ("next", "/")])
+        .await;
+    assert_eq!(open.status, 303, "{}", open.body);
+    assert!(web.cookie.is_some(), "logged in");
+    server.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn under_tls_the_console_serves_https_with_secure_cookies() {
     let pki = crate::security::pki();
