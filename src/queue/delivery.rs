@@ -672,7 +672,7 @@ impl Broker {
             let mut results = Vec::with_capacity(items.len());
             for (t, n) in parsed.iter().zip(items) {
                 if let Err(why) = current_lease(&st, t, now) {
-                    results.push((self.not_current(&st, t, &n.token, why, &change)?, None));
+                    results.push((self.not_current(&st, t, &n.token, why, &mut change)?, None));
                     continue;
                 }
                 let outcome = if n.dead_letter {
@@ -720,7 +720,7 @@ impl Broker {
             let mut results = Vec::with_capacity(items.len());
             for (t, (text, timeout)) in parsed.iter().zip(items) {
                 if let Err(why) = current_lease(&st, t, now) {
-                    results.push(self.not_current(&st, t, text, why, &change)?);
+                    results.push(self.not_current(&st, t, text, why, &mut change)?);
                     continue;
                 }
                 let mut meta = self.meta(t.qid, t.pos)?;
@@ -729,6 +729,7 @@ impl Broker {
                     continue;
                 };
                 let Ok(deadline) = meta.extend(now, *timeout, q.config.max_lease_total) else {
+                    change.answers_from_others = true;
                     results.push(Settled::LeaseExpired(format!(
                         "lease expired: token {text} is not leased"
                     )));
@@ -861,14 +862,17 @@ impl Broker {
     /// see yet: the release of this token by an earlier token of the same
     /// call, or the end of this very lease by the call's `catch_up` (its
     /// record then says how the lease ended, not how the one before did).
+    /// The lease may have been ended by another call whose change is not
+    /// durable yet: the answer waits for it (`answers_from_others`).
     fn not_current(
         &self,
         st: &State,
         t: &AckToken,
         text: &str,
         why: &str,
-        change: &Change,
+        change: &mut Change,
     ) -> Result<Settled> {
+        change.answers_from_others = true;
         if let Some(reason) = self.released_by(st, t, Some(change))? {
             return Ok(Settled::Released(format!(
                 "token {text} was {reason}; the group restarts at that message, so this delivery settles nothing"

@@ -136,6 +136,11 @@ pub(crate) struct Change {
     /// FIFO deliveries released by a failure of an earlier message of
     /// their group (`dlq.rs`), for the caller to report.
     pub released: Vec<model::Released>,
+    /// The call answers from state another call changed, which may not be
+    /// durable yet (a token whose lease was ended or released): the
+    /// transaction is submitted even when empty, so that the answer waits
+    /// until everything submitted before it is durable.
+    pub answers_from_others: bool,
 }
 
 impl Change {
@@ -363,8 +368,9 @@ impl Broker {
 
     /// Submits a change under the lock and returns its commit.
     pub(crate) fn submit(&self, st: &State, change: Change) -> Option<crate::storage::Commit> {
+        let wait = change.answers_from_others;
         let txn = change.finish(st);
-        (!txn.is_empty()).then(|| self.store.submit(txn))
+        (wait || !txn.is_empty()).then(|| self.store.submit(txn))
     }
 }
 

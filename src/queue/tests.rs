@@ -781,6 +781,42 @@ async fn fifo_a_nack_releases_the_later_messages_of_its_group_leased_with_it() {
     assert_eq!(env.ack(&again[1]).await, Settled::Ok { deadline: 0 });
 }
 
+/// An ack refused because another call ended its lease (here a nack
+/// that released it) is answered only once that call's change is
+/// durable: a crash could otherwise undo the release the answer reported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settle_refused_by_another_calls_change_waits_until_that_is_durable() {
+    let env = Env::new();
+    env.create("f", fifo(QueueConfigInput::default())).await;
+    publish_group(&env, "f", "g", &["m1", "m2"]).await;
+    let (got, b) = bodies(&env, "f", 10).await;
+    assert_eq!(b, ["m1", "m2"]);
+    let (held_tx, held_rx) = std::sync::mpsc::channel();
+    let (release_tx, release_rx) = std::sync::mpsc::channel();
+    env.b()
+        .store()
+        .backend()
+        .local()
+        .expect("local store")
+        .hold_log(held_tx, release_rx);
+    held_rx.recv().expect("log held");
+    // The nack is decided and logged, not durable.
+    let mut nack = std::pin::pin!(env.nack(&got[0], "m1 broke"));
+    let early = tokio::time::timeout(Duration::from_millis(100), &mut nack).await;
+    assert!(early.is_err(), "a nack answered before it was durable");
+    // m2's ack finds m2 released by it: no answer while the nack may
+    // still be lost.
+    let mut ack = std::pin::pin!(env.ack(&got[1]));
+    let early = tokio::time::timeout(Duration::from_millis(300), &mut ack).await;
+    assert!(
+        early.is_err(),
+        "RELEASED answered before the release was durable: {early:?}"
+    );
+    release_tx.send(()).expect("release");
+    assert_eq!(nack.await, Settled::Ok { deadline: 0 });
+    assert!(matches!(ack.await, Settled::Released(_)));
+}
+
 #[tokio::test]
 async fn fifo_a_lease_that_runs_out_releases_the_rest_of_its_group_uncounted() {
     let mut env = Env::new();

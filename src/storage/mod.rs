@@ -401,6 +401,27 @@ impl<B: Backend> Store<B> {
 }
 
 impl LocalBackend {
+    /// Tests: holds the log from a thread of its own, so that nothing
+    /// submitted becomes durable, until `release` is sent to (or
+    /// dropped); tells `held` once it holds it.
+    #[cfg(test)]
+    pub(crate) fn hold_log(
+        &self,
+        held: std::sync::mpsc::Sender<()>,
+        release: std::sync::mpsc::Receiver<()>,
+    ) {
+        let inner = Arc::clone(&self.inner);
+        std::thread::spawn(move || {
+            let log = inner.log.lock();
+            let _ = held.send(());
+            let _ = release.recv();
+            drop(log);
+            // The log writer may have found the log taken and gone back to
+            // sleep with work pending.
+            inner.commit_cv.notify_one();
+        });
+    }
+
     /// Tests: the next time the applier has frozen a generation and seen
     /// it durable, it tells `frozen` and then waits, with everything it
     /// froze still unapplied, until `release` is sent to (or dropped).

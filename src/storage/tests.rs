@@ -122,6 +122,39 @@ async fn a_crash_is_recovered_from_the_log() {
     assert_eq!(counters[0].as_ref().expect("decodes").1.published, 200);
 }
 
+/// An empty transaction (the engine's wait for changes of other calls):
+/// durable once every transaction before it is, and the log with it
+/// replays after a crash, the transactions after it too.
+#[tokio::test]
+async fn an_empty_transaction_waits_for_those_before_it_and_replays() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let opts = StoreOptions {
+        apply_interval: Duration::from_secs(3600),
+        checkpoint_interval: Duration::from_secs(3600),
+        ..small_opts()
+    };
+    let (store, _) = Store::open(dir.path(), opts.clone()).expect("open");
+    let mut t = Txn::new();
+    t.put_payload(1, payload(1));
+    let first = store.submit(t);
+    let empty = store.submit(Txn::new());
+    assert!(empty.lsn() > first.lsn());
+    empty.wait().await.expect("durable");
+    assert!(
+        durable_within(&store, first.lsn(), Duration::ZERO),
+        "the transaction before it is durable"
+    );
+    first.wait().await.expect("durable");
+    let mut t = Txn::new();
+    t.put_payload(2, payload(2));
+    store.submit(t).wait().await.expect("durable");
+    store.crash();
+    let (store, report) = Store::open(dir.path(), opts).expect("reopen");
+    assert_eq!(report.replayed, 3);
+    assert_eq!(body(&store, 1).as_deref(), Some("body-1"));
+    assert_eq!(body(&store, 2).as_deref(), Some("body-2"));
+}
+
 /// Eight tasks at once, each submitting 50 transactions one after the
 /// other and waiting for each: every one is durable and readable, and
 /// they shared `fdatasync`s.
