@@ -6,7 +6,12 @@
 # local log's file-system calls.
 #
 # MODE restart (the default): one server, killed with SIGKILL (or
-# stopped) at random points and started again, taking its lease back.
+# stopped) at random points and started again, taking its lease back;
+# and, when this script started the PostgreSQL (PG_LOCAL_DIR), the class
+# db-crash: PostgreSQL stopped at once under the serving server
+# (`pg-local.sh stop`, no checkpoint: its crash recovery at the next
+# start), up to 1.5 s down, started again; the server stops with exit
+# code 3 (fail-stop) and the next epoch starts it again.
 # MODE takeover: two nodes on the same database (chaos --pair), both
 # --standby with a 2 s lease; each cycle ends the node that owns the
 # lease, the other takes over, the ended node starts again as the new
@@ -23,8 +28,16 @@ cycles=${2:-16}
 mode=${3:-restart}
 shift $(( $# < 3 ? $# : 3 ))
 bin=${CARGO_TARGET_DIR:-target}/debug
+classes=random,startup,storm,shutdown,graceful
 case "$mode" in
-  restart) nodes=(--server-arg=--node-name --server-arg=chaos) ;;
+  restart)
+    nodes=(--server-arg=--node-name --server-arg=chaos)
+    if [ -n "${PG_LOCAL_DIR:-}" ]; then
+      classes=$classes,db-crash
+      nodes+=(--db-crash-cmd "tools/pg-local.sh stop $PG_LOCAL_DIR"
+              --db-up-cmd "tools/pg-local.sh up $PG_LOCAL_DIR")
+    fi
+    ;;
   takeover) nodes=(--pair --server-arg=--lease-ttl --server-arg=2s) ;;
   *) echo "usage: $0 [SEED] [CYCLES] [restart|takeover]" >&2; exit 2 ;;
 esac
@@ -32,6 +45,6 @@ admin=$PG_LOCAL_URL
 psql "$admin" -qc "CREATE DATABASE chaos"
 url="${admin%/postgres}/chaos"
 "$bin/chaos" --seed "$seed" --cycles "$cycles" --min-hits 1 \
-    --classes random,startup,storm,shutdown,graceful --no-verify \
+    --classes "$classes" --no-verify \
     --server-bin "$bin/letterbox" \
     --server-arg=--store --server-arg="$url" "${nodes[@]}" "$@"

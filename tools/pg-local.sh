@@ -31,7 +31,8 @@ if [ "$cmd" = run ]; then
     port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
     trap '"$here/pg-local.sh" stop "$tmp/pg"; rm -rf "$tmp"' EXIT
     PG_LOCAL_URL=$("$here/pg-local.sh" start "$tmp/pg" "$port")
-    export PG_LOCAL_URL
+    PG_LOCAL_DIR=$tmp/pg
+    export PG_LOCAL_URL PG_LOCAL_DIR
     "$@"
     exit
 fi

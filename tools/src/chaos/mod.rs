@@ -156,6 +156,16 @@ pub struct Args {
     /// graceful; no power loss, damage or soak.
     #[arg(long)]
     pub pair: bool,
+    /// Shell command that crashes the store's database, for the kill
+    /// point class `db-crash` (with `--db-up-cmd`; give the class with
+    /// `--classes`), e.g. `tools/pg-local.sh stop DIR`, an immediate
+    /// shutdown that leaves PostgreSQL to recover from its WAL.
+    #[arg(long)]
+    pub db_crash_cmd: Option<String>,
+    /// Shell command that starts the database again after
+    /// `--db-crash-cmd`, e.g. `tools/pg-local.sh up DIR`.
+    #[arg(long)]
+    pub db_up_cmd: Option<String>,
 }
 
 /// Kill point classes, each a way a server epoch ends.
@@ -172,6 +182,9 @@ const FIRST_START_CUTS: u64 = 3;
 const FIRST_START_FSYNCS: u64 = 12;
 
 const NEMESIS_CLASSES: [&str; 5] = ["random", "startup", "shutdown", "graceful", "storm"];
+/// The class that crashes the database under a serving server
+/// (`--db-crash-cmd`), given by `--classes` only.
+const DB_CRASH: &str = "db-crash";
 /// Library classes used as kill points, with the guess of how many calls
 /// an epoch makes before the first measurements replace it.
 /// (`sync_file_range` is intercepted but not a class: the server no
@@ -255,6 +268,25 @@ struct Nemesis {
     excused_log: Vec<(u64, u64)>,
     /// `--pair`: the other node and the pair's state.
     pair: Option<Pair>,
+    /// `--db-crash-cmd` and `--db-up-cmd`.
+    db: Option<(String, String)>,
+}
+
+/// Runs `cmd` with `sh -c`; fails unless it succeeds.
+fn shell(cmd: &str) -> Result<()> {
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(cmd)
+        .output()
+        .with_context(|| format!("running {cmd:?}"))?;
+    if !out.status.success() {
+        bail!(
+            "{cmd:?} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
 }
 
 /// The two nodes of `--pair`. `Nemesis::spec` is always the node that
@@ -475,7 +507,10 @@ impl Nemesis {
             use std::os::unix::process::ExitStatusExt;
             let killed = status.signal() == Some(9);
             let clean = status.code() == Some(0);
-            if !(killed || (clean && expect_clean)) {
+            // Fail-stop: a server whose database crashed under it stops
+            // with exit code 3 (its store lost).
+            let stopped = end.class == DB_CRASH && status.code() == Some(3);
+            if !(killed || stopped || (clean && expect_clean)) {
                 self.health.push(format!(
                     "epoch {} ({}): the server exited with {status}; log: {}",
                     end.epoch,
@@ -1048,6 +1083,30 @@ impl Nemesis {
                     self.end("graceful", status, true)
                 }
             }
+            DB_CRASH => {
+                let (crash, up) = self.db.clone().context("db-crash needs --db-crash-cmd")?;
+                let Some(mut s) = self.spawn_ready().await? else {
+                    return Ok(());
+                };
+                let run = self.rng.u64(50..max_run.as_millis().max(100) as u64);
+                tokio::time::sleep(Duration::from_millis(run)).await;
+                shell(&crash)?;
+                let down = self.rng.u64(0..=1500);
+                self.hist.nemesis(self.epoch, "db-crash", "");
+                tokio::time::sleep(Duration::from_millis(down)).await;
+                shell(&up)?;
+                self.hist
+                    .nemesis(self.epoch, "db-up", format!("after {down} ms"));
+                // Fail-stop: the server stops (exit code 3) at its first
+                // commit on the lost connection, or when its lease runs
+                // out unrenewed; one that had nothing to commit meanwhile
+                // goes on and is killed.
+                let status = match s.wait_exit(Duration::from_secs(15)).await {
+                    Some(st) => Some(st),
+                    None => s.kill(),
+                };
+                self.end(DB_CRASH, status, false)
+            }
             _ => {
                 let Some(mut s) = self.spawn_ready().await? else {
                     return Ok(());
@@ -1117,12 +1176,28 @@ pub async fn run(args: Args) -> Result<i32> {
         .iter()
         .map(|s| s.to_string())
         .chain(SYSCALL_CLASSES.iter().map(|(c, _)| format!("sys:{c}")))
+        .chain([DB_CRASH.to_string()])
         .collect();
     if let Some(bad) = args.classes.iter().find(|c| !known.contains(c)) {
         bail!(
             "--classes: {bad:?} is not a kill point class (known: {})",
             known.join(", ")
         );
+    }
+    let db = match (&args.db_crash_cmd, &args.db_up_cmd) {
+        (Some(crash), Some(up)) => Some((crash.clone(), up.clone())),
+        (None, None) => None,
+        _ => bail!("--db-crash-cmd and --db-up-cmd go together"),
+    };
+    if args.classes.iter().any(|c| c == DB_CRASH) {
+        if db.is_none() {
+            bail!("--classes {DB_CRASH}: give --db-crash-cmd and --db-up-cmd");
+        }
+        if args.pair || args.power_loss || args.damage {
+            bail!(
+                "--classes {DB_CRASH}: one node on a shared store, no --pair, --power-loss or --damage"
+            );
+        }
     }
     if args.pair {
         if args.power_loss || args.damage || args.soak_secs.is_some() {
@@ -1262,6 +1337,7 @@ pub async fn run(args: Args) -> Result<i32> {
             comebacks: Vec::new(),
             takeover_kills: 0,
         }),
+        db,
     };
     let started = Instant::now();
     let sh = Arc::new(Shared {
