@@ -311,13 +311,7 @@ pub(crate) async fn login(State(c): State<Shared>, req: axum::extract::Request) 
     } else {
         "(token)".into()
     };
-    let from = peer.map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |p| p.ip());
-    if let Some(ms) = c.logins.wait(from, c.now()) {
-        let secs = ms.div_ceil(SECOND);
-        let why = format!(
-            "too many failed logins from {from}: {MAX_FAILED_LOGINS} within {} minutes; try again in {secs} s",
-            FAILED_LOGIN_WINDOW / MINUTE
-        );
+    let refused = |why: &str| {
         audit::refused(
             audit::Who {
                 principal: &presented,
@@ -325,8 +319,17 @@ pub(crate) async fn login(State(c): State<Shared>, req: axum::extract::Request) 
             },
             "console.login",
             "",
-            &why,
+            why,
         );
+    };
+    let from = peer.map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |p| p.ip());
+    if let Some(ms) = c.logins.wait(from, c.now()) {
+        let secs = ms.div_ceil(SECOND);
+        let why = format!(
+            "too many failed logins from {from}: {MAX_FAILED_LOGINS} within {} minutes; try again in {secs} s",
+            FAILED_LOGIN_WINDOW / MINUTE
+        );
+        refused(&why);
         let mut r = login_form(&c, Some(&next), Some(&why), StatusCode::TOO_MANY_REQUESTS);
         r.headers_mut()
             .insert(header::RETRY_AFTER, HeaderValue::from(secs));
@@ -349,15 +352,7 @@ pub(crate) async fn login(State(c): State<Shared>, req: axum::extract::Request) 
         Ok(p) => p,
         Err(e) => {
             c.logins.failed(from, c.now());
-            audit::refused(
-                audit::Who {
-                    principal: &presented,
-                    peer,
-                },
-                "console.login",
-                "",
-                &e.to_string(),
-            );
+            refused(&e.to_string());
             return login_form(
                 &c,
                 Some(&next),
