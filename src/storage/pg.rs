@@ -16,8 +16,9 @@
 //!   raises the epoch, so every owner has a larger epoch than any before
 //!   it. A lease is liveness only.
 //! * **The fence** is safety: every commit locks the owner row
-//!   `FOR SHARE` in its own transaction and goes on only if the epoch is
-//!   still the committer's. A takeover's `UPDATE` of that row waits for
+//!   `FOR SHARE` in its own transaction, as its first statement, and that
+//!   statement fails unless the epoch is still the committer's, aborting
+//!   the transaction. A takeover's `UPDATE` of that row waits for
 //!   in-flight commits (it needs the row exclusively), and every commit
 //!   after it reads the new epoch and is refused ([`PgError::Fenced`]): an
 //!   owner that was paused or cut off can never write after another took
@@ -41,13 +42,16 @@
 //! values are deleted by key alone: the earlier join with the table, the
 //! one statement whose plan could turn into a scan of a whole table, left
 //! publishing 2-3× slower at times; planning every execution instead
-//! cost consuming half its rate.) A commit is two round trips: `BEGIN`
-//! with the fence's `SELECT ... FOR SHARE`, sent together; then, only if
-//! the epoch is still ours, every write, the marker and `COMMIT` as one
-//! pipeline (each request leaves when its future is first polled, and
-//! the server answers in order). A write the server refuses aborts the
-//! transaction, whose `COMMIT` then rolls back without an error of its
-//! own: the commit is reported failed by that write's answer. A write
+//! cost consuming half its rate.) A commit is one round trip: `BEGIN`,
+//! the fence, every write, the marker and `COMMIT` as one pipeline (each
+//! request leaves when its future is first polled, and the server
+//! answers in order). The fence is a statement that fails when the epoch
+//! is not ours (`FENCE`), not one whose answer is looked at before the
+//! writes are sent: a failed fence aborts the transaction, the writes
+//! behind it are refused, and the commit is reported fenced. Likewise a
+//! write the server refuses aborts the transaction, whose `COMMIT` then
+//! rolls back without an error of its own: the commit is reported failed
+//! by that write's answer. A write
 //! that could not be sent (a failure before the server saw it) stops the
 //! pipeline before its `COMMIT` (`ROLLBACK` instead). A `COMMIT` that
 //! failed is an unknown outcome, as above. A failure that says the
@@ -249,7 +253,7 @@ pub struct PgState {
 /// statement given as text is prepared again on every call, one more
 /// round trip each time, and a prepared one can be sent in a pipeline.
 struct Statements {
-    /// The fence: the owner row's epoch, locked `FOR SHARE`.
+    /// The fence ([`FENCE`]): fails unless the owner row's epoch is `$2`.
     fence: Statement,
     /// Records the batch's lsn in the shard's commit marker.
     marker: Statement,
@@ -321,9 +325,7 @@ impl Statements {
             )
         };
         Ok(Statements {
-            fence: client
-                .prepare("SELECT epoch FROM lb_owner WHERE shard = $1 FOR SHARE")
-                .await?,
+            fence: client.prepare(FENCE).await?,
             marker: client
                 .prepare("UPDATE lb_marker SET committed_lsn = $2 WHERE shard = $1")
                 .await?,
@@ -343,6 +345,20 @@ impl Statements {
         })
     }
 }
+
+/// The fence of a commit: locks the shard's owner row `FOR SHARE` and
+/// fails (division by zero, SQLSTATE 22012) unless its epoch is `$2`, a
+/// missing row included. Being an error, not an answer to look at, it
+/// can go in the same pipeline as the writes behind it: if it fails, the
+/// transaction is aborted and nothing behind it is committed.
+const FENCE: &str = "SELECT 1 / (SELECT count(*) FROM (SELECT epoch FROM lb_owner \
+                     WHERE shard = $1 FOR SHARE) o WHERE o.epoch = $2)::int";
+
+/// The SQLSTATE of a failed [`FENCE`]: division by zero.
+const FENCE_FAILED: &str = "22012";
+
+/// The fence's place in a commit's pipeline (after `BEGIN`).
+const FENCE_REQUEST: usize = 1;
 
 /// A request of a commit's pipeline: rows changed, or the error.
 type Request<'a> = BoxFuture<'a, std::result::Result<u64, tokio_postgres::Error>>;
@@ -600,30 +616,10 @@ impl PgState {
         let shard = self.shard;
         let client = &self.client;
         let stmts = &self.stmts;
-        // First round trip: the transaction begins and the fence is read
-        // (and locked); nothing is written unless the epoch is still ours.
-        let (begun, fence_row) = futures_util::future::join(
-            client.batch_execute("BEGIN"),
-            client.query_opt(&stmts.fence, &[&shard]),
-        )
-        .await;
-        let epoch: Option<i64> = match begun.and(fence_row) {
-            Ok(row) => row.map(|row| row.get(0)),
-            Err(e) => {
-                let _ = client.batch_execute("ROLLBACK").await;
-                return Err(e.into());
-            }
-        };
-        if epoch != Some(fence.epoch) {
-            client.batch_execute("ROLLBACK").await?;
-            return Err(PgError::Fenced {
-                shard,
-                mine: fence.epoch,
-                current: epoch.unwrap_or(0),
-            });
-        }
-        // Second round trip: every write, the marker and the COMMIT, sent
-        // together.
+        // One round trip: BEGIN, the fence, every write, the marker and
+        // the COMMIT, sent together. The fence goes first and fails unless
+        // the epoch is still ours, which aborts the transaction: the
+        // writes behind it are refused and the COMMIT rolls back.
         let chunk = self.chunk_size;
         let mut parts: Vec<(&TableStatements, Part<'_>)> = Vec::new();
         // Every key written or deleted: the chunks of the values they
@@ -660,9 +656,12 @@ impl PgState {
             parts.push((ts, part));
         }
         let touched = &touched;
-        let mut requests: Vec<Request<'_>> = vec![Box::pin(async move {
-            client.execute(&stmts.drop_chunks, &[&shard, touched]).await
-        })];
+        let epoch = fence.epoch;
+        let mut requests: Vec<Request<'_>> = vec![
+            Box::pin(async move { client.batch_execute("BEGIN").await.map(|()| 0) }),
+            Box::pin(async move { client.execute(&stmts.fence, &[&shard, &epoch]).await }),
+            Box::pin(async move { client.execute(&stmts.drop_chunks, &[&shard, touched]).await }),
+        ];
         for (ts, part) in &parts {
             if !part.deletes.is_empty() {
                 requests.push(Box::pin(async move {
@@ -729,14 +728,23 @@ impl PgState {
         .await;
         // A statement the server refused aborted the transaction: its
         // COMMIT then rolls back (without an error), and nothing of the
-        // batch is committed. A request that failed otherwise (the
-        // connection lost) leaves the COMMIT's own answer to decide.
-        for f in &mut writes {
+        // batch is committed. The fence's refusal comes first: the writes
+        // behind it were refused for it. A request that failed otherwise
+        // (the connection lost) leaves the COMMIT's own answer to decide.
+        let mut refused = None;
+        for (i, f) in writes.iter_mut().enumerate() {
             if let Some(Err(e)) = Pin::new(f).take_output()
-                && e.as_db_error().is_some()
+                && let Some(db) = e.as_db_error()
             {
-                return Err(e.into());
+                refused = Some((i == FENCE_REQUEST && db.code().code() == FENCE_FAILED, e));
+                break;
             }
+        }
+        drop(writes);
+        match refused {
+            Some((true, _)) => return Err(self.fenced(fence.epoch).await),
+            Some((false, e)) => return Err(e.into()),
+            None => {}
         }
         committed.map_err(|e| PgError::Unknown {
             lsn,

@@ -621,3 +621,80 @@ async fn a_commit_the_server_refuses_in_part_commits_nothing() {
         Some(b(&vec![7u8; 200_000]))
     );
 }
+
+#[tokio::test]
+async fn a_fenced_commit_sent_in_one_pipeline_writes_nothing() {
+    let Some(pg) = LocalPg::start("a_fenced_commit_sent_in_one_pipeline_writes_nothing") else {
+        return;
+    };
+    let url = pg.url();
+    let mut s = PgState::connect(&url, 1).await.expect("connect");
+    let fence = s.acquire("a", TTL).await.expect("acquire").expect("free");
+    s.commit(
+        &fence,
+        &[
+            put(Key::Payload(1), b"before"),
+            put(Key::Payload(3), &vec![3u8; 200_000]),
+        ],
+        1,
+    )
+    .await
+    .expect("commit");
+    let (admin, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(conn);
+    let chunks = || async {
+        admin
+            .query_one("SELECT count(*) FROM lb_chunk", &[])
+            .await
+            .expect("chunks")
+            .get::<_, i64>(0)
+    };
+    let before = chunks().await;
+    // Writes of every kind behind the fence in the same pipeline: new
+    // rows, a replaced one, a chunked value, a delete of a chunked one.
+    let batch = vec![
+        put(Key::Meta(1, 1), b"m11"),
+        put(Key::Payload(1), b"after"),
+        put(Key::Payload(2), &vec![7u8; 200_000]),
+        del(Key::Payload(3)),
+        put(Key::Counters(8), b"c8"),
+    ];
+    // Another node's epoch (as a takeover leaves it), then no owner row
+    // at all: the fence refuses both, and nothing of the batch lands.
+    admin
+        .execute("UPDATE lb_owner SET epoch = epoch + 1 WHERE shard = 1", &[])
+        .await
+        .expect("bump");
+    let err = s.commit(&fence, &batch, 2).await.expect_err("fenced");
+    assert!(
+        matches!(err, PgError::Fenced { mine, current, .. } if mine == fence.epoch && current == fence.epoch + 1),
+        "{err:?}"
+    );
+    admin
+        .execute("DELETE FROM lb_owner WHERE shard = 1", &[])
+        .await
+        .expect("delete");
+    let err = s.commit(&fence, &batch, 2).await.expect_err("fenced");
+    assert!(matches!(err, PgError::Fenced { current: 0, .. }), "{err:?}");
+    assert_eq!(s.committed_lsn().await.expect("marker"), 1);
+    assert_eq!(
+        s.get(&Key::Payload(1).encode()).await.expect("get"),
+        Some(b(b"before"))
+    );
+    assert_eq!(s.get(&Key::Meta(1, 1).encode()).await.expect("get"), None);
+    assert_eq!(s.get(&Key::Payload(2).encode()).await.expect("get"), None);
+    assert_eq!(
+        s.get(&Key::Payload(3).encode()).await.expect("get"),
+        Some(b(&vec![3u8; 200_000]))
+    );
+    assert_eq!(s.get(&Key::Counters(8).encode()).await.expect("get"), None);
+    assert_eq!(chunks().await, before);
+    // The connection is out of the aborted transactions: once the shard
+    // is taken again, its commits go through.
+    let again = s.acquire("a", TTL).await.expect("acquire").expect("free");
+    s.commit(&again, &batch, 2).await.expect("commit after");
+    assert_eq!(s.committed_lsn().await.expect("marker"), 2);
+    assert_eq!(s.get(&Key::Payload(3).encode()).await.expect("get"), None);
+}
