@@ -19,6 +19,14 @@
 # at their own address; their results are renamed to the target's name. Their CPU
 # column is the Letterbox process alone (not PostgreSQL's).
 #
+# rabbit-quorum-3: RabbitMQ's quorum queues with 3 members on a 3-node cluster on
+# loopback (tools/rabbit-cluster.sh under $QBENCH_PEER_DIR/rabbit-cluster, AMQP
+# 5681-5683, epmd 4370; loadgen connects to the first node), the like-for-like
+# peer of letterbox-patroni (rabbit-quorum is one node, so its queue is not
+# replicated). It runs the RabbitMQ rows too; its CPU figure is the three
+# beam.smp processes together.
+#   TARGETS="letterbox-patroni rabbit-quorum rabbit-quorum-3" tools/bench.sh
+#
 # Env: REPS (3), TARGETS ("letterbox rabbit-quorum rabbit-classic nats-js"), OUT (results dir),
 #      ORDER (rows: each row on every target, repetitions alternating between the
 #      targets; targets: each target through all rows, as before 2026-12-03),
@@ -30,7 +38,9 @@
 #      for fsyncs/s and log bytes per message), EXTRA_TARGET_ARGS (extra args for every loadgen run),
 #      ROWS_MATCH (an extended regex: only the rows whose loadgen arguments match),
 #      LETTERBOX_PG_PORT (50061), LETTERBOX_PATRONI_PORT (50071), QBENCH_PG_PORT (5439:
-#      letterbox-pg's PostgreSQL; the Patroni cluster uses 5441-5443)
+#      letterbox-pg's PostgreSQL; the Patroni cluster uses 5441-5443),
+#      RABBIT_CLUSTER_AMQP_PORT (5681), RABBIT_CLUSTER_DIST_PORT (25681),
+#      RABBIT_CLUSTER_EPMD_PORT (4370): rabbit-quorum-3's cluster (rabbit-cluster.sh)
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/.." && pwd)
@@ -61,12 +71,13 @@ scale() { if [ "$QUICK" = 1 ]; then echo $(( $1 / 20 )); else echo $(( $1 / DIV 
 has_target() { [[ " $TARGETS " == *" $1 "* ]]; }
 
 # which processes TARGETS needs
-want_letterbox=0; want_pg=0; want_patroni=0; peers=()
+want_letterbox=0; want_pg=0; want_patroni=0; want_rabbit_cluster=0; peers=()
 for t in $TARGETS; do
   case "$t" in
     letterbox) want_letterbox=1 ;;
     letterbox-pg) want_pg=1 ;;
     letterbox-patroni) want_patroni=1 ;;
+    rabbit-quorum-3) want_rabbit_cluster=1 ;;
     rabbit-*) [[ " ${peers[*]-} " == *" rabbitmq "* ]] || peers+=(rabbitmq) ;;
     nats-*) [[ " ${peers[*]-} " == *" nats "* ]] || peers+=(nats) ;;
     *) echo "unknown target: $t" >&2; exit 2 ;;
@@ -118,6 +129,8 @@ LB_PG=$PEERS/letterbox-pg LB_PATRONI=$PEERS/letterbox-patroni
 LETTERBOX_PG_PORT=${LETTERBOX_PG_PORT:-50061}
 LETTERBOX_PATRONI_PORT=${LETTERBOX_PATRONI_PORT:-50071}
 QBENCH_PG_PORT=${QBENCH_PG_PORT:-5439}
+# rabbit-quorum-3: the 3-node RabbitMQ cluster's directory
+RABBIT_CLUSTER=$PEERS/rabbit-cluster
 
 stop_letterbox() { # [dir] SIGTERM (graceful: finishes calls, checkpoints), KILL after 30 s
   local f=${1:-$LB}/server.pid
@@ -141,6 +154,7 @@ cleanup() {
     [ "$want_letterbox" = 1 ] && stop_letterbox
     if [ "$want_pg" = 1 ]; then stop_letterbox "$LB_PG"; ./pg-local.sh stop "$PEERS/pg" || true; fi
     if [ "$want_patroni" = 1 ]; then stop_letterbox "$LB_PATRONI"; ./patroni-cluster.sh stop "$PEERS/patroni" || true; fi
+    if [ "$want_rabbit_cluster" = 1 ]; then ./rabbit-cluster.sh stop "$RABBIT_CLUSTER" >&2 || true; fi
     [ ${#peers[@]} -gt 0 ] && scripts/stop-peers.sh "${peers[@]}"
   fi
   return 0
@@ -163,6 +177,14 @@ if [ "$want_patroni" = 1 ]; then
   ./patroni-cluster.sh start "$PEERS/patroni" >&2
   start_letterbox "$LB_PATRONI" "$LETTERBOX_PATRONI_PORT" $((LETTERBOX_PATRONI_PORT + 1)) \
     --store "$(./patroni-cluster.sh url "$PEERS/patroni")" --node-name bench-patroni
+fi
+if [ "$want_rabbit_cluster" = 1 ]; then
+  echo "== start a 3-node RabbitMQ cluster (rabbit-cluster.sh)" >&2
+  # a cluster still running (KEEP_PEERS=1) is used as it is
+  [ "$FRESH" = 1 ] && [ -z "$(./rabbit-cluster.sh pids "$RABBIT_CLUSTER")" ] && rm -rf "$RABBIT_CLUSTER"
+  ./rabbit-cluster.sh start "$RABBIT_CLUSTER" >&2
+  LOADGEN_AMQP_CLUSTER_URL=$(./rabbit-cluster.sh url "$RABBIT_CLUSTER")
+  export LOADGEN_AMQP_CLUSTER_URL
 fi
 if [ ${#peers[@]} -gt 0 ]; then
   echo "== start peers: ${peers[*]}" >&2
@@ -203,13 +225,15 @@ broker_pid() {
     letterbox) cat "$LB/server.pid" 2>/dev/null ;;
     letterbox-pg) cat "$LB_PG/server.pid" 2>/dev/null ;;
     letterbox-patroni) cat "$LB_PATRONI/server.pid" 2>/dev/null ;;
+    # the three nodes' beam.smp, one a line
+    rabbit-quorum-3) ./rabbit-cluster.sh pids "$RABBIT_CLUSTER" ;;
     rabbit-*) cat "$PEERS/rabbitmq/beam.pid" 2>/dev/null ;;
     nats-*) cat "$PEERS/nats/server.pid" 2>/dev/null ;;
   esac
 }
 
 # CPU ticks (user + system) of the broker processes of TARGETS (each once:
-# both RabbitMQ targets are one process).
+# both one-node RabbitMQ targets are one process; rabbit-quorum-3 is three).
 broker_ticks() {
   local total=0 pid
   for pid in $(for t in $TARGETS; do broker_pid "$t" || true; done | sort -u); do
@@ -238,7 +262,8 @@ settle() {
 
 q() { # target, first rep, reps, then loadgen run args
   local t=$1 first=$2 reps=$3; shift 3
-  local pid; pid=$(broker_pid "$t" || true)
+  # the broker's PIDs, comma-separated (rabbit-quorum-3: its three nodes)
+  local pid; pid=$(broker_pid "$t" | paste -sd, - || true)
   local out=$OUT/results.jsonl port=""
   case "$t" in letterbox-pg) port=$LETTERBOX_PG_PORT ;; letterbox-patroni) port=$LETTERBOX_PATRONI_PORT ;; esac
   # letterbox on PostgreSQL: loadgen's letterbox target at that server's address

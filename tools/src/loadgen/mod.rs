@@ -7,8 +7,8 @@
 //! ```
 //!
 //! Targets are pluggable: see [`target`]. `letterbox` is always built; the
-//! peers (`rabbit-quorum`, `rabbit-classic`, `nats-js`) need the cargo
-//! feature `peers`.
+//! peers (`rabbit-quorum`, `rabbit-quorum-3`, `rabbit-classic`, `nats-js`)
+//! need the cargo feature `peers`.
 
 // Statistics and CLI glue: the casts between counts, sizes and floats are
 // intended.
@@ -62,7 +62,8 @@ enum Cmd {
 
 #[derive(Parser)]
 struct RunArgs {
-    /// letterbox | rabbit-quorum | rabbit-classic | nats-js (see target::connect)
+    /// letterbox | rabbit-quorum | rabbit-quorum-3 | rabbit-classic | nats-js
+    /// (see target::connect)
     #[arg(long)]
     target: String,
     #[arg(long, value_enum)]
@@ -115,9 +116,11 @@ struct RunArgs {
     delivery_limit: u32,
     #[arg(long, default_value = "loadgen")]
     queue: String,
-    /// PID of the broker process, to record its CPU time per run
-    #[arg(long)]
-    broker_pid: Option<u32>,
+    /// PID of the broker process, to record its CPU time per run; a
+    /// broker of several processes (a cluster): their PIDs, comma-separated
+    /// or the flag repeated, their CPU times added up
+    #[arg(long, value_delimiter = ',')]
+    broker_pid: Vec<u32>,
     #[arg(long, default_value_t = 1)]
     reps: u32,
     /// number of the first repetition in the results (a script that runs
@@ -153,6 +156,13 @@ struct RunArgs {
         env = "LOADGEN_AMQP_URL"
     )]
     amqp_url: String,
+    /// rabbit-quorum-3: a node of the 3-node cluster (tools/rabbit-cluster.sh)
+    #[arg(
+        long,
+        default_value = "amqp://guest:guest@127.0.0.1:5681/%2f",
+        env = "LOADGEN_AMQP_CLUSTER_URL"
+    )]
+    amqp_cluster_url: String,
     #[arg(
         long,
         default_value = "nats://127.0.0.1:4222",
@@ -212,6 +222,7 @@ async fn run(a: RunArgs) -> Result<()> {
             .clone()
             .filter(|u| !u.is_empty() && a.target == "letterbox"),
         amqp_url: a.amqp_url.clone(),
+        amqp_cluster_url: a.amqp_cluster_url.clone(),
         nats_url: a.nats_url.clone(),
     };
     let t = target::connect(&a.target, &ep).await?;
@@ -285,7 +296,7 @@ fn params(a: &RunArgs) -> Params {
         ack: a.ack,
         rate: a.rate,
         delivery_limit: a.delivery_limit,
-        broker_pid: a.broker_pid,
+        broker_pid: a.broker_pid.clone(),
         consumer: a.consumer,
         groups: a.groups,
         per_group: a.per_group,
