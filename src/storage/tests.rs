@@ -14,6 +14,17 @@ fn small_opts() -> StoreOptions {
     }
 }
 
+/// [`small_opts`] with neither the applier nor checkpoints on a timer
+/// (an hour): what is applied and checkpointed is up to the test (and to
+/// `apply_bytes` and `checkpoint_bytes`).
+fn unapplied_opts() -> StoreOptions {
+    StoreOptions {
+        apply_interval: Duration::from_secs(3600),
+        checkpoint_interval: Duration::from_secs(3600),
+        ..small_opts()
+    }
+}
+
 fn payload(i: u64) -> Bytes {
     encode_payload(&PayloadRecord::new(
         i,
@@ -69,11 +80,7 @@ async fn submitted_changes_are_visible_at_once_and_after_reopen() {
 #[tokio::test]
 async fn a_crash_is_recovered_from_the_log() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let opts = StoreOptions {
-        apply_interval: Duration::from_secs(3600),
-        checkpoint_interval: Duration::from_secs(3600),
-        ..small_opts()
-    };
+    let opts = unapplied_opts();
     let (store, _) = Store::open(dir.path(), opts.clone()).expect("open");
     let mut commits = Vec::new();
     for i in 0..200u64 {
@@ -128,11 +135,7 @@ async fn a_crash_is_recovered_from_the_log() {
 #[tokio::test]
 async fn an_empty_transaction_waits_for_those_before_it_and_replays() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let opts = StoreOptions {
-        apply_interval: Duration::from_secs(3600),
-        checkpoint_interval: Duration::from_secs(3600),
-        ..small_opts()
-    };
+    let opts = unapplied_opts();
     let (store, _) = Store::open(dir.path(), opts.clone()).expect("open");
     let mut t = Txn::new();
     t.put_payload(1, payload(1));
@@ -499,10 +502,8 @@ async fn fresh_keys_created_and_deleted_between_applies_never_reach_the_database
 async fn a_payload_deleted_while_its_relocation_is_pending_stays_deleted() {
     let dir = tempfile::tempdir().expect("tempdir");
     let opts = StoreOptions {
-        apply_interval: Duration::from_secs(3600),
-        checkpoint_interval: Duration::from_secs(3600),
         checkpoint_bytes: u64::MAX,
-        ..small_opts()
+        ..unapplied_opts()
     };
     let (store, _) = Store::open(dir.path(), opts.clone()).expect("open");
     put_payloads(&store, 0..400).await;
@@ -557,12 +558,10 @@ async fn put_states(store: &Store, range: std::ops::Range<u64>) {
 
 fn rewrite_opts() -> StoreOptions {
     StoreOptions {
-        apply_interval: Duration::from_secs(3600),
-        checkpoint_interval: Duration::from_secs(3600),
         checkpoint_bytes: u64::MAX,
         segment_size: 4 << 20,
         rewrite_min_bytes: 4 << 20,
-        ..small_opts()
+        ..unapplied_opts()
     }
 }
 
@@ -671,12 +670,10 @@ async fn a_bad_record_of_the_current_database_refuses_to_start() {
 /// when woken (its interval is an hour, its early trigger 1 GiB).
 fn bounded_opts() -> StoreOptions {
     StoreOptions {
-        apply_interval: Duration::from_secs(3600),
         apply_bytes: 1 << 30,
         max_unapplied_bytes: 64 << 10,
-        checkpoint_interval: Duration::from_secs(3600),
         checkpoint_bytes: u64::MAX,
-        ..small_opts()
+        ..unapplied_opts()
     }
 }
 
@@ -801,10 +798,8 @@ async fn payloads_logged_while_a_generation_is_applied_keep_their_places() {
 /// place at once (none kept whole).
 fn manual_apply_opts() -> StoreOptions {
     StoreOptions {
-        apply_interval: Duration::from_secs(3600),
-        checkpoint_interval: Duration::from_secs(3600),
         recent_payload_bytes: 0,
-        ..small_opts()
+        ..unapplied_opts()
     }
 }
 
