@@ -809,9 +809,20 @@ fn lease_expiry(ix: &Index<'_>, rows: &mut Rows) {
         if maybe_settled {
             continue;
         }
+        // Came back: a delivery asked for after this one arrived, or
+        // arriving after it; or, in whatever order the answers arrived, a
+        // higher count in the same queue (its lease ended: a delivery
+        // held up past its own deadline by a slow commit can arrive after
+        // the one that followed it), or a copy in another queue (its DLQ)
+        // asked for after this one.
         let again = by_id.get(d.id.as_str()).is_some_and(|v| {
-            v.iter()
-                .any(|&i| ds[i].inv.t > d.done.t || (ds[i].idx != d.idx && ds[i].done.t > d.done.t))
+            v.iter().map(|&i| &ds[i]).any(|e| {
+                e.idx != d.idx
+                    && (e.inv.t > d.done.t
+                        || e.done.t > d.done.t
+                        || (e.queue == d.queue && e.count > d.count)
+                        || (e.queue != d.queue && e.done.t > d.inv.t))
+            })
         });
         if !again {
             rows.add("I8", || {

@@ -1,7 +1,9 @@
-//! The checker's FIFO rule (I9) on hand-made histories: each case is a
-//! history that must pass or must be flagged, so that a change to the rule
-//! that lets a reordering through, or flags a legal dead-letter skip or a
-//! legal release (SPEC §3), fails here before it can hide in a chaos run.
+//! The checker's FIFO rule (I9) and lease expiry rule (I8) on hand-made
+//! histories: each case is a history that must pass or must be flagged, so
+//! that a change to a rule that lets a reordering through, or flags a
+//! legal dead-letter skip, a legal release (SPEC §3) or a late answer
+//! overtaken by the next delivery, fails here before it can hide in a
+//! chaos run.
 
 use super::checker::{Report, check};
 use super::history::{
@@ -402,4 +404,44 @@ fn an_ack_after_the_earlier_one_was_dead_lettered_passes() {
     ];
     let r = report(ds, published(base, &["m1", "m2"]), settles, &hist);
     assert_eq!(r.of("I9"), 0, "{}", r.table());
+}
+
+/// m1's second delivery held up by a slow commit past its own deadline:
+/// the lease it was answered with ran out before it arrived, and the third
+/// delivery, leased meanwhile, arrived first (and was acked).
+fn late_second_delivery(with_third: bool) -> Report {
+    let hist = History::new(None);
+    let base = hist.now();
+    let mut second = delivered(base, 2, FIFO, "m1", 1_500, 1_000);
+    second.count = 2;
+    second.inv = at(base, 10);
+    second.deadline = base.wall + 1_010;
+    let mut third = delivered(base, 3, FIFO, "m1", 1_400, 1_000);
+    third.count = 3;
+    third.inv = at(base, 1_100);
+    let mut ds = vec![second];
+    let mut settles = vec![settle(
+        base,
+        0,
+        SettleKind::Ack,
+        1_510,
+        SettleResult::LeaseExpired,
+    )];
+    if with_third {
+        ds.push(third);
+        settles.push(settle(base, 1, SettleKind::Ack, 1_420, ok()));
+    }
+    report(ds, published(base, &["m1"]), settles, &hist)
+}
+
+#[test]
+fn a_late_delivery_overtaken_by_the_next_one_came_back() {
+    let r = late_second_delivery(true);
+    assert_eq!(r.of("I8"), 0, "{}", r.table());
+}
+
+#[test]
+fn a_delivery_never_settled_and_never_delivered_again_is_flagged() {
+    let r = late_second_delivery(false);
+    assert_eq!(r.of("I8"), 1, "{}", r.table());
 }

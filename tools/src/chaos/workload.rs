@@ -1321,10 +1321,13 @@ pub async fn stream_consumer(sh: Arc<Shared>) -> anyhow::Result<()> {
                         let done = sh.hist.now();
                         for (i, idx) in idxs.into_iter().enumerate() {
                             let result = if s.code != 0 {
-                                SettleResult::Call(Outcome::Fail {
-                                    code: s.code.to_string(),
-                                    msg: s.error.clone(),
-                                })
+                                // Classified as a unary call's status is:
+                                // only the codes that say nothing was done
+                                // are a failure.
+                                SettleResult::Call(Outcome::from_status(&tonic::Status::new(
+                                    tonic::Code::from(s.code),
+                                    s.error.clone(),
+                                )))
                             } else {
                                 match s.results.get(i) {
                                     Some(r) => settle_result(r),
