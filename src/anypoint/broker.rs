@@ -157,13 +157,14 @@ async fn authorize(
                 secret: &secret,
             },
             None,
+            super::call_peer().map(|p| p.ip()),
         )
         .await
         .map_err(|e| {
             super::audit_who(&format!("client id {id}"), |who| {
                 crate::server::audit::refused(who, "authenticate", "-", &e.to_string());
             });
-            ApiError::new(StatusCode::UNAUTHORIZED, e.to_string())
+            ApiError::from_auth(e)
         })?;
     let token = api.tokens.issue(&id, principal, api.now());
     Ok(json_response(

@@ -71,6 +71,7 @@ impl ApiError {
     pub(crate) fn from_auth(e: AuthError) -> ApiError {
         let status = match e {
             AuthError::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
+            AuthError::Throttled { .. } => StatusCode::TOO_MANY_REQUESTS,
             AuthError::PermissionDenied { .. } => StatusCode::FORBIDDEN,
         };
         ApiError::new(status, e.to_string())

@@ -16,6 +16,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -23,6 +24,10 @@ use std::time::{Duration, Instant};
 use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
+
+pub(crate) mod failures;
+
+use failures::Failures;
 
 /// What a call does, for authorization.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -98,6 +103,15 @@ pub enum AuthError {
     /// No or bad credentials.
     #[error("{0}")]
     Unauthenticated(String),
+    /// Too many wrong secrets for a client id from one address lately:
+    /// refused without a check (see [`MAX_FAILED_CHECKS`]).
+    #[error("{message}")]
+    Throttled {
+        /// What happened and when the next secret is checked.
+        message: String,
+        /// Seconds until the next secret is checked.
+        retry_after_secs: u64,
+    },
     /// Known caller, action not granted.
     #[error("principal {principal:?} may not {action} {name:?}")]
     PermissionDenied {
@@ -289,6 +303,20 @@ struct ClientEntry {
 /// the longest a removed or changed secret still works.
 pub const VERIFIED_TTL: Duration = Duration::from_secs(5 * 60);
 
+/// Wrong secrets of one client id from one address that stop its secrets
+/// from being checked from there...
+pub const MAX_FAILED_CHECKS: usize = 5;
+/// ...when they all fell within this time, until the oldest of them is
+/// that old. Guessing a secret then costs the server no argon2 check past
+/// [`MAX_FAILED_CHECKS`] per window, and one misconfigured service locks
+/// out only its own client id from its own address; a client whose right
+/// secret is in the cache ([`VERIFIED_TTL`]) is not checked, so not
+/// refused.
+pub const FAILED_CHECK_WINDOW: Duration = Duration::from_secs(5 * 60);
+/// Most (address, client id) pairs whose wrong secrets are remembered
+/// (those with none within the window go first, then the longest quiet).
+const MAX_TRACKED_FAILURES: usize = 10_000;
+
 /// The monotonic time the secret cache reads (tests move it).
 type Now = Box<dyn Fn() -> Instant + Send + Sync>;
 
@@ -305,8 +333,13 @@ pub struct Authenticator {
     /// with its right secret gets an entry, so the map holds at most one
     /// entry per configured client whatever callers send.
     verified: Mutex<HashMap<String, (Digest32, Instant)>>,
-    /// Now, for the cache.
+    /// Wrong secrets by (address, client id), for [`MAX_FAILED_CHECKS`],
+    /// at milliseconds since `epoch`.
+    failures: Failures<(Option<IpAddr>, String)>,
+    /// Now, for the cache and the wrong secrets.
     now: Now,
+    /// Where the wrong secrets' milliseconds count from.
+    epoch: Instant,
     /// How many secrets were verified with argon2.
     argon2_runs: AtomicU64,
     anonymous: Arc<Principal>,
@@ -332,7 +365,13 @@ impl Authenticator {
             tokens: HashMap::new(),
             certs: HashMap::new(),
             verified: Mutex::new(HashMap::new()),
+            failures: Failures::new(
+                MAX_FAILED_CHECKS,
+                millis(FAILED_CHECK_WINDOW),
+                MAX_TRACKED_FAILURES,
+            ),
             now: Box::new(Instant::now),
+            epoch: Instant::now(),
             argon2_runs: AtomicU64::new(0),
             anonymous: Principal::anonymous(),
         }
@@ -459,7 +498,7 @@ impl Authenticator {
         match self.quick(creds, certificate) {
             Some(answer) => answer,
             None => match creds {
-                Credentials::ClientSecret { id, secret } => self.verify_secret(id, secret),
+                Credentials::ClientSecret { id, secret } => self.verify_secret(None, id, secret),
                 Credentials::None | Credentials::Bearer(_) => {
                     unreachable!("only a client secret needs argon2")
                 }
@@ -470,11 +509,14 @@ impl Authenticator {
     /// [`Authenticator::authenticate`] for async callers: the answer is
     /// immediate (the future is ready when first polled) unless a client
     /// secret must be verified with argon2, which then runs on the blocking
-    /// pool, off the async workers. The future borrows nothing.
+    /// pool, off the async workers. The future borrows nothing. `peer` is
+    /// the caller's address: wrong secrets are counted by address and
+    /// client id ([`MAX_FAILED_CHECKS`]).
     pub fn authenticate_async(
         self: &Arc<Self>,
         creds: Credentials<'_>,
         certificate: Option<&[u8]>,
+        peer: Option<IpAddr>,
     ) -> impl Future<Output = Result<Arc<Principal>, AuthError>> + Send + use<> {
         let slow = match self.quick(creds, certificate) {
             Some(answer) => Err(answer),
@@ -493,7 +535,8 @@ impl Authenticator {
                 Ok(job) => job,
             };
             let shown = id.clone();
-            match tokio::task::spawn_blocking(move || auth.verify_secret(&id, &secret)).await {
+            match tokio::task::spawn_blocking(move || auth.verify_secret(peer, &id, &secret)).await
+            {
                 Ok(answer) => answer,
                 Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
                 // Cancelled: the runtime is shutting down.
@@ -548,21 +591,52 @@ impl Authenticator {
         })
     }
 
-    /// Checks a client secret with argon2 and, when right, caches it.
-    fn verify_secret(&self, id: &str, secret: &str) -> Result<Arc<Principal>, AuthError> {
+    /// Checks a client secret with argon2 and, when right, caches it and
+    /// forgets the wrong ones from `peer`; refused without a check while
+    /// `peer` has had [`MAX_FAILED_CHECKS`] wrong secrets for `id` within
+    /// [`FAILED_CHECK_WINDOW`].
+    fn verify_secret(
+        &self,
+        peer: Option<IpAddr>,
+        id: &str,
+        secret: &str,
+    ) -> Result<Arc<Principal>, AuthError> {
         let entry = self.clients.get(id).ok_or_else(|| refused(id))?;
+        let key = (peer, id.to_string());
+        let now = (self.now)();
+        let at = millis(now.saturating_duration_since(self.epoch));
+        if let Some(wait) = self.failures.wait(&key, at) {
+            let secs = wait.div_ceil(1_000);
+            let from = peer.map_or_else(|| "an unknown address".to_string(), |p| p.to_string());
+            return Err(AuthError::Throttled {
+                message: format!(
+                    "too many wrong secrets for client id {id:?} from {from}: {MAX_FAILED_CHECKS} within {} minutes; the next is checked in {secs} s",
+                    FAILED_CHECK_WINDOW.as_secs() / 60
+                ),
+                retry_after_secs: secs,
+            });
+        }
         let hash = PasswordHash::new(&entry.phc).map_err(|_| refused(id))?;
         self.argon2_runs.fetch_add(1, Ordering::Relaxed);
-        argon2::Argon2::default()
+        if argon2::Argon2::default()
             .verify_password(secret.as_bytes(), &hash)
-            .map_err(|_| refused(id))?;
-        let now = (self.now)();
+            .is_err()
+        {
+            self.failures.failed(key, at);
+            return Err(refused(id));
+        }
+        self.failures.succeeded(&key);
         self.verified
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(id.to_string(), (sha256(secret.as_bytes()), now));
         Ok(Arc::clone(&entry.principal))
     }
+}
+
+/// `d` in whole milliseconds.
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 fn refused(id: &str) -> AuthError {
@@ -758,12 +832,12 @@ mod tests {
     async fn async_callers_run_argon2_on_the_blocking_pool_and_not_a_cached_check() {
         let (a, _) = with_client_and_time();
         // Not cached: the future waits for the blocking pool.
-        let mut first = std::pin::pin!(a.authenticate_async(secret("s3cret"), None));
+        let mut first = std::pin::pin!(a.authenticate_async(secret("s3cret"), None, None));
         assert!(poll_once(&mut first).is_pending(), "argon2 runs elsewhere");
         assert_eq!(first.await.unwrap().name(), "app");
         assert_eq!(a.argon2_runs(), 1);
         // Cached: ready when first polled.
-        let mut again = std::pin::pin!(a.authenticate_async(secret("s3cret"), None));
+        let mut again = std::pin::pin!(a.authenticate_async(secret("s3cret"), None, None));
         match poll_once(&mut again) {
             std::task::Poll::Ready(p) => assert_eq!(p.unwrap().name(), "app"),
             std::task::Poll::Pending => panic!("a cached secret needs no wait"),
@@ -776,14 +850,59 @@ mod tests {
                 secret: "x",
             },
             None,
+            None,
         ));
         assert!(matches!(
             poll_once(&mut unknown),
             std::task::Poll::Ready(Err(AuthError::Unauthenticated(_)))
         ));
-        let wrong = a.authenticate_async(secret("wrong"), None).await;
+        let wrong = a.authenticate_async(secret("wrong"), None, None).await;
         assert!(matches!(wrong, Err(AuthError::Unauthenticated(_))));
         assert_eq!(a.argon2_runs(), 2);
+    }
+
+    #[tokio::test]
+    async fn wrong_secrets_from_one_address_stop_its_checks_of_that_client_for_a_while() {
+        let (a, offset) = with_client_and_time();
+        let from = |last: u8| Some(IpAddr::from([10, 0, 0, last]));
+        for i in 0..MAX_FAILED_CHECKS {
+            offset.store(i as u64 * 10_000, Ordering::SeqCst);
+            let r = a.authenticate_async(secret("guess"), None, from(1)).await;
+            assert!(matches!(r, Err(AuthError::Unauthenticated(_))), "{r:?}");
+        }
+        assert_eq!(a.argon2_runs(), 5);
+        // Closed to that address for that client id, the right secret too,
+        // without an argon2 check: until the first wrong one is
+        // FAILED_CHECK_WINDOW old (it was 40 s ago).
+        for s in ["guess", "s3cret"] {
+            match a.authenticate_async(secret(s), None, from(1)).await {
+                Err(AuthError::Throttled {
+                    message,
+                    retry_after_secs,
+                }) => {
+                    assert_eq!(retry_after_secs, 260, "{message}");
+                    assert!(message.contains("\"app-id\" from 10.0.0.1"), "{message}");
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(a.argon2_runs(), 5, "no check while closed");
+        // Another address is checked as usual.
+        let other = a.authenticate_async(secret("guess"), None, from(2)).await;
+        assert!(matches!(other, Err(AuthError::Unauthenticated(_))));
+        assert_eq!(a.argon2_runs(), 6);
+        // Once the first wrong secret is old enough, checked again; the
+        // right secret works and forgets the address's wrong ones.
+        offset.store(FAILED_CHECK_WINDOW.as_secs() * 1_000, Ordering::SeqCst);
+        assert_eq!(
+            a.authenticate_async(secret("s3cret"), None, from(1))
+                .await
+                .unwrap()
+                .name(),
+            "app"
+        );
+        assert_eq!(a.argon2_runs(), 7);
+        assert!(!a.failures.remembers(&(from(1), "app-id".into())));
     }
 
     #[test]

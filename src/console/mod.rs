@@ -415,7 +415,7 @@ pub(crate) async fn serve(
     let console = Arc::new(Console {
         history: history::History::new(opts.sample_every),
         sessions: session::Sessions::new(),
-        logins: session::LoginThrottle::default(),
+        logins: session::login_throttle(),
         jobs: jobs::Jobs::new(),
         started: Instant::now(),
         broker,

@@ -10,7 +10,7 @@
 //! is refused (429, `Retry-After`) without its credentials being checked
 //! until the oldest of them is that old ([`LoginThrottle`]).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
 
@@ -21,6 +21,7 @@ use maud::html;
 use subtle::ConstantTimeEq;
 
 use super::{Failure, Posted, Shared, layout};
+use crate::auth::failures::Failures;
 use crate::auth::{Credentials, Principal, hex_sha256, new_token};
 use crate::queue::model::{HOUR, MINUTE, SECOND};
 use crate::server::audit;
@@ -46,58 +47,15 @@ const MAX_TRACKED_ADDRESSES: usize = 10_000;
 /// from one address, and costs no argon2 check beyond them. A successful
 /// login forgets the address's failures. Behind a reverse proxy every
 /// visitor has the proxy's address.
-#[derive(Debug, Default)]
-pub(crate) struct LoginThrottle {
-    failed: Mutex<HashMap<IpAddr, VecDeque<u64>>>,
-}
+pub(crate) type LoginThrottle = Failures<IpAddr>;
 
-impl LoginThrottle {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<IpAddr, VecDeque<u64>>> {
-        self.failed.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// How long (ms) `peer` must wait before its next login is checked,
-    /// or `None` when it may try now.
-    pub(crate) fn wait(&self, peer: IpAddr, now: u64) -> Option<u64> {
-        let mut failed = self.lock();
-        let times = failed.get_mut(&peer)?;
-        times.retain(|t| now < t.saturating_add(FAILED_LOGIN_WINDOW));
-        if times.is_empty() {
-            failed.remove(&peer);
-            return None;
-        }
-        (times.len() >= MAX_FAILED_LOGINS)
-            .then(|| times[0].saturating_add(FAILED_LOGIN_WINDOW) - now)
-    }
-
-    /// Counts a failed login from `peer`.
-    pub(crate) fn failed(&self, peer: IpAddr, now: u64) {
-        let mut failed = self.lock();
-        if !failed.contains_key(&peer) && failed.len() >= MAX_TRACKED_ADDRESSES {
-            failed.retain(|_, ts| {
-                ts.back()
-                    .is_some_and(|t| now < t.saturating_add(FAILED_LOGIN_WINDOW))
-            });
-            if failed.len() >= MAX_TRACKED_ADDRESSES
-                && let Some(quiet) = failed
-                    .iter()
-                    .min_by_key(|(_, ts)| ts.back().copied())
-                    .map(|(ip, _)| *ip)
-            {
-                failed.remove(&quiet);
-            }
-        }
-        let times = failed.entry(peer).or_default();
-        times.push_back(now);
-        while times.len() > MAX_FAILED_LOGINS {
-            times.pop_front();
-        }
-    }
-
-    /// Forgets `peer`'s failures (it logged in).
-    pub(crate) fn succeeded(&self, peer: IpAddr) {
-        self.lock().remove(&peer);
-    }
+/// The console's [`LoginThrottle`].
+pub(crate) fn login_throttle() -> LoginThrottle {
+    Failures::new(
+        MAX_FAILED_LOGINS,
+        FAILED_LOGIN_WINDOW,
+        MAX_TRACKED_ADDRESSES,
+    )
 }
 
 /// One session.
@@ -323,7 +281,7 @@ pub(crate) async fn login(State(c): State<Shared>, req: axum::extract::Request) 
         );
     };
     let from = peer.map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |p| p.ip());
-    if let Some(ms) = c.logins.wait(from, c.now()) {
+    if let Some(ms) = c.logins.wait(&from, c.now()) {
         let secs = ms.div_ceil(SECOND);
         let why = format!(
             "too many failed logins from {from}: {MAX_FAILED_LOGINS} within {} minutes; try again in {secs} s",
@@ -347,7 +305,10 @@ pub(crate) async fn login(State(c): State<Shared>, req: axum::extract::Request) 
     };
     // argon2 takes tens of milliseconds: a secret not verified lately is
     // checked on the blocking pool, off the async workers.
-    let checked = c.auth.authenticate_async(creds, None).await;
+    let checked = c
+        .auth
+        .authenticate_async(creds, None, peer.map(|p| p.ip()))
+        .await;
     let principal = match checked {
         Ok(p) => p,
         Err(e) => {
@@ -361,7 +322,7 @@ pub(crate) async fn login(State(c): State<Shared>, req: axum::extract::Request) 
             );
         }
     };
-    c.logins.succeeded(from);
+    c.logins.succeeded(&from);
     let (token, s) = c.sessions.open(principal, peer, true, c.now());
     audit::done(s.who(), "console.login", "", "session opened");
     let mut r = (
@@ -407,42 +368,42 @@ mod tests {
 
     #[test]
     fn failed_logins_close_an_address_for_the_window_only() {
-        let t = LoginThrottle::default();
+        let t = login_throttle();
         let (a, b): (IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
         for i in 0..MAX_FAILED_LOGINS as u64 {
-            assert_eq!(t.wait(a, 1000 * i), None, "try {i}");
+            assert_eq!(t.wait(&a, 1000 * i), None, "try {i}");
             t.failed(a, 1000 * i);
         }
         // Closed until the first failure is a window old.
         let last = 1000 * (MAX_FAILED_LOGINS as u64 - 1);
-        assert_eq!(t.wait(a, last), Some(FAILED_LOGIN_WINDOW - last));
-        assert_eq!(t.wait(b, last), None, "another address may try");
-        assert_eq!(t.wait(a, FAILED_LOGIN_WINDOW - 1), Some(1));
+        assert_eq!(t.wait(&a, last), Some(FAILED_LOGIN_WINDOW - last));
+        assert_eq!(t.wait(&b, last), None, "another address may try");
+        assert_eq!(t.wait(&a, FAILED_LOGIN_WINDOW - 1), Some(1));
         // Then one more try, and closed again if it fails.
-        assert_eq!(t.wait(a, FAILED_LOGIN_WINDOW), None);
+        assert_eq!(t.wait(&a, FAILED_LOGIN_WINDOW), None);
         t.failed(a, FAILED_LOGIN_WINDOW);
-        assert_eq!(t.wait(a, FAILED_LOGIN_WINDOW), Some(1000));
+        assert_eq!(t.wait(&a, FAILED_LOGIN_WINDOW), Some(1000));
         // Failures spread wider than the window never close it.
-        let spread = LoginThrottle::default();
+        let spread = login_throttle();
         for i in 0..3 * MAX_FAILED_LOGINS as u64 {
             let now = i * (FAILED_LOGIN_WINDOW / MAX_FAILED_LOGINS as u64 + 1);
-            assert_eq!(spread.wait(a, now), None, "try {i}");
+            assert_eq!(spread.wait(&a, now), None, "try {i}");
             spread.failed(a, now);
         }
         // A login forgets the failures.
-        t.succeeded(a);
-        assert_eq!(t.wait(a, FAILED_LOGIN_WINDOW), None);
+        t.succeeded(&a);
+        assert_eq!(t.wait(&a, FAILED_LOGIN_WINDOW), None);
     }
 
     #[test]
     fn the_addresses_remembered_are_bounded() {
-        let t = LoginThrottle::default();
+        let t = login_throttle();
         for i in 0..u32::try_from(MAX_TRACKED_ADDRESSES).unwrap() + 10 {
             t.failed(IpAddr::V4(Ipv4Addr::from(i)), u64::from(i));
         }
-        assert_eq!(t.lock().len(), MAX_TRACKED_ADDRESSES);
+        assert_eq!(t.len(), MAX_TRACKED_ADDRESSES);
         assert!(
-            !t.lock().contains_key(&IpAddr::V4(Ipv4Addr::from(0))),
+            !t.remembers(&IpAddr::V4(Ipv4Addr::from(0))),
             "the longest quiet went first"
         );
     }

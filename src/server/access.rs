@@ -19,6 +19,7 @@ use crate::queue::Broker;
 pub(crate) fn auth_status(e: AuthError) -> Status {
     match e {
         AuthError::Unauthenticated(m) => Status::unauthenticated(m),
+        AuthError::Throttled { message, .. } => Status::resource_exhausted(message),
         e @ AuthError::PermissionDenied { .. } => Status::permission_denied(e.to_string()),
     }
 }
@@ -129,7 +130,10 @@ pub(crate) fn caller<T>(
                         format!("client id {id}"),
                     ),
                 };
-                Ok((auth.authenticate_async(creds, leaf), shown))
+                Ok((
+                    auth.authenticate_async(creds, leaf, peer.map(|p| p.ip())),
+                    shown,
+                ))
             }
             Err(s) => {
                 audit::refused(
@@ -146,7 +150,7 @@ pub(crate) fn caller<T>(
         }
     } else {
         Ok((
-            auth.authenticate_async(Credentials::None, None),
+            auth.authenticate_async(Credentials::None, None, None),
             "-".to_string(),
         ))
     };

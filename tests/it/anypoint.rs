@@ -1262,6 +1262,39 @@ fn principal(name: &str, client: &str, secret: &str) -> PrincipalConfig {
     }
 }
 
+/// Five wrong secrets for one client id from one address within five
+/// minutes: `authorize` for it from there answers 429 without a check, the
+/// right secret too, while another client id is checked as usual.
+#[tokio::test]
+async fn wrong_secrets_close_authorize_for_that_client_from_that_address() {
+    let auth = Arc::new(
+        Authenticator::new(&[
+            principal("ops", "ops-client", "ops-secret"),
+            principal("app", "app-client", "app-secret"),
+        ])
+        .unwrap(),
+    );
+    let s = InProc::start_with(move |c| {
+        c.anypoint_listen = Some("127.0.0.1:0".parse().unwrap());
+        c.auth = auth;
+    })
+    .await;
+    let mut rest = Rest::new(s.anypoint.unwrap());
+    for i in 0..5 {
+        rest.authorize("ops-client", &format!("guess-{i}"))
+            .await
+            .failure(401, "bad client id or secret");
+    }
+    for secret in ["guess-5", "ops-secret"] {
+        rest.authorize("ops-client", secret).await.failure(
+            429,
+            "too many wrong secrets for client id \"ops-client\" from 127.0.0.1",
+        );
+    }
+    rest.authorize("app-client", "app-secret").await.expect(200);
+    s.stop().await;
+}
+
 #[tokio::test]
 async fn client_apps_are_checked_and_tokens_expire() {
     let app = PrincipalConfig {

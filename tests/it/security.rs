@@ -228,6 +228,43 @@ async fn every_call_needs_credentials_and_a_grant() {
     assert_eq!(seen, vec!["orders"]);
 }
 
+/// Five wrong secrets for one client id from one address within five
+/// minutes: its calls from there are refused with RESOURCE_EXHAUSTED
+/// without a check (the right secret too, until it is in the cache), and
+/// other credentials go on working.
+#[tokio::test]
+async fn wrong_secrets_close_a_client_id_to_the_address_for_a_while() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config_file(dir.path(), "");
+    let mut server = TestServer::start_with(&["--config", &cfg]).await;
+    let guess = |secret: &str| {
+        Some(Credentials::ClientSecret {
+            id: CONSUMER_ID.into(),
+            secret: secret.into(),
+        })
+    };
+    for i in 0..5 {
+        let c = client(&server, guess(&format!("guess-{i}"))).await;
+        assert_eq!(code(c.list_queues("").await), Code::Unauthenticated);
+    }
+    for c in [
+        client(&server, guess("guess-5")).await,
+        client(&server, consumer()).await,
+    ] {
+        let e = c.list_queues("").await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Rpc(Code::ResourceExhausted), "{e}");
+        assert!(
+            e.to_string().contains(&format!(
+                "too many wrong secrets for client id \"{CONSUMER_ID}\""
+            )),
+            "{e}"
+        );
+    }
+    let ops = client(&server, token(ADMIN_TOKEN)).await;
+    ops.list_queues("").await.unwrap();
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn publish_streams_are_authorized_per_publish() {
     let dir = tempfile::tempdir().unwrap();
