@@ -3,7 +3,7 @@
 //! `{"message":...}`, as in their specifications. The mapping from engine
 //! errors is one exhaustive match.
 
-use axum::http::StatusCode;
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
@@ -27,6 +27,8 @@ pub(crate) struct ApiError {
     pub(crate) status: StatusCode,
     pub(crate) message: String,
     pub(crate) api: Api,
+    /// Seconds for a `Retry-After` header (429 of a throttled secret).
+    pub(crate) retry_after: Option<u64>,
 }
 
 impl ApiError {
@@ -36,6 +38,7 @@ impl ApiError {
             status,
             message: message.into(),
             api: Api::Broker,
+            retry_after: None,
         }
     }
 
@@ -69,12 +72,17 @@ impl ApiError {
 
     /// An authentication or authorization failure.
     pub(crate) fn from_auth(e: AuthError) -> ApiError {
-        let status = match e {
-            AuthError::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
-            AuthError::Throttled { .. } => StatusCode::TOO_MANY_REQUESTS,
-            AuthError::PermissionDenied { .. } => StatusCode::FORBIDDEN,
+        let (status, retry_after) = match e {
+            AuthError::Unauthenticated(_) => (StatusCode::UNAUTHORIZED, None),
+            AuthError::Throttled {
+                retry_after_secs, ..
+            } => (StatusCode::TOO_MANY_REQUESTS, Some(retry_after_secs)),
+            AuthError::PermissionDenied { .. } => (StatusCode::FORBIDDEN, None),
         };
-        ApiError::new(status, e.to_string())
+        ApiError {
+            retry_after,
+            ..ApiError::new(status, e.to_string())
+        }
     }
 }
 
@@ -156,7 +164,12 @@ impl IntoResponse for ApiError {
             Api::Broker => json!({"status": "failure", "statusMessage": self.message}),
             Api::Admin => json!({"message": self.message}),
         };
-        json_response(self.status, &body)
+        let mut r = json_response(self.status, &body);
+        if let Some(secs) = self.retry_after {
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        r
     }
 }
 

@@ -30,6 +30,8 @@ const MINUTE: u64 = 60_000;
 struct Reply {
     status: u16,
     body: Value,
+    /// The `Retry-After` header, if any.
+    retry_after: Option<String>,
 }
 
 impl Reply {
@@ -99,6 +101,11 @@ impl Rest {
             .await
             .expect("http call");
         let status = resp.status().as_u16();
+        let retry_after = resp
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
         let bytes = resp.into_body().collect().await.unwrap().to_bytes();
         let body = if bytes.is_empty() {
             Value::Null
@@ -106,7 +113,11 @@ impl Rest {
             serde_json::from_slice(&bytes)
                 .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&bytes)))
         };
-        Reply { status, body }
+        Reply {
+            status,
+            body,
+            retry_after,
+        }
     }
 
     async fn call(&self, method: Method, path: &str, body: Option<Value>) -> Reply {
@@ -1286,7 +1297,14 @@ async fn wrong_secrets_close_authorize_for_that_client_from_that_address() {
             .failure(401, "bad client id or secret");
     }
     for secret in ["guess-5", "ops-secret"] {
-        rest.authorize("ops-client", secret).await.failure(
+        let r = rest.authorize("ops-client", secret).await;
+        let wait: u64 = r
+            .retry_after
+            .as_deref()
+            .and_then(|v| v.parse().ok())
+            .expect("Retry-After in seconds");
+        assert!((1..=300).contains(&wait), "{wait}");
+        r.failure(
             429,
             "too many wrong secrets for client id \"ops-client\" from 127.0.0.1",
         );
