@@ -56,10 +56,6 @@ pub(super) fn applier(inner: &Inner) {
             return;
         }
         if last_space_check.elapsed() >= Duration::from_millis(500) {
-            if let Err(e) = note_segments(inner) {
-                inner.fail(&e);
-                return;
-            }
             inner.refresh_space();
             last_space_check = Instant::now();
         }
@@ -320,6 +316,10 @@ pub(super) fn checkpoint(inner: &Inner) -> Result<()> {
     let applied = inner.applied.load(Ordering::Relaxed);
     inner.db().flush().map_err(|e| inner.db_error(e))?;
     fsutil::sync_tree(&inner.db_path())?;
+    // Held while `CHECKPOINT` is rewritten: the log writer adds the
+    // segments it moves into under the same lock (`note_segments`), so
+    // neither undoes the other's line.
+    let mut recorded = lock(&inner.recorded);
     // Where the log goes on: the last segment whose first record is at or
     // before the one after `applied` (the segments before it are retired
     // below), or the one the log began in at this start.
@@ -331,26 +331,30 @@ pub(super) fn checkpoint(inner: &Inner) -> Result<()> {
             .find(|&&(_, first)| first <= applied + 1)
             .copied()
             .unwrap_or((inner.start_segment, applied + 1));
-        // The segments written into from there on: their files are
-        // durable (the writer uses a segment only once its creation is).
-        let mut written: Vec<u64> = segments
+        // The segments with durable records from there on (the writer
+        // notes a segment once its first record is durable).
+        let written: Vec<(u64, Option<u64>)> = segments
             .iter()
-            .map(|&(n, _)| n)
-            .filter(|&n| n >= log.0)
+            .filter(|&&(n, _)| n >= log.0)
+            .map(|&(n, first)| (n, Some(first)))
             .collect();
-        if written.is_empty() {
-            written.push(log.0);
-        }
         (log, written)
     };
+    let mut listed = Vec::with_capacity(written.len() + 1);
+    if written.first().is_none_or(|&(n, _)| n != log.0) {
+        // The segment the log goes on in holds no record yet.
+        listed.push((log.0, None));
+    }
+    listed.extend(written);
     let wal_dir = inner.dir.join("wal");
-    let recorded = fsutil::Checkpoint {
+    let next = fsutil::Checkpoint {
         applied,
         log: Some(log),
-        sizes: segment_sizes(&wal_dir, written)?,
+        sizes: segment_sizes(&wal_dir, listed)?,
     };
-    fsutil::write_checkpoint(&inner.dir, &recorded)?;
-    *lock(&inner.recorded) = recorded;
+    fsutil::write_checkpoint(&inner.dir, &next)?;
+    *recorded = next;
+    drop(recorded);
     let mut retire = Vec::new();
     {
         let mut segments = lock(&inner.segments);
@@ -395,43 +399,49 @@ pub(super) fn checkpoint(inner: &Inner) -> Result<()> {
     compact(inner)
 }
 
-/// Adds the segments the log moved into since `CHECKPOINT` was written to
-/// its list of sizes (the applied lsn and log position unchanged), so that
-/// a truncation of one of them is found at the next start without waiting
-/// for the next checkpoint.
-pub(super) fn note_segments(inner: &Inner) -> Result<()> {
-    let mut recorded = lock(&inner.recorded);
-    let Some((from, _)) = recorded.log else {
-        return Ok(());
-    };
-    let known: Vec<u64> = recorded.sizes.iter().map(|&(n, _)| n).collect();
-    let new: Vec<u64> = lock(&inner.segments)
-        .iter()
-        .map(|&(n, _)| n)
-        .filter(|&n| n >= from && !known.contains(&n))
-        .collect();
-    if new.is_empty() {
+/// Adds segments the log writer has just put its first durable records
+/// in to `CHECKPOINT`'s list (the applied lsn and log position unchanged),
+/// before any of those records is answered: a segment's place in the log
+/// is then durable, so a start refuses the segment truncated, zeroed or
+/// replaced however soon after the switch that happens.
+pub(super) fn note_segments(inner: &Inner, entered: &[fsutil::LoggedSegment]) -> Result<()> {
+    if entered.is_empty() {
         return Ok(());
     }
+    let mut recorded = lock(&inner.recorded);
     let mut next = recorded.clone();
-    next.sizes
-        .extend(segment_sizes(&inner.dir.join("wal"), new)?);
+    for e in entered {
+        match next.sizes.iter_mut().find(|s| s.number == e.number) {
+            // Listed by the last checkpoint (or the start) without a
+            // record in it yet.
+            Some(listed) => *listed = *e,
+            None => next.sizes.push(*e),
+        }
+    }
+    if next == *recorded {
+        return Ok(()); // a checkpoint has listed them already
+    }
     fsutil::write_checkpoint(&inner.dir, &next)?;
     *recorded = next;
     Ok(())
 }
 
-/// (number, size) of the given log segments. Segments only appear whole
-/// (renamed into place once full size) and only grow.
+/// The given log segments as `CHECKPOINT` lists them: (number, lsn of
+/// the first record if one is durable there), with their sizes. Segments
+/// only appear whole (renamed into place once full size) and only grow.
 pub(super) fn segment_sizes(
     wal_dir: &Path,
-    numbers: impl IntoIterator<Item = u64>,
-) -> Result<Vec<(u64, u64)>> {
+    numbers: impl IntoIterator<Item = (u64, Option<u64>)>,
+) -> Result<Vec<fsutil::LoggedSegment>> {
     let mut out = Vec::new();
-    for number in numbers {
+    for (number, first) in numbers {
         let path = wal::segment_path(wal_dir, number);
         let m = std::fs::metadata(&path).map_err(|e| StorageError::io("stat", &path, e))?;
-        out.push((number, m.len()));
+        out.push(fsutil::LoggedSegment {
+            number,
+            size: m.len(),
+            first,
+        });
     }
     Ok(out)
 }

@@ -371,7 +371,16 @@ pub(super) fn commit_batch(inner: &Inner, log: &mut LogState, batch: Vec<Pending
     let keep = inner.opts.recent_payload_bytes;
     let located = log.frame_batch(&batch);
     let t = Instant::now();
-    let placed = match log.writer.write(&log.frames, &log.bounds) {
+    let written = log
+        .writer
+        .write(&log.frames, &log.bounds)
+        .and_then(|wrote| {
+            // A segment's place in the log is durable before any record
+            // in it is answered.
+            super::apply::note_segments(inner, &wrote.entered)?;
+            Ok(wrote.placed)
+        });
+    let placed = match written {
         Ok(placed) => placed,
         Err(e) => {
             refuse(batch, &e.to_string());

@@ -242,7 +242,7 @@ pub fn write_checkpoint(dir: &Path, cp: &Checkpoint) -> Result<()> {
         .map(|(segment, first)| format!("log {segment} {first}\n"))
         .unwrap_or_default();
     if !cp.sizes.is_empty() {
-        let sizes: Vec<String> = cp.sizes.iter().map(|(n, b)| format!("{n}:{b}")).collect();
+        let sizes: Vec<String> = cp.sizes.iter().map(LoggedSegment::to_string).collect();
         log.push_str(&format!("sizes {}\n", sizes.join(" ")));
     }
     replace_file(
@@ -263,9 +263,58 @@ pub struct Checkpoint {
     /// Absent when a start had not yet begun its log, and in checkpoints
     /// of earlier builds.
     pub log: Option<(u64, u64)>,
-    /// (number, size in bytes) of every log segment from that one on, at
-    /// the checkpoint: none may be shorter at the next start.
-    pub sizes: Vec<(u64, u64)>,
+    /// Every log segment from that one on: its number, its size (none may
+    /// be shorter at the next start) and, once a record in it was durable,
+    /// the lsn of its first record (which must still be there). The log
+    /// writer adds a segment here before it acknowledges any record
+    /// written into it.
+    pub sizes: Vec<LoggedSegment>,
+}
+
+/// A log segment as `CHECKPOINT` lists it: `number:size` or
+/// `number:size:first`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoggedSegment {
+    /// The segment's number.
+    pub number: u64,
+    /// Its size in bytes: segments are created full size and only grow.
+    pub size: u64,
+    /// The lsn of its first record, once that record was durable: noted
+    /// before any record in the segment was acknowledged.
+    pub first: Option<u64>,
+}
+
+impl std::fmt::Display for LoggedSegment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.first {
+            Some(first) => write!(f, "{}:{}:{first}", self.number, self.size),
+            None => write!(f, "{}:{}", self.number, self.size),
+        }
+    }
+}
+
+impl std::str::FromStr for LoggedSegment {
+    type Err = ();
+
+    fn from_str(s: &str) -> std::result::Result<LoggedSegment, ()> {
+        let mut it = s.split(':').map(str::parse::<u64>);
+        let (Some(Ok(number)), Some(Ok(size))) = (it.next(), it.next()) else {
+            return Err(());
+        };
+        let first = match it.next() {
+            None => None,
+            Some(Ok(first)) => Some(first),
+            Some(Err(_)) => return Err(()),
+        };
+        if it.next().is_some() {
+            return Err(());
+        }
+        Ok(LoggedSegment {
+            number,
+            size,
+            first,
+        })
+    }
 }
 
 /// Replaces the file `name` of `dir` with `text` atomically and durably:
@@ -321,11 +370,7 @@ pub fn read_checkpoint(dir: &Path) -> Result<Checkpoint> {
             .ok_or_else(malformed)?
             .split_whitespace()
         {
-            let (n, b) = pair.split_once(':').ok_or_else(malformed)?;
-            match (n.parse::<u64>(), b.parse::<u64>()) {
-                (Ok(n), Ok(b)) => sizes.push((n, b)),
-                _ => return Err(malformed()),
-            }
+            sizes.push(pair.parse::<LoggedSegment>().map_err(|()| malformed())?);
         }
     }
     Ok(Checkpoint {

@@ -375,7 +375,7 @@ fn start_log(
     let recorded = fsutil::Checkpoint {
         applied: end.last_lsn,
         log: Some((start_segment, end.last_lsn + 1)),
-        sizes: segment_sizes(wal_dir, [start_segment])?,
+        sizes: segment_sizes(wal_dir, [(start_segment, None)])?,
     };
     fsutil::write_checkpoint(dir, &recorded)?;
     Ok((writer, recorded))

@@ -1120,3 +1120,48 @@ mod sled_scans {
         }
     }
 }
+
+/// A segment's place in the log is durable before any record in it is
+/// answered: by the time a commit into a segment resolves, `CHECKPOINT`
+/// lists that segment with the lsn of its first record.
+#[tokio::test]
+async fn a_segment_is_listed_with_its_first_record_before_its_records_are_answered() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (store, _) = Store::open(dir.path(), unapplied_opts()).expect("open");
+    let listed = || {
+        fsutil::read_checkpoint(dir.path())
+            .expect("checkpoint")
+            .sizes
+            .into_iter()
+            .map(|s| (s.number, s.first))
+            .collect::<Vec<_>>()
+    };
+    let start = listed();
+    assert_eq!(start.len(), 1, "{start:?}");
+    assert_eq!(start[0].1, None, "no record yet: {start:?}");
+    let first = store.submit(one_payload(1));
+    let lsn = first.lsn();
+    first.wait().await.expect("durable");
+    assert_eq!(listed(), vec![(start[0].0, Some(lsn))]);
+    // Payloads larger than a 64 KiB segment's room move the log on: each
+    // new segment is listed once its commit resolves.
+    for i in 2..12u64 {
+        let mut t = Txn::new();
+        t.put_payload(
+            i,
+            encode_payload(&PayloadRecord::new(
+                i,
+                vec![],
+                Bytes::from(vec![7u8; 40 << 10]),
+            )),
+        );
+        let c = store.submit(t);
+        let lsn = c.lsn();
+        c.wait().await.expect("durable");
+        let now = listed();
+        let (_, first) = *now.last().expect("listed");
+        assert!(first.is_some_and(|f| f <= lsn), "{now:?} after lsn {lsn}");
+    }
+    assert!(listed().len() >= 5, "{:?}", listed());
+    store.close().expect("close");
+}

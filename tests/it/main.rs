@@ -17,6 +17,7 @@ mod exchanges;
 mod fifo;
 mod ha;
 mod harness;
+mod log_damage;
 mod messaging;
 mod redrive;
 mod security;

@@ -122,7 +122,6 @@ pub fn frame(
 /// A frame read back from a segment.
 pub(super) struct RawFrame {
     pub(super) lsn: u64,
-    pub(super) batch_first: u64,
     pub(super) payload: Bytes,
     pub(super) len: usize,
 }
@@ -142,7 +141,6 @@ pub(super) fn parse_frame(data: &Bytes, pos: usize) -> Option<RawFrame> {
     }
     Some(RawFrame {
         lsn: u64::from_le_bytes(header[8..16].try_into().ok()?),
-        batch_first: u64::from_le_bytes(header[16..24].try_into().ok()?),
         payload: data.slice(pos + HEADER..end),
         len: HEADER + len,
     })

@@ -56,7 +56,7 @@ pub use prealloc::{Preallocator, preallocate};
 pub(crate) use replay::read_frames;
 pub use replay::{ReplayEnd, check_continuity, replay};
 pub use segment::{Pool, Segment, list_segments, segment_path};
-pub use writer::Writer;
+pub use writer::{Writer, Wrote};
 
 /// One change to the materialised state: a put or a delete of a key.
 #[derive(Debug, Clone, PartialEq, Eq)]

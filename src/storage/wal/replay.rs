@@ -9,6 +9,7 @@ use super::Mutation;
 use super::frame::{HEADER, RawFrame, decode_txn, frame_len_hint, parse_frame};
 use super::segment::{list_segments, segment_path};
 use crate::storage::error::{Result, StorageError};
+use crate::storage::fsutil::LoggedSegment;
 
 /// Bytes read at a time by [`read_frames`].
 pub(super) const READ_STEP: usize = 1 << 20;
@@ -137,19 +138,23 @@ pub struct ReplayEnd {
 /// otherwise end the log early and quietly drop acknowledged changes; this
 /// names the file instead.
 ///
-/// `sizes` are the sizes the segments from that one on had at the
-/// checkpoint: segments are created full size (zero-filled under a
+/// `sizes` lists the segments from that one on as `CHECKPOINT` last
+/// recorded them: segments are created full size (zero-filled under a
 /// temporary name, then renamed) and never shrink, so one that is shorter
-/// now was truncated (a torn write never shortens a file).
+/// now was truncated (a torn write never shortens a file); and a segment
+/// listed with the lsn of its first record had that record durable before
+/// any record in it was acknowledged, so that record must still be its
+/// first.
 pub fn check_continuity(
     dir: &Path,
     applied: u64,
     log: (u64, u64),
-    sizes: &[(u64, u64)],
+    sizes: &[LoggedSegment],
 ) -> Result<()> {
     let (segment, first) = log;
     let present = list_segments(dir)?;
-    for &(number, size) in sizes {
+    for listed in sizes {
+        let (number, size) = (listed.number, listed.size);
         let path = segment_path(dir, number);
         let now = match std::fs::metadata(&path) {
             Ok(m) => m.len(),
@@ -167,9 +172,12 @@ pub fn check_continuity(
             return Err(StorageError::corrupt(
                 path.display().to_string(),
                 format!(
-                    "this log segment is {now} bytes, but it was {size} at the last checkpoint: it was truncated"
+                    "this log segment is {now} bytes, but it was {size} when the log last recorded it: it was truncated"
                 ),
             ));
+        }
+        if let Some(want) = listed.first {
+            check_first(&path, want)?;
         }
     }
     let path = segment_path(dir, segment);
@@ -188,26 +196,7 @@ pub fn check_continuity(
         Ok(next.exists() && first_frame(&next)?.is_some_and(|f| f.lsn > first))
     };
     if first <= applied || moved_on()? {
-        match first_frame(&path)? {
-            Some(f) if f.lsn == first => {}
-            Some(f) => {
-                return Err(StorageError::corrupt(
-                    path.display().to_string(),
-                    format!(
-                        "its first record is lsn {}, but the last checkpoint recorded lsn {first} there: the segment was replaced",
-                        f.lsn
-                    ),
-                ));
-            }
-            None => {
-                return Err(StorageError::corrupt(
-                    path.display().to_string(),
-                    format!(
-                        "its first record (lsn {first}, durable since the last checkpoint at lsn {applied}, later records following it) is gone: the segment was zeroed or damaged"
-                    ),
-                ));
-            }
-        }
+        check_first(&path, first)?;
     }
     let from: Vec<u64> = present.into_iter().filter(|&n| n >= segment).collect();
     for w in from.windows(2) {
@@ -225,10 +214,39 @@ pub fn check_continuity(
     Ok(())
 }
 
+/// Refuses unless the first intact frame of the segment at `path` is
+/// record `want`, which was durable there before any record of the
+/// segment was acknowledged.
+fn check_first(path: &Path, want: u64) -> Result<()> {
+    match first_frame(path)? {
+        Some(f) if f.lsn == want => Ok(()),
+        Some(f) => Err(StorageError::corrupt(
+            path.display().to_string(),
+            format!(
+                "its first record is lsn {}, but the log recorded lsn {want} there: the segment was replaced",
+                f.lsn
+            ),
+        )),
+        None => Err(StorageError::corrupt(
+            path.display().to_string(),
+            format!(
+                "its first record (lsn {want}, durable before any record in this segment was acknowledged) is gone: the segment was zeroed or damaged"
+            ),
+        )),
+    }
+}
+
 /// Reads every record with `lsn > after`, in order, and hands its mutations
 /// to `apply`. Records at or below `after` are in the database already and
 /// are skipped; segments holding only such records (deleted after a
 /// checkpoint, but the deletion not yet durable) are passed over.
+///
+/// Where the records stop (a zero or damaged frame, an older record of a
+/// reused segment, a segment that does not go on), the log ends only if
+/// that can be a torn write: no intact record of a *later* write may exist
+/// anywhere after it, in the rest of that segment or in any later one
+/// ([`later_write`]). Otherwise the records before that later one were
+/// durable and are damaged, and replay refuses, naming both places.
 pub fn replay(
     dir: &Path,
     after: u64,
@@ -243,10 +261,13 @@ pub fn replay(
     // The lsn the next record must carry, once records newer than `after`
     // have been met.
     let mut expected: Option<u64> = None;
-    let mut ended_at: Option<(PathBuf, u64)> = None;
+    // Where the records read so far stop: (index in `segments`, offset).
+    let mut stop: Option<(usize, usize)> = None;
+    // The lsn of the last record read, in the database already or not.
+    let mut last_read: Option<u64> = None;
     for (i, &number) in segments.iter().enumerate() {
         let path = segment_path(dir, number);
-        if ended_at.is_none()
+        if stop.is_none()
             && expected.is_none()
             && let Some(&next) = segments.get(i + 1)
             && applied_whole(&path, &segment_path(dir, next), after)?
@@ -254,51 +275,31 @@ pub fn replay(
             continue;
         }
         let data = read_frames(&path)?;
-        if let Some((end_path, broken_lsn)) = &ended_at {
-            // The log ended in an earlier segment: this one must be unused.
-            if let Some(f) = parse_frame(&data, 0)
-                && f.batch_first > *broken_lsn
-            {
-                return Err(StorageError::corrupt(
-                    end_path.display().to_string(),
-                    format!(
-                        "log damaged before lsn {broken_lsn}: {} holds later records",
-                        path.display()
-                    ),
-                ));
-            }
-            continue;
-        }
         let mut pos = 0usize;
-        loop {
-            let Some(f) = parse_frame(&data, pos) else {
-                // The rest of this segment is unused or torn.
-                let broken = expected.unwrap_or(after + 1);
-                check_torn_tail(&data, pos, broken, &path)?;
-                if pos == 0 && expected.is_some() {
-                    // An unused segment: the log ends here.
-                    ended_at = Some((path.clone(), broken));
-                }
-                break;
-            };
+        while let Some(f) = parse_frame(&data, pos) {
             if f.lsn <= after && expected.is_none() {
                 pos += f.len; // in the database already
+                last_read = Some(f.lsn);
                 continue;
             }
             let want = expected.unwrap_or(after + 1);
             if f.lsn < want && expected.is_some() {
                 // A record from the segment's earlier life (reused
                 // segment): the end of this segment's data.
-                if pos == 0 {
-                    ended_at = Some((path.clone(), want));
-                }
                 break;
             }
             if f.lsn != want {
+                let at = match stop {
+                    Some((s, o)) if pos == 0 => format!(
+                        "after offset {o} of {}",
+                        segment_path(dir, segments[s]).display()
+                    ),
+                    _ => format!("at offset {pos}"),
+                };
                 return Err(StorageError::corrupt(
                     path.display().to_string(),
                     format!(
-                        "log has a gap: lsn {want} expected, lsn {} found at offset {pos}",
+                        "log has a gap: lsn {want} expected {at}, lsn {} found at offset {pos} of this segment: the records between were durable and are damaged",
                         f.lsn
                     ),
                 ));
@@ -310,26 +311,223 @@ pub fn replay(
             apply(f.lsn, muts, number, &data)?;
             end.replayed += 1;
             end.last_lsn = f.lsn;
+            last_read = Some(f.lsn);
             pos += f.len;
+        }
+        if pos == 0 && stop.is_some() {
+            // This segment does not go on from the one before: the log
+            // ended there.
+            break;
+        }
+        stop = Some((i, pos));
+    }
+    if let Some((i, pos)) = stop {
+        let next = last_read.map_or(after + 1, |l| l + 1);
+        let end_rule = End {
+            after,
+            torn: (next > after).then_some(next),
+        };
+        if let Some(later) = later_write(dir, &segments[i..], pos as u64, end_rule)? {
+            let path = segment_path(dir, segments[i]);
+            return Err(StorageError::corrupt(
+                path.display().to_string(),
+                format!(
+                    "log damaged at offset {pos}: lsn {next} was expected there, but an intact record of a later write (lsn {}) follows at offset {} of {}: the records between were durable; restore the file",
+                    later.lsn,
+                    later.offset,
+                    later.path.display()
+                ),
+            ));
         }
     }
     Ok(end)
 }
 
-/// After the log's end at `pos`: refuses if an intact frame of a later
-/// write follows the broken one (durable data was damaged).
-fn check_torn_tail(data: &Bytes, pos: usize, broken_lsn: u64, path: &Path) -> Result<()> {
-    let Some(len) = frame_len_hint(data, pos) else {
-        return Ok(());
-    };
-    if let Some(next) = parse_frame(data, pos + len)
-        && next.batch_first > broken_lsn
-        && broken_lsn != 0
-    {
-        return Err(StorageError::corrupt(
-            path.display().to_string(),
-            format!("record lsn {broken_lsn} is damaged but later records follow it"),
-        ));
+/// What may follow the place where the log's records stop.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct End {
+    /// Records up to this lsn are in the database already: they may
+    /// follow (a damaged record among them costs nothing).
+    pub(crate) after: u64,
+    /// The records stop where this lsn, not yet in the database, was
+    /// expected: the write that held it may have been torn by a crash, so
+    /// its other records may follow. `None` when the records stop among
+    /// those in the database: every record after `after` was durable
+    /// then.
+    pub(crate) torn: Option<u64>,
+}
+
+impl End {
+    /// Whether an intact frame with these lsns after the stop means that
+    /// durable records were lost there.
+    fn refuses(self, lsn: u64, batch_first: u64) -> bool {
+        lsn > self.after && self.torn.is_none_or(|b| batch_first > b)
     }
-    Ok(())
+}
+
+/// An intact record found after the log's end.
+#[derive(Debug)]
+pub(crate) struct Later {
+    /// The segment holding it.
+    pub(crate) path: PathBuf,
+    /// Its offset there.
+    pub(crate) offset: u64,
+    /// Its lsn.
+    pub(crate) lsn: u64,
+}
+
+/// Bytes the scan of [`later_write`] reads at a time.
+const SCAN_STEP: usize = 1 << 20;
+
+/// Looks through `segments` (paths' numbers, in order), from offset `from`
+/// of the first, for an intact frame that `end` says cannot follow the
+/// log's end ([`End::refuses`]): one of a write after the one that held
+/// the record expected at the end (the frames of that write may follow it
+/// intact after a torn write; a reused segment's older records carry
+/// lower lsns). Every offset is tried, since a damaged frame's length
+/// cannot be trusted to find the next one: runs of zeros are passed eight
+/// bytes at a time and intact frames that may follow whole, so the cost
+/// is about one read of the bytes (docs/limits.md gives the figures).
+pub(crate) fn later_write(
+    dir: &Path,
+    segments: &[u64],
+    from: u64,
+    end: End,
+) -> Result<Option<Later>> {
+    for (k, &number) in segments.iter().enumerate() {
+        let path = segment_path(dir, number);
+        let start = if k == 0 { from } else { 0 };
+        if let Some((offset, lsn)) = scan_segment(&path, start, end)? {
+            return Ok(Some(Later { path, offset, lsn }));
+        }
+    }
+    Ok(None)
+}
+
+/// A window of a file's bytes, read as needed.
+struct Window {
+    file: std::fs::File,
+    size: u64,
+    base: u64,
+    buf: Vec<u8>,
+}
+
+impl Window {
+    /// Makes `[at, at + n)` (cut at the end of the file) readable through
+    /// [`Window::get`]; false if `at` is at or past the end.
+    fn ensure(&mut self, path: &Path, at: u64, n: usize) -> Result<bool> {
+        use std::os::unix::fs::FileExt;
+        if at >= self.size {
+            return Ok(false);
+        }
+        let want_end = at.saturating_add(n as u64).min(self.size);
+        if at >= self.base && want_end <= self.base + self.buf.len() as u64 {
+            return Ok(true);
+        }
+        let len = usize::try_from((want_end - at).max(SCAN_STEP as u64).min(self.size - at))
+            .unwrap_or(SCAN_STEP);
+        self.buf.resize(len, 0);
+        self.file
+            .read_exact_at(&mut self.buf, at)
+            .map_err(|e| StorageError::io("read", path, e))?;
+        self.base = at;
+        Ok(true)
+    }
+
+    /// Bytes `[at, at + n)`, if the window holds them.
+    fn get(&self, at: u64, n: usize) -> Option<&[u8]> {
+        let from = usize::try_from(at.checked_sub(self.base)?).ok()?;
+        self.buf.get(from..from.checked_add(n)?)
+    }
+}
+
+/// The first intact frame at or after `start` in the segment at `path`
+/// that `end` refuses (see [`later_write`]): its offset and lsn.
+fn scan_segment(path: &Path, start: u64, end: End) -> Result<Option<(u64, u64)>> {
+    let file = std::fs::File::open(path).map_err(|e| StorageError::io("open", path, e))?;
+    let size = file
+        .metadata()
+        .map_err(|e| StorageError::io("stat", path, e))?
+        .len();
+    let mut w = Window {
+        file,
+        size,
+        base: 0,
+        buf: Vec::new(),
+    };
+    let mut at = start;
+    while w.ensure(path, at, HEADER)? {
+        let Some(header) = w.get(at, HEADER) else {
+            break; // fewer than a header's bytes left
+        };
+        let word = |o: usize| u64::from_le_bytes(header[o..o + 8].try_into().unwrap_or([0; 8]));
+        let len = u64::from(u32::from_le_bytes(
+            header[0..4].try_into().unwrap_or([0; 4]),
+        ));
+        if len == 0 {
+            at += zeros_from(&w, at);
+            continue;
+        }
+        let (lsn, batch_first) = (word(8), word(16));
+        let total = HEADER as u64 + len;
+        if at + total <= size
+            && plausible(&w, at, len, lsn, batch_first, end.after)
+            && intact(&mut w, path, at, total)?
+        {
+            if end.refuses(lsn, batch_first) {
+                return Ok(Some((at, lsn)));
+            }
+            at += total; // a record that may follow, whole
+            continue;
+        }
+        at += 1;
+    }
+    Ok(None)
+}
+
+/// Whether the header at `at` (payload length `len`, `lsn`,
+/// `batch_first`) could be a frame's, before its checksum is worth
+/// computing: lsns in range and in order, and a transaction count that
+/// its length can hold. Bytes inside other frames rarely pass, so the
+/// checksums computed are about those of the real frames.
+fn plausible(w: &Window, at: u64, len: u64, lsn: u64, batch_first: u64, after: u64) -> bool {
+    let count = w
+        .get(at + HEADER as u64, 4)
+        .map(|b| u64::from(u32::from_le_bytes(b.try_into().unwrap_or([0xff; 4]))));
+    len >= 4
+        && batch_first <= lsn
+        && lsn - batch_first < 1 << 24
+        && lsn < after.saturating_add(1 << 40)
+        && count.is_some_and(|c| c.saturating_mul(3) <= len - 4)
+}
+
+/// How far the bytes from `at` can be passed over as holding no frame
+/// start: a frame starting within the first four of eight zero bytes has a
+/// zero length. At least 1.
+fn zeros_from(w: &Window, at: u64) -> u64 {
+    let mut n = 0u64;
+    while let Some(b) = w.get(at + n, 8) {
+        if b != [0u8; 8] {
+            break;
+        }
+        n += 8;
+    }
+    // Eight zeros at `at + n - 8` rule out frames starting up to
+    // `at + n - 4`.
+    n.saturating_sub(3).max(1)
+}
+
+/// Whether the `total` bytes at `at` are a frame whose checksum holds.
+fn intact(w: &mut Window, path: &Path, at: u64, total: u64) -> Result<bool> {
+    let Ok(n) = usize::try_from(total) else {
+        return Ok(false);
+    };
+    if !w.ensure(path, at, n)? {
+        return Ok(false);
+    }
+    let Some(bytes) = w.get(at, n) else {
+        return Ok(false);
+    };
+    let crc = u32::from_le_bytes(bytes[4..8].try_into().unwrap_or([0; 4]));
+    Ok(crc32fast::hash(&bytes[8..]) == crc)
 }

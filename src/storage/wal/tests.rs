@@ -288,3 +288,102 @@ fn reused_segments_do_not_replay_their_old_records() {
     drop(w);
     assert_eq!(collect(dir.path(), 10).expect("replay"), vec![11]);
 }
+
+/// Writes whole frames, one write each, of lsns `from..=to` into `buf`.
+fn one_write_each(buf: &mut Vec<u8>, lsns: std::ops::RangeInclusive<u64>) {
+    for lsn in lsns {
+        frame(lsn, lsn, &[put(&format!("k{lsn}"), "v")], buf, |_| false);
+    }
+}
+
+#[test]
+fn damage_anywhere_before_a_later_write_is_refused_however_wide() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut buf = Vec::new();
+    one_write_each(&mut buf, 1..=40);
+    let one = buf.len() / 40;
+    // Two damaged frames in a row (lsns 11 and 12): the frame after the
+    // first is damaged too, and 13.. follow.
+    let mut two = buf.clone();
+    two[10 * one + HEADER + 2] ^= 0x10;
+    two[11 * one + HEADER + 2] ^= 0x10;
+    write_segment(dir.path(), &two);
+    let err = collect(dir.path(), 0).expect_err("refused");
+    let text = err.to_string();
+    assert!(
+        text.contains("lsn 11 was expected") && text.contains("(lsn 13)"),
+        "{text}"
+    );
+    // A zeroed stretch over many frames, lengths included.
+    let mut zeroed = buf.clone();
+    zeroed[5 * one + 7..30 * one + 3].fill(0);
+    write_segment(dir.path(), &zeroed);
+    let text = collect(dir.path(), 0).expect_err("refused").to_string();
+    assert!(text.contains("lsn 6 was expected"), "{text}");
+    // Damage among records the database holds already costs nothing by
+    // itself, but records it does not hold may not be left behind it,
+    // whatever write they belong to.
+    let mut applied = buf.clone();
+    applied[5 * one + HEADER + 2] ^= 0x10;
+    write_segment(dir.path(), &applied);
+    assert_eq!(
+        collect(dir.path(), 40).expect("all applied"),
+        Vec::<u64>::new()
+    );
+    let text = collect(dir.path(), 20).expect_err("refused").to_string();
+    assert!(text.contains("(lsn 21)"), "{text}");
+    // Everything after lsn 5 zeroed: nothing later is left, so this is
+    // where the log ends (the documented limit).
+    let mut tail = buf.clone();
+    tail[5 * one + 7..].fill(0);
+    write_segment(dir.path(), &tail);
+    assert_eq!(
+        collect(dir.path(), 0).expect("an end"),
+        (1..=5).collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn a_torn_write_and_older_records_after_the_end_are_not_later_writes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Lsns 21..=30, written one by one, then a write of 31..=35 torn in
+    // its first frame, with a reused segment's older records after it.
+    let mut buf = Vec::new();
+    one_write_each(&mut buf, 21..=30);
+    let torn_at = buf.len();
+    for lsn in 31..=35 {
+        frame(lsn, 31, &[put(&format!("k{lsn}"), "v")], &mut buf, |_| {
+            false
+        });
+    }
+    buf[torn_at + HEADER + 1] ^= 0x01;
+    one_write_each(&mut buf, 1..=20);
+    write_segment(dir.path(), &buf);
+    assert_eq!(
+        collect(dir.path(), 20).expect("a torn tail"),
+        (21..=30).collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn a_later_write_in_a_later_segment_is_found() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Segment 1 full of 1..=10; segment 2 held 11..=20, its first page
+    // zeroed: 11 is gone, but a later write is in segment 2.
+    let mut first = Vec::new();
+    one_write_each(&mut first, 1..=10);
+    std::fs::write(segment_path(dir.path(), 1), &first).expect("write");
+    let mut second = Vec::new();
+    one_write_each(&mut second, 11..=20);
+    let half = second.len() / 2;
+    second[..half].fill(0);
+    second.resize(1 << 20, 0);
+    std::fs::write(segment_path(dir.path(), 2), &second).expect("write");
+    let text = collect(dir.path(), 0).expect_err("refused").to_string();
+    assert!(
+        text.contains("00000000000000000001.wal")
+            && text.contains("lsn 11 was expected")
+            && text.contains("00000000000000000002.wal"),
+        "{text}"
+    );
+}

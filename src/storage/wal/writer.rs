@@ -7,7 +7,17 @@ use super::prealloc::Preallocator;
 use super::segment::{Pool, Segment};
 use crate::faults::{self, Fault};
 use crate::storage::error::{Result, StorageError};
+use crate::storage::fsutil::LoggedSegment;
 use crate::storage::rank::{Rank, RankedMutex};
+
+/// What [`Writer::write`] did.
+#[derive(Debug)]
+pub struct Wrote {
+    /// Where each frame landed: (segment, offset).
+    pub placed: Vec<(u64, u64)>,
+    /// The segments this write put the first durable records in.
+    pub entered: Vec<LoggedSegment>,
+}
 
 /// The segment being written.
 pub struct Writer {
@@ -38,10 +48,14 @@ impl Writer {
 
     /// Writes framed records and makes them durable. `frames` holds whole
     /// frames back to back; `bounds` gives (end offset in `frames`, lsn) of
-    /// each. Returns once everything is fdatasync'd. A record never spans
-    /// segments, and a segment's records are durable before the next
-    /// segment is written.
-    pub fn write(&mut self, frames: &[u8], bounds: &[(usize, u64)]) -> Result<Vec<(u64, u64)>> {
+    /// each. Returns once everything is fdatasync'd: where each frame
+    /// landed (segment, offset), and the segments this write was the first
+    /// to put a durable record in. The caller records those in
+    /// `CHECKPOINT` before it acknowledges any record (so that a segment
+    /// the log moved into cannot be truncated, zeroed or replaced
+    /// unnoticed). A record never spans segments, and a segment's records
+    /// are durable before the next segment is written.
+    pub fn write(&mut self, frames: &[u8], bounds: &[(usize, u64)]) -> Result<Wrote> {
         // Negative control: the batch before, answered long since, is
         // synced only now.
         if faults::on(Fault::AckBeforeFsync) && std::mem::take(&mut self.unsynced) {
@@ -53,6 +67,7 @@ impl Writer {
         let mut start = 0usize;
         let mut i = 0usize;
         let mut placed = Vec::with_capacity(bounds.len());
+        let mut entered = Vec::new();
         while i < bounds.len() {
             let room = self.current.size - self.offset;
             // Take as many whole frames as fit.
@@ -68,7 +83,6 @@ impl Writer {
                 continue;
             }
             let end = bounds[j - 1].0;
-            self.note_first_lsn(bounds[i].1);
             // Where each of these frames lands: (segment, file offset).
             let mut frame_start = start;
             for b in &bounds[i..j] {
@@ -92,21 +106,21 @@ impl Writer {
                     .sync_data()
                     .map_err(|e| StorageError::io("fdatasync", &self.current.path, e))?;
             }
+            // Noted once durable: a checkpoint lists the segment with
+            // this first lsn, which a start then requires.
+            if self.offset == 0 {
+                self.written.lock().push((self.current.number, bounds[i].1));
+                entered.push(LoggedSegment {
+                    number: self.current.number,
+                    size: self.current.size,
+                    first: Some(bounds[i].1),
+                });
+            }
             self.offset += (end - start) as u64;
             start = end;
             i = j;
         }
-        Ok(placed)
-    }
-
-    fn note_first_lsn(&mut self, lsn: u64) {
-        let mut written = self.written.lock();
-        if written
-            .last()
-            .is_none_or(|&(n, _)| n != self.current.number)
-        {
-            written.push((self.current.number, lsn));
-        }
+        Ok(Wrote { placed, entered })
     }
 
     fn switch(&mut self, need: u64) -> Result<()> {
