@@ -1,7 +1,7 @@
 //! The Rust client of Letterbox: [`Client`] for every call, [`Publisher`]
 //! for batched publishing, [`Subscription`] for the push stream, and
-//! [`Subscriber`] with the prefetch and polling strategies, ack modes and
-//! a circuit breaker.
+//! [`Subscriber`] with the prefetch and polling strategies, ack modes, a
+//! circuit breaker, and FIFO order kept with several handlers at once.
 //!
 //! This module depends on the generated protobuf types (`crate::pb`) and
 //! nothing else of the server.
@@ -25,6 +25,7 @@ mod ack_mode;
 mod admin;
 mod circuit;
 mod error;
+mod fifo;
 mod publisher;
 mod stream;
 mod subscriber;
@@ -49,7 +50,9 @@ pub use circuit::{CircuitBreaker, CircuitConfig, CircuitState};
 pub use error::{ClientError, ErrorKind, Result, code_name};
 pub use publisher::{Publisher, PublisherConfig};
 pub use stream::{Settler, Subscription};
-pub use subscriber::{Schedule, Strategy, Subscriber, SubscriberConfig, SubscriberHandle};
+pub use subscriber::{
+    Schedule, Strategy, Subscriber, SubscriberConfig, SubscriberHandle, SubscriberStats,
+};
 
 /// How the client retries calls that fail with UNAVAILABLE.
 ///

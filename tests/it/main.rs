@@ -20,5 +20,6 @@ mod harness;
 mod messaging;
 mod redrive;
 mod security;
+mod subscriber_order;
 mod verify;
 mod walkthrough;
