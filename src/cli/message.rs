@@ -207,6 +207,11 @@ pub struct ConsumeArgs {
     /// Most messages per receive.
     #[arg(long, default_value_t = 10)]
     max: u32,
+    /// FIFO queues: most messages of one group per receive, 1 to 1000
+    /// (unset: a receive takes a group's consecutive messages up to
+    /// --max). Standard queues have no groups and ignore it.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1000))]
+    max_per_group: Option<u32>,
 }
 
 pub(super) async fn consume(client: &Client, out: &Out, a: ConsumeArgs) -> Result<()> {
@@ -243,7 +248,7 @@ pub(super) async fn consume(client: &Client, out: &Out, a: ConsumeArgs) -> Resul
             ack_timeout_ms: a.ack_timeout.map(Millis::as_ms),
             auto_ack: false,
             ack_tokens: Vec::new(),
-            max_per_group: 0,
+            max_per_group: a.max_per_group.unwrap_or(0),
         };
         let got = client.receive_with(req).await?;
         if got.is_empty() {

@@ -5,6 +5,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use tokio::sync::Notify;
+
 use super::{Client, ClientError, ErrorKind, Result, Settler, pb};
 
 /// When a subscriber acknowledges a message.
@@ -16,7 +18,8 @@ pub enum AckMode {
     Auto,
     /// The handler settles the message itself ([`Message::ack`],
     /// [`Message::nack`]); a message it leaves unsettled returns to the
-    /// queue when its lease runs out.
+    /// queue when its lease runs out. On a FIFO queue the next message of
+    /// its group waits until it is settled or its lease is over.
     Manual,
     /// The message is acknowledged (deleted) before the handler runs: if
     /// the handler fails or the process stops, the message is lost.
@@ -92,6 +95,18 @@ pub(super) struct Held {
     released: Mutex<Option<String>>,
     /// The other messages of the subscriber, to mark those a nack released.
     peers: Weak<Mutex<HashMap<String, Arc<Held>>>>,
+    /// Set once the server answered an ack or nack of the delivery
+    /// (whatever the answer), or released it: the end of its turn in its
+    /// FIFO group.
+    answered: AtomicBool,
+    /// Set once the server confirmed an ack or nack of the delivery (at
+    /// delivery in IMMEDIATE mode). A nack's answer names what it
+    /// released, so after a confirmed settle the subscriber knows which
+    /// later messages of the group are gone; after any other end it does
+    /// not.
+    confirmed: AtomicBool,
+    /// Signalled when `answered` is set.
+    answer: Notify,
     /// Current lease deadline (ms since the epoch).
     pub deadline: AtomicU64,
     /// When the current lease started (ms since the epoch).
@@ -106,11 +121,15 @@ impl Held {
         peers: &Registry,
     ) -> Arc<Held> {
         let timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+        let done = matches!(via, Via::Done);
         Arc::new(Held {
             token: d.ack_token.clone(),
             released: Mutex::new(None),
             peers: Arc::downgrade(peers),
-            settled: AtomicBool::new(matches!(via, Via::Done)),
+            settled: AtomicBool::new(done),
+            answered: AtomicBool::new(done),
+            confirmed: AtomicBool::new(done),
+            answer: Notify::new(),
             via,
             deadline: AtomicU64::new(d.lease_deadline_unix_ms),
             started: AtomicU64::new(d.lease_deadline_unix_ms.saturating_sub(timeout_ms)),
@@ -122,6 +141,47 @@ impl Held {
     fn release(&self, why: String) {
         *lock(&self.released) = Some(why);
         self.settled.store(true, Ordering::SeqCst);
+        self.answered(false);
+    }
+
+    /// Records the server's answer to a settle (`ok`: confirmed).
+    fn answered(&self, ok: bool) {
+        if ok {
+            self.confirmed.store(true, Ordering::SeqCst);
+        }
+        self.answered.store(true, Ordering::SeqCst);
+        self.answer.notify_waiters();
+    }
+
+    /// True once the server confirmed an ack or nack of the delivery.
+    pub(super) fn is_confirmed(&self) -> bool {
+        self.confirmed.load(Ordering::SeqCst)
+    }
+
+    /// Waits until the server answered a settle of the delivery or
+    /// released it (true), or until `grace_ms` after its lease ran out,
+    /// as far as this clock can tell (false).
+    pub(super) async fn answered_or_lapsed(&self, grace_ms: u64) -> bool {
+        loop {
+            // Created before the check: `notify_waiters` reaches it from
+            // here on, so an answer between the check and the wait wakes it.
+            let answer = self.answer.notified();
+            if self.answered.load(Ordering::SeqCst) {
+                return true;
+            }
+            // Read each time: the handler may still extend the lease.
+            let until = self
+                .deadline
+                .load(Ordering::SeqCst)
+                .saturating_add(grace_ms);
+            let now = now_ms();
+            if now >= until {
+                return false;
+            }
+            // Answered, or the lease as it was ran out: the loop looks
+            // again (the lease may have been extended meanwhile).
+            let _ = tokio::time::timeout(Duration::from_millis(until - now), answer).await;
+        }
     }
 
     /// True once the server released the delivery (see [`Held::release`]).
@@ -144,6 +204,12 @@ impl Held {
 
     pub(super) async fn ack(&self) -> Result<()> {
         self.claim()?;
+        let r = self.send_ack().await;
+        self.answered(r.is_ok());
+        r
+    }
+
+    async fn send_ack(&self) -> Result<()> {
         let r = match &self.via {
             Via::Stream(s) => s.ack(vec![self.token.clone()]).await?,
             Via::Unary(c) => c.ack(vec![self.token.clone()]).await?,
@@ -159,6 +225,12 @@ impl Held {
         delay: Option<u64>,
     ) -> Result<()> {
         self.claim()?;
+        let r = self.send_nack(reason, dead_letter, delay).await;
+        self.answered(r.is_ok());
+        r
+    }
+
+    async fn send_nack(&self, reason: &str, dead_letter: bool, delay: Option<u64>) -> Result<()> {
         let item = pb::NackItem {
             ack_token: self.token.clone(),
             delay_ms: delay,

@@ -412,6 +412,68 @@ async fn nack_and_reject_without_a_dlq_stop_with_the_reason() {
     assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 5);
 }
 
+/// `consume --max-per-group N` caps the messages of one FIFO group per
+/// receive; a value out of range is a usage error naming the flag, and
+/// leases nothing.
+#[tokio::test]
+async fn consume_caps_the_messages_of_one_group_per_receive() {
+    let s = TestServer::start().await;
+    assert!(
+        run(&s, &["queue", "create", "orders", "--fifo"])
+            .status
+            .success()
+    );
+    for group in ["a", "b"] {
+        let bodies: Vec<String> = (1..=3).map(|i| format!("{group}{i}")).collect();
+        let mut args = vec!["publish", "orders", "--group", group];
+        args.extend(bodies.iter().map(String::as_str));
+        assert!(run(&s, &args).status.success());
+    }
+    for bad in ["0", "1001", "two"] {
+        let out = run(&s, &["consume", "orders", "--max-per-group", bad]);
+        assert_eq!(out.status.code(), Some(2), "{bad}: {}", stderr(&out));
+        let text = stderr(&out);
+        assert!(
+            text.contains("--max-per-group") && text.contains(bad),
+            "{bad}: {text}"
+        );
+    }
+    let stats = json(&run(&s, &["queue", "stats", "orders", "--json"]));
+    assert_eq!(
+        (stats["ready"].as_u64(), stats["in_flight"].as_u64()),
+        (Some(6), Some(0))
+    );
+    let bodies = |out: &Output| -> Vec<String> {
+        assert!(out.status.success(), "{}", stderr(out));
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| {
+                serde_json::from_str::<Value>(l).unwrap()["body"]
+                    .as_str()
+                    .unwrap()
+                    .to_string()
+            })
+            .collect()
+    };
+    // One receive of 2: one message of each group.
+    let out = run(
+        &s,
+        &[
+            "consume",
+            "orders",
+            "--count",
+            "2",
+            "--max-per-group",
+            "1",
+            "--json",
+        ],
+    );
+    assert_eq!(bodies(&out), ["a1", "b1"]);
+    // Without the cap, a group's consecutive messages come together.
+    let out = run(&s, &["consume", "orders", "--count", "2", "--json"]);
+    assert_eq!(bodies(&out), ["a2", "a3"]);
+}
+
 #[tokio::test]
 async fn durations_and_times_round_trip() {
     let s = TestServer::start().await;

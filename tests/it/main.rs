@@ -21,5 +21,6 @@ mod log_damage;
 mod messaging;
 mod redrive;
 mod security;
+mod subscriber_order;
 mod verify;
 mod walkthrough;
