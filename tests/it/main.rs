@@ -20,5 +20,6 @@ mod harness;
 mod messaging;
 mod redrive;
 mod security;
+mod slow_clients;
 mod verify;
 mod walkthrough;
