@@ -137,18 +137,36 @@ pub struct ServeArgs {
     /// client's shorter deadline wins); streams are not cut.
     #[arg(long, env = "LETTERBOX_REQUEST_TIMEOUT", default_value = "60s")]
     pub request_timeout: Millis,
-    /// Most connections open at once, over the gRPC, REST and metrics
-    /// listeners; one more is closed at once. Default: all but a reserve
-    /// (a quarter, at least 256) of the open files the process may have
-    /// (its soft limit is raised to its hard limit at start), at most
+    /// Most connections open at once, over the gRPC, REST, console and
+    /// metrics listeners; one more is closed at once. Default: all but a
+    /// reserve (a quarter, at least 256) of the open files the process may
+    /// have (its soft limit is raised to its hard limit at start), at most
     /// 10000.
     #[arg(long, env = "LETTERBOX_MAX_CONNECTIONS")]
     pub max_connections: Option<usize>,
-    /// How long a new connection may take to send its first bytes (the
-    /// HTTP/2 preface, a TLS ClientHello, an HTTP/1 request); one that
-    /// does not is closed.
+    /// Most connections open at once from one client address, over all
+    /// listeners; one more is closed at once. Default: a quarter of
+    /// `--max-connections`. Behind a proxy every client has the proxy's
+    /// address: raise it to `--max-connections` there.
+    #[arg(long, env = "LETTERBOX_MAX_CONNECTIONS_PER_ADDRESS")]
+    pub max_connections_per_address: Option<usize>,
+    /// Connections each listener on (gRPC, REST, console, metrics) keeps
+    /// for itself, which a flood of another cannot take; the rest of
+    /// `--max-connections` is shared. Default: half of
+    /// `--max-connections`, in equal parts.
+    #[arg(long, env = "LETTERBOX_LISTENER_RESERVE")]
+    pub listener_reserve: Option<usize>,
+    /// How long a new connection may take to make its first request (the
+    /// first call of a gRPC connection, TLS handshake included), whatever
+    /// it sends meanwhile; one that does not is closed.
     #[arg(long, env = "LETTERBOX_HANDSHAKE_TIMEOUT", default_value = "10s")]
     pub handshake_timeout: Millis,
+    /// How long an HTTP/1 request head (REST, console, metrics) may take
+    /// to arrive whole after the previous answer, however its bytes
+    /// trickle in; a keep-alive connection waiting this long for its next
+    /// request is closed too.
+    #[arg(long, env = "LETTERBOX_HEADER_TIMEOUT", default_value = "30s")]
+    pub header_timeout: Millis,
     /// A gRPC connection with no call open for this long is closed (its
     /// client reconnects when it calls again; a long poll or an open
     /// stream keeps it).
@@ -334,8 +352,14 @@ impl ServeArgs {
         if self.max_connections == Some(0) {
             return Err("--max-connections: must be at least 1".into());
         }
+        if self.max_connections_per_address == Some(0) {
+            return Err("--max-connections-per-address: must be at least 1".into());
+        }
         if self.handshake_timeout.0 < Duration::from_millis(100) {
             return Err("--handshake-timeout: must be at least 100ms".into());
+        }
+        if self.header_timeout.0 < Duration::from_millis(100) {
+            return Err("--header-timeout: must be at least 100ms".into());
         }
         if self.idle_timeout.0 < Duration::from_millis(100) {
             return Err("--idle-timeout: must be at least 100ms".into());
@@ -345,7 +369,10 @@ impl ServeArgs {
             concurrency_per_connection: self.max_calls_per_connection,
             request_timeout: self.request_timeout.0,
             max_connections: self.max_connections,
+            max_connections_per_address: self.max_connections_per_address,
+            listener_reserve: self.listener_reserve,
             handshake_timeout: self.handshake_timeout.0,
+            header_timeout: self.header_timeout.0,
             idle_timeout: self.idle_timeout.0,
         };
         if let Some(a) = self.anypoint_listen
@@ -713,6 +740,42 @@ mod tests {
         assert_eq!(a.checkpoint_interval, Millis(Duration::from_secs(5)));
         assert_eq!(a.max_concurrent_streams, 7);
         assert!(!a.tls_require_client_cert);
+    }
+
+    #[test]
+    fn connection_limits_come_from_flags_and_the_file_and_are_checked() {
+        let c = parse(
+            &[
+                "--max-connections-per-address",
+                "50",
+                "--header-timeout",
+                "5s",
+            ],
+            "listener_reserve = 20\n",
+        )
+        .unwrap()
+        .server_config()
+        .unwrap();
+        assert_eq!(c.limits.max_connections_per_address, Some(50));
+        assert_eq!(c.limits.listener_reserve, Some(20));
+        assert_eq!(c.limits.header_timeout, Duration::from_secs(5));
+        let d = parse(&[], "").unwrap().server_config().unwrap();
+        assert_eq!(d.limits.max_connections_per_address, None, "derived");
+        assert_eq!(d.limits.listener_reserve, None, "derived");
+        assert_eq!(d.limits.header_timeout, Duration::from_secs(30));
+        for (argv, want) in [
+            (
+                ["--max-connections-per-address", "0"],
+                "--max-connections-per-address: must be at least 1",
+            ),
+            (
+                ["--header-timeout", "10ms"],
+                "--header-timeout: must be at least 100ms",
+            ),
+        ] {
+            let e = parse(&argv, "").unwrap().server_config().unwrap_err();
+            assert!(e.contains(want), "{argv:?}: {e}");
+        }
     }
 
     #[test]

@@ -50,7 +50,7 @@ use crate::auth::{Action, Authenticator, Credentials, Principal};
 use crate::queue::Broker;
 use crate::queue::model::HOUR;
 use crate::server::audit;
-use crate::server::conns::{GatedListener, Peer};
+use crate::server::http::{GatedListener, Peer};
 
 /// Who makes the call being served: its peer address (set for every call)
 /// and its principal (once authenticated), for the audit log.
@@ -359,8 +359,6 @@ pub(crate) async fn serve(
     listener: GatedListener,
     app: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    axum::serve(listener, app.into_make_service_with_connect_info::<Peer>())
-        .with_graceful_shutdown(shutdown)
-        .await
+) {
+    crate::server::http::serve(listener, app, shutdown).await;
 }

@@ -50,7 +50,7 @@ use axum::routing::{get, post};
 use crate::auth::{Action, Authenticator, Principal};
 use crate::queue::Broker;
 use crate::server::audit;
-use crate::server::conns::{GatedListener, Peer};
+use crate::server::http::{GatedListener, Peer};
 
 pub(crate) use session::Session;
 
@@ -411,7 +411,7 @@ pub(crate) async fn serve(
     auth: Arc<Authenticator>,
     opts: ConsoleOptions,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
+) {
     let console = Arc::new(Console {
         history: history::History::new(opts.sample_every),
         sessions: session::Sessions::new(),
@@ -424,15 +424,9 @@ pub(crate) async fn serve(
     });
     let (stop_sampler, sampler_stopped) = tokio::sync::oneshot::channel::<()>();
     let sampler = tokio::spawn(history::sample(Arc::clone(&console), sampler_stopped));
-    let served = axum::serve(
-        listener,
-        router(console).into_make_service_with_connect_info::<Peer>(),
-    )
-    .with_graceful_shutdown(shutdown)
-    .await;
+    crate::server::http::serve(listener, router(console), shutdown).await;
     let _ = stop_sampler.send(());
     let _ = sampler.await;
-    served
 }
 
 /// The address a console answers on, for the line printed at start.

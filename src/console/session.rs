@@ -247,7 +247,7 @@ fn login_form(c: &Shared, next: Option<&str>, error: Option<&str>, status: Statu
 pub(crate) async fn login(State(c): State<Shared>, req: axum::extract::Request) -> Response {
     let peer = req
         .extensions()
-        .get::<axum::extract::ConnectInfo<crate::server::conns::Peer>>()
+        .get::<axum::extract::ConnectInfo<crate::server::http::Peer>>()
         .map(|p| p.0.0);
     let body = match axum::body::to_bytes(req.into_body(), 64 << 10).await {
         Ok(b) => b,

@@ -1,31 +1,41 @@
-//! Connections: one cap on how many are open at once across the server's
-//! listeners (gRPC, the Anypoint REST facade, metrics), and a deadline for
-//! a new connection's first bytes (the HTTP/2 client preface, a TLS
-//! ClientHello or an HTTP/1 request line), so that sockets that connect
-//! and say nothing cannot use up the process's file descriptors: the
-//! storage needs some of them to checkpoint, and a checkpoint that fails
-//! stops the server.
+//! Connections: caps on how many are open at once, and deadlines for what
+//! a connection must send, so that clients that connect and say nothing,
+//! or trickle their requests a byte at a time, can neither use up the
+//! process's file descriptors (the storage needs some of them to
+//! checkpoint, and a checkpoint that fails stops the server) nor lock the
+//! other clients out.
 //!
-//! At start the server raises its soft limit of open files to the hard
-//! limit, and by default lets connections take all but a reserve of it
-//! (`max_connections`). A connection over the cap is accepted and closed
-//! at once (the client sees the connection reset), so that the listen
-//! backlog never fills with them.
+//! The caps, checked as a connection is accepted (one over a cap is
+//! accepted and closed at once: its client sees the connection reset, and
+//! the listen backlog never fills with them):
+//! - the listeners together (gRPC, the Anypoint REST facade, the console,
+//!   metrics) hold at most `max_connections`: by default all but a reserve
+//!   of the open files the process may have (the soft limit is raised to
+//!   the hard one at start);
+//! - one peer address holds at most `max_connections_per_address` of
+//!   them, over all listeners (a quarter of the cap by default);
+//! - each listener keeps `listener_reserve` of them that the others cannot
+//!   take (by default half the cap, in equal parts); the rest is shared.
 //!
-//! An HTTP/1 connection (REST, metrics) that sends nothing for the idle
-//! timeout is closed; so is a gRPC connection with no call open for it
-//! (its client reconnects when it calls again). The calls open on each
-//! connection are counted by [`CallsLayer`], which finds the connection by
-//! its peer address; a long poll or a subscription keeps its connection
-//! busy for as long as it runs.
+//! The deadlines:
+//! - a new connection must have made its first request (HTTP/2: opened
+//!   its first stream; with TLS, after its handshake) within the handshake
+//!   timeout, however many bytes it sends meanwhile;
+//! - on the HTTP listeners every request head must arrive whole within the
+//!   header timeout (hyper's, see `super::http`);
+//! - an HTTP/1 connection that sends nothing for the idle timeout is
+//!   closed; so is a gRPC connection with no call open for it (its client
+//!   reconnects when it calls again). The calls open on each gRPC
+//!   connection are counted by `super::calls::CallsLayer`, which finds the
+//!   connection by its peer address; a long poll or a subscription keeps
+//!   its connection busy for as long as it runs.
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -33,15 +43,9 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, Sleep};
-use tonic::codegen::{Body as HttpBody, Bytes, Service, http};
-use tonic::transport::server::{Connected, TcpConnectInfo, TlsConnectInfo};
+use tonic::transport::server::{Connected, TcpConnectInfo};
 
-use super::metrics::{RpcStats, code_name};
-
-/// Bytes a new connection must send within the handshake deadline: the
-/// HTTP/2 client preface is 24 bytes; a TLS ClientHello and an HTTP/1
-/// request line are longer.
-const HANDSHAKE_BYTES: usize = 24;
+use super::Limits;
 
 /// File descriptors kept for the storage, logs and the rest when the cap
 /// is derived from the limit of open files: at least this many, or a
@@ -81,54 +85,188 @@ pub(crate) fn derived_cap(open_files: Option<u64>) -> usize {
     usize::try_from(cap).unwrap_or(16)
 }
 
-/// The cap, the handshake deadline and the idle timeout, shared by the
+/// The caps in force.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Caps {
+    /// Connections over all listeners.
+    pub(crate) max: usize,
+    /// Connections from one peer address, over all listeners.
+    pub(crate) per_address: usize,
+    /// Connections each listener keeps for itself.
+    pub(crate) reserve: usize,
+}
+
+/// The caps of `limits` with `listeners` listeners on, the ones not set
+/// derived: the cap from the limit of open files (see [`derived_cap`]),
+/// a quarter of it per address, half of it kept by the listeners in equal
+/// parts. An error names the setting that does not fit.
+pub(crate) fn caps(
+    limits: &Limits,
+    open_files: Option<u64>,
+    listeners: usize,
+) -> Result<Caps, String> {
+    let max = limits
+        .max_connections
+        .unwrap_or_else(|| derived_cap(open_files));
+    let n = listeners.max(1);
+    let per_address = limits.max_connections_per_address.unwrap_or(max / 4).max(1);
+    let reserve = match limits.listener_reserve {
+        Some(r) if r.saturating_mul(n) > max => {
+            return Err(format!(
+                "--listener-reserve {r}: the {n} listeners would keep {} connections, more than the {max} of --max-connections (at most {} each fits)",
+                r.saturating_mul(n),
+                max / n
+            ));
+        }
+        Some(r) => r,
+        None => max / (2 * n),
+    };
+    Ok(Caps {
+        max,
+        per_address,
+        reserve,
+    })
+}
+
+/// The listeners that share the cap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Door {
+    /// gRPC.
+    Grpc,
+    /// The Anypoint MQ REST facade.
+    Rest,
+    /// The web console.
+    Console,
+    /// The metrics endpoint.
+    Metrics,
+}
+
+impl Door {
+    fn name(self) -> &'static str {
+        match self {
+            Door::Grpc => "gRPC",
+            Door::Rest => "REST",
+            Door::Console => "console",
+            Door::Metrics => "metrics",
+        }
+    }
+
+    fn index(self) -> usize {
+        match self {
+            Door::Grpc => 0,
+            Door::Rest => 1,
+            Door::Console => 2,
+            Door::Metrics => 3,
+        }
+    }
+}
+
+/// Why a connection was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refusal {
+    /// Its address holds its cap.
+    Address,
+    /// Its listener's reserve and the shared connections are taken.
+    Full,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The caps, the deadlines and the connections open, shared by the
 /// server's listeners.
 #[derive(Debug)]
 pub(crate) struct Gate {
-    permits: Arc<Semaphore>,
+    caps: Caps,
+    /// The connections beyond the listeners' reserves.
+    shared: Arc<Semaphore>,
+    /// Each listener's reserve, by [`Door::index`] (none for a listener
+    /// that is off).
+    reserves: [Option<Arc<Semaphore>>; 4],
+    /// Connections open, by peer address.
+    addresses: Mutex<HashMap<IpAddr, usize>>,
+    open: AtomicUsize,
+    refused: AtomicU64,
     handshake: Duration,
+    header: Duration,
     /// After this long with no call open, a gRPC connection is closed.
     idle: Duration,
-    max: usize,
-    refused: AtomicU64,
     /// The gRPC connections open, by peer address, with their calls.
     conns: Mutex<HashMap<SocketAddr, Arc<Calls>>>,
     /// The gRPC listener serves TLS: a connection closed before its first
     /// call is logged (at debug) as a failed handshake, with its peer.
-    tls: std::sync::atomic::AtomicBool,
+    tls: AtomicBool,
 }
 
-/// What a connection is doing, as its calls begin and end.
+/// What a connection is doing, as its requests (gRPC: calls) begin and
+/// end.
 #[derive(Debug)]
 pub(crate) struct Calls {
     open: AtomicUsize,
-    /// Calls ever begun on the connection.
+    /// Requests ever begun on the connection.
     seen: AtomicU64,
     /// When the last call began or ended.
     last: Mutex<Instant>,
 }
 
 impl Calls {
+    fn new() -> Calls {
+        Calls {
+            open: AtomicUsize::new(0),
+            seen: AtomicU64::new(0),
+            last: Mutex::new(Instant::now()),
+        }
+    }
+
     fn touch(&self) {
-        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+        *lock(&self.last) = Instant::now();
+    }
+
+    /// A request has arrived (its head, or its HTTP/2 stream).
+    pub(crate) fn arrived(&self) {
+        self.seen.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A gRPC call begins: the connection is busy until [`Calls::end`].
+    pub(crate) fn begin(&self) {
+        self.open.fetch_add(1, Ordering::SeqCst);
+        self.arrived();
+        self.touch();
+    }
+
+    /// A gRPC call ends.
+    pub(crate) fn end(&self) {
+        self.touch();
+        self.open.fetch_sub(1, Ordering::SeqCst);
     }
 
     fn idle_since(&self) -> Option<Instant> {
-        (self.open.load(Ordering::SeqCst) == 0)
-            .then(|| *self.last.lock().unwrap_or_else(|e| e.into_inner()))
+        (self.open.load(Ordering::SeqCst) == 0).then(|| *lock(&self.last))
     }
 }
 
 impl Gate {
-    pub(crate) fn new(max: usize, handshake: Duration, idle: Duration) -> Arc<Gate> {
+    /// A gate with `caps` for the listeners `doors`, and the deadlines of
+    /// `limits`.
+    pub(crate) fn new(caps: Caps, limits: &Limits, doors: &[Door]) -> Arc<Gate> {
+        let mut reserves: [Option<Arc<Semaphore>>; 4] = Default::default();
+        for d in doors {
+            reserves[d.index()] = Some(Arc::new(Semaphore::new(caps.reserve)));
+        }
+        let kept = reserves.iter().flatten().count() * caps.reserve;
         Arc::new(Gate {
-            permits: Arc::new(Semaphore::new(max)),
-            handshake,
-            idle,
-            max,
+            caps,
+            shared: Arc::new(Semaphore::new(caps.max.saturating_sub(kept))),
+            reserves,
+            addresses: Mutex::new(HashMap::new()),
+            open: AtomicUsize::new(0),
             refused: AtomicU64::new(0),
+            handshake: limits.handshake_timeout,
+            header: limits.header_timeout,
+            idle: limits.idle_timeout,
             conns: Mutex::new(HashMap::new()),
-            tls: std::sync::atomic::AtomicBool::new(false),
+            tls: AtomicBool::new(false),
         })
     }
 
@@ -137,38 +275,81 @@ impl Gate {
         self.tls.store(true, Ordering::Relaxed);
     }
 
-    fn conns(&self) -> std::sync::MutexGuard<'_, HashMap<SocketAddr, Arc<Calls>>> {
-        self.conns.lock().unwrap_or_else(|e| e.into_inner())
+    /// The handshake deadline.
+    pub(crate) fn handshake_timeout(&self) -> Duration {
+        self.handshake
+    }
+
+    /// The deadline of an HTTP request head.
+    pub(crate) fn header_timeout(&self) -> Duration {
+        self.header
+    }
+
+    /// The calls of the gRPC connection from `peer`, if it is open.
+    pub(crate) fn calls_of(&self, peer: SocketAddr) -> Option<Arc<Calls>> {
+        lock(&self.conns).get(&peer).cloned()
     }
 
     /// Connections open now.
     pub(crate) fn open(&self) -> usize {
-        self.max.saturating_sub(self.permits.available_permits())
+        self.open.load(Ordering::SeqCst)
     }
 
-    /// Connections closed at once because the cap was reached.
+    /// Connections closed at once because a cap was reached.
     pub(crate) fn refused(&self) -> u64 {
         self.refused.load(Ordering::Relaxed)
     }
 
-    /// The next connection that fits under the cap. Errors of `accept`
-    /// itself (out of file descriptors, a connection reset before it was
-    /// accepted) are logged and waited out, never returned: a listener
-    /// must go on.
-    pub(crate) async fn accept(self: &Arc<Self>, listener: &TcpListener) -> (Conn, SocketAddr) {
-        self.accept_with(listener, false).await
+    /// A place for a connection from `peer` on `door`, if the caps allow
+    /// one: its listener's reserve first, then the shared connections.
+    fn admit(self: &Arc<Self>, door: Door, peer: SocketAddr) -> Result<Slot, Refusal> {
+        let ip = peer.ip().to_canonical();
+        let mut addresses = lock(&self.addresses);
+        let held = addresses.get(&ip).copied().unwrap_or(0);
+        if held >= self.caps.per_address {
+            return Err(Refusal::Address);
+        }
+        let permit = self.reserves[door.index()]
+            .as_ref()
+            .and_then(|r| Arc::clone(r).try_acquire_owned().ok())
+            .or_else(|| Arc::clone(&self.shared).try_acquire_owned().ok())
+            .ok_or(Refusal::Full)?;
+        addresses.insert(ip, held + 1);
+        drop(addresses);
+        self.open.fetch_add(1, Ordering::SeqCst);
+        Ok(Slot {
+            gate: Arc::clone(self),
+            ip,
+            _permit: permit,
+        })
     }
 
-    /// [`Gate::accept`] for gRPC: the connection is registered so that its
+    fn refuse(&self, door: Door, peer: SocketAddr, why: Refusal) {
+        let n = self.refused.fetch_add(1, Ordering::Relaxed);
+        if !(n.is_power_of_two() || n == 0) {
+            return;
+        }
+        match why {
+            Refusal::Address => tracing::warn!(
+                peer = %peer, listener = door.name(), max = self.caps.per_address, refused = n + 1,
+                "connection refused: its address holds --max-connections-per-address connections"
+            ),
+            Refusal::Full => tracing::warn!(
+                peer = %peer, listener = door.name(), max = self.caps.max, reserve = self.caps.reserve, refused = n + 1,
+                "connection refused: the listener holds all the connections it may (--max-connections, less the --listener-reserve the other listeners keep)"
+            ),
+        }
+    }
+
+    /// The next connection on `door` that fits under the caps. Errors of
+    /// `accept` itself (out of file descriptors, a connection reset
+    /// before it was accepted) are logged and waited out, never returned:
+    /// a listener must go on. A gRPC connection is registered so that its
     /// calls are counted, and closed after the idle timeout without one.
-    async fn accept_grpc(self: &Arc<Self>, listener: &TcpListener) -> (Conn, SocketAddr) {
-        self.accept_with(listener, true).await
-    }
-
-    async fn accept_with(
+    pub(crate) async fn accept(
         self: &Arc<Self>,
+        door: Door,
         listener: &TcpListener,
-        grpc: bool,
     ) -> (Conn, SocketAddr) {
         loop {
             let (tcp, peer) = match listener.accept().await {
@@ -179,32 +360,34 @@ impl Gate {
                     continue;
                 }
             };
-            let Ok(permit) = Arc::clone(&self.permits).try_acquire_owned() else {
-                let n = self.refused.fetch_add(1, Ordering::Relaxed);
-                if n.is_power_of_two() || n == 0 {
-                    tracing::warn!(peer = %peer, max = self.max, refused = n + 1,
-                        "connection refused: the server holds --max-connections connections");
+            let slot = match self.admit(door, peer) {
+                Ok(s) => s,
+                Err(why) => {
+                    self.refuse(door, peer, why);
+                    drop(tcp);
+                    continue;
                 }
-                drop(tcp);
-                continue;
             };
             let _ = tcp.set_nodelay(true);
-            let mut conn = Conn::new(tcp, permit, self.handshake, peer);
-            if !grpc {
-                conn.quiet = Some((self.idle, Box::pin(tokio::time::sleep(self.idle))));
-            } else {
-                let calls = Arc::new(Calls {
-                    open: AtomicUsize::new(0),
-                    seen: AtomicU64::new(0),
-                    last: Mutex::new(Instant::now()),
-                });
-                self.conns().insert(peer, Arc::clone(&calls));
+            let calls = Arc::new(Calls::new());
+            let mut conn = Conn {
+                tcp,
+                slot,
+                calls: Arc::clone(&calls),
+                deadline: Some(Box::pin(tokio::time::sleep(self.handshake))),
+                received: 0,
+                peer,
+                idle: None,
+                quiet: None,
+            };
+            if door == Door::Grpc {
+                lock(&self.conns).insert(peer, calls);
                 conn.idle = Some(Idle {
-                    calls,
                     after: self.idle,
-                    gate: Arc::clone(self),
                     timer: Box::pin(tokio::time::sleep(self.idle)),
                 });
+            } else {
+                conn.quiet = Some((self.idle, Box::pin(tokio::time::sleep(self.idle))));
             }
             return (conn, peer);
         }
@@ -217,260 +400,75 @@ pub(crate) fn incoming(
     gate: Arc<Gate>,
 ) -> impl futures_util::Stream<Item = io::Result<Conn>> + Send + 'static {
     futures_util::stream::unfold((listener, gate), |(listener, gate)| async move {
-        let (conn, _) = gate.accept_grpc(&listener).await;
+        let (conn, _) = gate.accept(Door::Grpc, &listener).await;
         Some((Ok(conn), (listener, gate)))
     })
 }
 
-/// A listener for axum under the gate, plain or TLS.
-///
-/// With TLS, a task accepts connections under the gate and runs each
-/// handshake on a task of its own (bounded by the handshake timeout), so
-/// that a slow or silent client never holds up the others; finished
-/// handshakes are handed to [`accept`](axum::serve::Listener::accept).
-/// The connection is counted by the gate from the moment it is accepted.
-pub(crate) struct GatedListener {
-    local: io::Result<SocketAddr>,
-    accepting: Accepting,
-}
-
-enum Accepting {
-    Plain {
-        listener: TcpListener,
-        gate: Arc<Gate>,
-    },
-    Tls {
-        ready: tokio::sync::mpsc::Receiver<(HttpConn, SocketAddr)>,
-        task: tokio::task::JoinHandle<()>,
-    },
-}
-
-impl GatedListener {
-    pub(crate) fn new(listener: TcpListener, gate: Arc<Gate>) -> GatedListener {
-        GatedListener {
-            local: listener.local_addr(),
-            accepting: Accepting::Plain { listener, gate },
-        }
-    }
-
-    /// A listener whose connections are TLS, with `acceptor`'s settings.
-    pub(crate) fn tls(
-        listener: TcpListener,
-        gate: Arc<Gate>,
-        acceptor: tokio_rustls::TlsAcceptor,
-    ) -> GatedListener {
-        let local = listener.local_addr();
-        let (tx, ready) = tokio::sync::mpsc::channel(64);
-        let task = tokio::spawn(tls_handshakes(listener, gate, acceptor, tx));
-        GatedListener {
-            local,
-            accepting: Accepting::Tls { ready, task },
-        }
-    }
-}
-
-impl Drop for GatedListener {
-    fn drop(&mut self) {
-        if let Accepting::Tls { task, .. } = &self.accepting {
-            // Handshakes still running end with it.
-            task.abort();
-        }
-    }
-}
-
-/// Accepts under the gate and runs the TLS handshakes concurrently, each
-/// within the handshake timeout; sends the finished ones to `tx`.
-async fn tls_handshakes(
-    listener: TcpListener,
+/// A connection's place under the caps, given back when it is dropped.
+#[derive(Debug)]
+struct Slot {
     gate: Arc<Gate>,
-    acceptor: tokio_rustls::TlsAcceptor,
-    tx: tokio::sync::mpsc::Sender<(HttpConn, SocketAddr)>,
-) {
-    let mut handshakes = tokio::task::JoinSet::new();
-    loop {
-        tokio::select! {
-            (conn, peer) = gate.accept(&listener) => {
-                let acceptor = acceptor.clone();
-                let tx = tx.clone();
-                let limit = gate.handshake;
-                handshakes.spawn(async move {
-                    match tokio::time::timeout(limit, acceptor.accept(conn)).await {
-                        Ok(Ok(tls)) => {
-                            let _ = tx.send((HttpConn::Tls(Box::new(tls)), peer)).await;
-                        }
-                        Ok(Err(e)) => {
-                            tracing::debug!(peer = %peer, error = %e, "TLS handshake failed");
-                        }
-                        Err(_) => {
-                            tracing::debug!(peer = %peer, "TLS handshake not finished within the handshake timeout");
-                        }
-                    }
-                });
+    ip: IpAddr,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.gate.open.fetch_sub(1, Ordering::SeqCst);
+        let mut addresses = lock(&self.gate.addresses);
+        if let Some(n) = addresses.get_mut(&self.ip) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                addresses.remove(&self.ip);
             }
-            Some(_) = handshakes.join_next(), if !handshakes.is_empty() => {}
-            () = tx.closed() => return,
         }
     }
 }
 
-/// The peer address of an HTTP connection, for handlers
-/// (`ConnectInfo<Peer>`).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Peer(pub(crate) SocketAddr);
-
-impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, GatedListener>>
-    for Peer
-{
-    fn connect_info(stream: axum::serve::IncomingStream<'_, GatedListener>) -> Peer {
-        Peer(*stream.remote_addr())
-    }
-}
-
-impl axum::serve::Listener for GatedListener {
-    type Io = HttpConn;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (HttpConn, SocketAddr) {
-        match &mut self.accepting {
-            Accepting::Plain { listener, gate } => {
-                let (conn, peer) = gate.accept(listener).await;
-                (HttpConn::Plain(conn), peer)
-            }
-            Accepting::Tls { ready, .. } => match ready.recv().await {
-                Some(c) => c,
-                // The accepting task ended (it never does on its own
-                // while this listener lives): accept nothing more.
-                None => std::future::pending().await,
-            },
-        }
-    }
-
-    fn local_addr(&self) -> io::Result<SocketAddr> {
-        match &self.local {
-            Ok(a) => Ok(*a),
-            Err(e) => Err(io::Error::new(e.kind(), e.to_string())),
-        }
-    }
-}
-
-/// An HTTP connection: plain or TLS, over an accepted [`Conn`].
-pub(crate) enum HttpConn {
-    Plain(Conn),
-    Tls(Box<tokio_rustls::server::TlsStream<Conn>>),
-}
-
-impl AsyncRead for HttpConn {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            HttpConn::Plain(c) => Pin::new(c).poll_read(cx, buf),
-            HttpConn::Tls(c) => Pin::new(c.as_mut()).poll_read(cx, buf),
-        }
-    }
-}
-
-impl AsyncWrite for HttpConn {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            HttpConn::Plain(c) => Pin::new(c).poll_write(cx, buf),
-            HttpConn::Tls(c) => Pin::new(c.as_mut()).poll_write(cx, buf),
-        }
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            HttpConn::Plain(c) => Pin::new(c).poll_write_vectored(cx, bufs),
-            HttpConn::Tls(c) => Pin::new(c.as_mut()).poll_write_vectored(cx, bufs),
-        }
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        match self {
-            HttpConn::Plain(c) => c.is_write_vectored(),
-            HttpConn::Tls(c) => c.is_write_vectored(),
-        }
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            HttpConn::Plain(c) => Pin::new(c).poll_flush(cx),
-            HttpConn::Tls(c) => Pin::new(c.as_mut()).poll_flush(cx),
-        }
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            HttpConn::Plain(c) => Pin::new(c).poll_shutdown(cx),
-            HttpConn::Tls(c) => Pin::new(c.as_mut()).poll_shutdown(cx),
-        }
-    }
-}
-
-/// An accepted connection: holds its place under the cap until it is
-/// closed, and fails its reads once the handshake deadline passes with
-/// fewer than [`HANDSHAKE_BYTES`] received.
+/// An accepted connection: holds its place under the caps until it is
+/// closed, and fails its reads once the handshake deadline passes before
+/// its first request.
 pub(crate) struct Conn {
     tcp: TcpStream,
-    _permit: OwnedSemaphorePermit,
-    /// Until the first bytes have arrived.
+    slot: Slot,
+    /// Its requests.
+    calls: Arc<Calls>,
+    /// Until the first request has arrived.
     deadline: Option<Pin<Box<Sleep>>>,
     received: usize,
     peer: SocketAddr,
-    /// gRPC: its calls, watched for idleness.
+    /// gRPC: closed after the idle timeout with no call open.
     idle: Option<Idle>,
-    /// HTTP/1: closed after this long without a byte received.
+    /// HTTP: closed after this long without a byte received.
     quiet: Option<(Duration, Pin<Box<Sleep>>)>,
 }
 
 /// The idle watch of a gRPC connection.
 struct Idle {
-    calls: Arc<Calls>,
     after: Duration,
-    gate: Arc<Gate>,
     timer: Pin<Box<Sleep>>,
 }
 
 impl Conn {
-    fn new(
-        tcp: TcpStream,
-        permit: OwnedSemaphorePermit,
-        handshake: Duration,
-        peer: SocketAddr,
-    ) -> Conn {
-        Conn {
-            tcp,
-            _permit: permit,
-            deadline: Some(Box::pin(tokio::time::sleep(handshake))),
-            received: 0,
-            peer,
-            idle: None,
-            quiet: None,
-        }
+    /// Its requests, for the server that answers them.
+    pub(crate) fn calls(&self) -> Arc<Calls> {
+        Arc::clone(&self.calls)
     }
 }
 
 impl Drop for Conn {
     fn drop(&mut self) {
-        if let Some(i) = &self.idle {
-            if i.gate.tls.load(Ordering::Relaxed) && i.calls.seen.load(Ordering::Relaxed) == 0 {
+        if self.idle.is_some() {
+            let gate = &self.slot.gate;
+            if gate.tls.load(Ordering::Relaxed) && self.calls.seen.load(Ordering::Relaxed) == 0 {
                 tracing::debug!(peer = %self.peer, received = self.received,
-                    "TLS connection closed before its first call: the TLS handshake failed (see the tls accept error above) or the client left");
+                    "TLS connection closed before its first call: the TLS handshake failed (see the tls accept error above), the client left, or it made no call within the handshake timeout");
             }
-            let mut conns = i.gate.conns();
+            let mut conns = lock(&gate.conns);
             if conns
                 .get(&self.peer)
-                .is_some_and(|c| Arc::ptr_eq(c, &i.calls))
+                .is_some_and(|c| Arc::ptr_eq(c, &self.calls))
             {
                 conns.remove(&self.peer);
             }
@@ -481,12 +479,12 @@ impl Drop for Conn {
 impl Idle {
     /// True once the connection has had no call open for `after`; else
     /// arms the timer for the earliest moment it could be.
-    fn expired(&mut self, cx: &mut Context<'_>) -> bool {
+    fn expired(&mut self, calls: &Calls, cx: &mut Context<'_>) -> bool {
         loop {
             if self.timer.as_mut().poll(cx).is_pending() {
                 return false;
             }
-            let due = match self.calls.idle_since() {
+            let due = match calls.idle_since() {
                 Some(since) if since + self.after <= Instant::now() => return true,
                 Some(since) => since + self.after,
                 None => Instant::now() + self.after,
@@ -504,6 +502,10 @@ impl Connected for Conn {
     }
 }
 
+fn timed_out(what: &'static str) -> Poll<io::Result<()>> {
+    Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, what)))
+}
+
 impl AsyncRead for Conn {
     fn poll_read(
         mut self: Pin<&mut Self>,
@@ -516,275 +518,40 @@ impl AsyncRead for Conn {
         if let Poll::Ready(Ok(())) = &r {
             let n = buf.filled().len() - before;
             this.received += n;
-            if this.received >= HANDSHAKE_BYTES {
-                this.deadline = None;
-            }
             if n > 0
                 && let Some((after, timer)) = this.quiet.as_mut()
             {
                 timer.as_mut().reset(Instant::now() + *after);
             }
         }
+        if this.deadline.is_some() && this.calls.seen.load(Ordering::Relaxed) > 0 {
+            this.deadline = None;
+        }
+        // Checked whatever the read gave: bytes trickled in never put it
+        // off.
+        if !matches!(r, Poll::Ready(Err(_)))
+            && let Some(d) = this.deadline.as_mut()
+            && d.as_mut().poll(cx).is_ready()
+        {
+            tracing::debug!(peer = %this.peer, received = this.received,
+                "closing a connection that made no request within the handshake timeout");
+            return timed_out("the connection made no request within the handshake timeout");
+        }
         if r.is_pending()
             && let Some((_, timer)) = this.quiet.as_mut()
             && timer.as_mut().poll(cx).is_ready()
         {
             tracing::debug!(peer = %this.peer, "closing a connection that sent nothing for the idle timeout");
-            return Poll::Ready(Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "the connection sent nothing for the idle timeout",
-            )));
-        }
-        if r.is_pending()
-            && let Some(d) = this.deadline.as_mut()
-            && d.as_mut().poll(cx).is_ready()
-        {
-            tracing::debug!(peer = %this.peer, received = this.received,
-                "closing a connection that did not finish its handshake in time");
-            return Poll::Ready(Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "the connection did not finish its handshake in time",
-            )));
+            return timed_out("the connection sent nothing for the idle timeout");
         }
         if r.is_pending()
             && let Some(idle) = this.idle.as_mut()
-            && idle.expired(cx)
+            && idle.expired(&this.calls, cx)
         {
             tracing::debug!(peer = %this.peer, "closing a connection idle for the idle timeout");
-            return Poll::Ready(Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "the connection was idle for the idle timeout",
-            )));
+            return timed_out("the connection was idle for the idle timeout");
         }
         r
-    }
-}
-
-/// Counts the calls open on each gRPC connection (see [`Gate`]), and
-/// counts and times every call by method and status code (see
-/// [`RpcStats`]).
-#[derive(Debug, Clone)]
-pub(crate) struct CallsLayer {
-    gate: Arc<Gate>,
-    rpc: Arc<RpcStats>,
-    /// The server's deadline for unary calls.
-    timeout: Duration,
-}
-
-impl CallsLayer {
-    pub(crate) fn new(gate: Arc<Gate>, rpc: Arc<RpcStats>, timeout: Duration) -> CallsLayer {
-        CallsLayer { gate, rpc, timeout }
-    }
-}
-
-impl<S> tower_layer::Layer<S> for CallsLayer {
-    type Service = Counted<S>;
-
-    fn layer(&self, inner: S) -> Counted<S> {
-        Counted {
-            inner,
-            gate: Arc::clone(&self.gate),
-            rpc: Arc::clone(&self.rpc),
-            timeout: self.timeout,
-        }
-    }
-}
-
-/// A service whose calls hold their connection busy until their response
-/// body ends (a stream's, when the stream does), and are counted and
-/// timed when it does.
-#[derive(Debug, Clone)]
-pub(crate) struct Counted<S> {
-    inner: S,
-    gate: Arc<Gate>,
-    rpc: Arc<RpcStats>,
-    timeout: Duration,
-}
-
-/// One call open on a connection; ends when dropped.
-pub(crate) struct Open(Option<Arc<Calls>>);
-
-impl Open {
-    fn begin(calls: Option<Arc<Calls>>) -> Open {
-        if let Some(c) = &calls {
-            c.open.fetch_add(1, Ordering::SeqCst);
-            c.seen.fetch_add(1, Ordering::Relaxed);
-            c.touch();
-        }
-        Open(calls)
-    }
-}
-
-impl Drop for Open {
-    fn drop(&mut self) {
-        if let Some(c) = &self.0 {
-            c.touch();
-            c.open.fetch_sub(1, Ordering::SeqCst);
-        }
-    }
-}
-
-/// The count and time of one call, recorded once: when its response's
-/// trailers (or its trailers-only headers) have been sent, or when it is
-/// dropped before that. A call dropped before its answer counts as
-/// DEADLINE_EXCEEDED past its deadline and CANCELLED otherwise (the
-/// client went away); one dropped in the middle of its response (a
-/// stream the client closed) counts as CANCELLED.
-struct Outcome {
-    rpc: Arc<RpcStats>,
-    method: &'static str,
-    started: std::time::Instant,
-    /// Until the response headers: when the call's time runs out.
-    deadline: Option<std::time::Instant>,
-    /// The status, once known.
-    code: Option<&'static str>,
-    recorded: bool,
-}
-
-impl Outcome {
-    fn record(&mut self, code: &'static str) {
-        if !self.recorded {
-            self.recorded = true;
-            self.rpc.record(self.method, code, self.started.elapsed());
-        }
-    }
-}
-
-impl Drop for Outcome {
-    fn drop(&mut self) {
-        let code = match (self.code, self.deadline) {
-            (Some(c), _) => c,
-            (None, Some(d)) if std::time::Instant::now() >= d => "DEADLINE_EXCEEDED",
-            (None, _) => "CANCELLED",
-        };
-        self.record(code);
-    }
-}
-
-/// The client's `grpc-timeout` header, if any and valid.
-fn grpc_timeout(headers: &http::HeaderMap) -> Option<Duration> {
-    let v = headers.get("grpc-timeout")?.to_str().ok()?;
-    let (digits, unit) = v.split_at(v.len().checked_sub(1)?);
-    let n: u64 = digits.parse().ok()?;
-    Some(match unit {
-        "H" => Duration::from_secs(n.saturating_mul(3600)),
-        "M" => Duration::from_secs(n.saturating_mul(60)),
-        "S" => Duration::from_secs(n),
-        "m" => Duration::from_millis(n),
-        "u" => Duration::from_micros(n),
-        "n" => Duration::from_nanos(n),
-        _ => return None,
-    })
-}
-
-impl<S, B, Req> Service<http::Request<Req>> for Counted<S>
-where
-    S: Service<http::Request<Req>, Response = http::Response<B>>,
-    S::Future: Send + 'static,
-    B: HttpBody<Data = Bytes> + Send + 'static,
-{
-    type Response = http::Response<OpenBody<B>>;
-    type Error = S::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, S::Error>> + Send>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: http::Request<Req>) -> Self::Future {
-        let peer = req
-            .extensions()
-            .get::<TcpConnectInfo>()
-            .and_then(TcpConnectInfo::remote_addr)
-            .or_else(|| {
-                req.extensions()
-                    .get::<TlsConnectInfo<TcpConnectInfo>>()
-                    .and_then(|i| i.get_ref().remote_addr())
-            });
-        let calls = peer.and_then(|p| self.gate.conns().get(&p).cloned());
-        let open = Open::begin(calls);
-        let started = std::time::Instant::now();
-        // The deadline tonic enforces outside this layer began a moment
-        // before this call: a few milliseconds of slack tell a timeout
-        // from a client leaving just before it.
-        let limit = grpc_timeout(req.headers())
-            .map_or(self.timeout, |t| t.min(self.timeout))
-            .saturating_sub(Duration::from_millis(5));
-        let mut outcome = Outcome {
-            rpc: Arc::clone(&self.rpc),
-            method: RpcStats::method(req.uri().path()),
-            started,
-            deadline: started.checked_add(limit),
-            code: None,
-            recorded: false,
-        };
-        let fut = self.inner.call(req);
-        Box::pin(async move {
-            let resp = fut.await;
-            outcome.deadline = None;
-            let resp = match resp {
-                Ok(r) => r,
-                Err(e) => {
-                    outcome.record("UNKNOWN");
-                    return Err(e);
-                }
-            };
-            // A trailers-only response (most errors) carries its status in
-            // its headers.
-            outcome.code = resp
-                .headers()
-                .get("grpc-status")
-                .map(|v| code_name(v.as_bytes()));
-            Ok(resp.map(|body| OpenBody {
-                body: Box::pin(body),
-                _open: open,
-                outcome,
-            }))
-        })
-    }
-}
-
-/// A response body that keeps its call counted as open until it ends,
-/// and records the call's status from its trailers.
-pub(crate) struct OpenBody<B> {
-    body: Pin<Box<B>>,
-    _open: Open,
-    outcome: Outcome,
-}
-
-impl<B: HttpBody<Data = Bytes>> HttpBody for OpenBody<B> {
-    type Data = Bytes;
-    type Error = B::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<http_body::Frame<Bytes>, B::Error>>> {
-        let r = self.body.as_mut().poll_frame(cx);
-        match &r {
-            Poll::Ready(Some(Ok(frame))) => {
-                if let Some(status) = frame.trailers_ref().and_then(|t| t.get("grpc-status")) {
-                    let code = code_name(status.as_bytes());
-                    self.outcome.code = Some(code);
-                    self.outcome.record(code);
-                }
-            }
-            Poll::Ready(Some(Err(_))) => self.outcome.record("UNKNOWN"),
-            Poll::Ready(None) => {
-                let code = self.outcome.code.unwrap_or("UNKNOWN");
-                self.outcome.record(code);
-            }
-            Poll::Pending => {}
-        }
-        r
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.body.size_hint()
     }
 }
 
@@ -832,21 +599,111 @@ mod tests {
     }
 
     #[test]
-    fn the_client_deadline_is_read_from_grpc_timeout() {
-        let with = |v: &str| {
-            let mut h = http::HeaderMap::new();
-            h.insert("grpc-timeout", v.parse().unwrap());
-            h
+    fn unset_caps_are_derived_and_a_reserve_that_does_not_fit_is_refused() {
+        let limits = Limits::default();
+        // 1,024 open files, gRPC and the console.
+        assert_eq!(
+            caps(&limits, Some(1024), 2),
+            Ok(Caps {
+                max: 768,
+                per_address: 192,
+                reserve: 192,
+            })
+        );
+        // Every listener on.
+        assert_eq!(
+            caps(&limits, Some(1 << 20), 4),
+            Ok(Caps {
+                max: 10_000,
+                per_address: 2500,
+                reserve: 1250,
+            })
+        );
+        let set = Limits {
+            max_connections: Some(10),
+            max_connections_per_address: Some(3),
+            listener_reserve: Some(5),
+            ..Limits::default()
         };
         assert_eq!(
-            grpc_timeout(&with("250m")),
-            Some(Duration::from_millis(250))
+            caps(&set, None, 2),
+            Ok(Caps {
+                max: 10,
+                per_address: 3,
+                reserve: 5,
+            })
         );
-        assert_eq!(grpc_timeout(&with("2S")), Some(Duration::from_secs(2)));
-        assert_eq!(grpc_timeout(&with("1H")), Some(Duration::from_secs(3600)));
-        assert_eq!(grpc_timeout(&with("7u")), Some(Duration::from_micros(7)));
-        assert_eq!(grpc_timeout(&with("5x")), None);
-        assert_eq!(grpc_timeout(&with("m")), None);
-        assert_eq!(grpc_timeout(&http::HeaderMap::new()), None);
+        let e = caps(&set, None, 3).unwrap_err();
+        assert!(e.contains("--listener-reserve 5"), "{e}");
+        assert!(e.contains("at most 3 each"), "{e}");
+        // A tiny cap still lets every address in.
+        let tiny = Limits {
+            max_connections: Some(2),
+            ..Limits::default()
+        };
+        assert_eq!(caps(&tiny, None, 1).map(|c| c.per_address), Ok(1));
+    }
+
+    fn addr(s: &str) -> SocketAddr {
+        s.parse().unwrap()
+    }
+
+    #[tokio::test]
+    async fn an_address_and_a_listener_take_no_more_than_their_share() {
+        let caps = Caps {
+            max: 10,
+            per_address: 4,
+            reserve: 3,
+        };
+        // gRPC and REST keep 3 each; 4 are shared.
+        let gate = Gate::new(caps, &Limits::default(), &[Door::Grpc, Door::Rest]);
+        let mut held = Vec::new();
+        for port in 1..=4 {
+            let peer = addr(&format!("10.0.0.1:{port}"));
+            held.push(gate.admit(Door::Rest, peer).unwrap());
+        }
+        assert_eq!(
+            gate.admit(Door::Rest, addr("10.0.0.1:5")).unwrap_err(),
+            Refusal::Address
+        );
+        // The same address written as IPv4-mapped IPv6 is the same one.
+        assert_eq!(
+            gate.admit(Door::Grpc, addr("[::ffff:10.0.0.1]:6"))
+                .unwrap_err(),
+            Refusal::Address
+        );
+        for port in 1..=3 {
+            held.push(
+                gate.admit(Door::Rest, addr(&format!("10.0.0.2:{port}")))
+                    .unwrap(),
+            );
+        }
+        // REST holds its 3 and the 4 shared.
+        assert_eq!(
+            gate.admit(Door::Rest, addr("10.0.0.3:1")).unwrap_err(),
+            Refusal::Full
+        );
+        assert_eq!(gate.open(), 7);
+        // gRPC keeps its 3.
+        for port in 1..=3 {
+            held.push(
+                gate.admit(Door::Grpc, addr(&format!("10.0.0.3:{port}")))
+                    .unwrap(),
+            );
+        }
+        assert_eq!(
+            gate.admit(Door::Grpc, addr("10.0.0.4:1")).unwrap_err(),
+            Refusal::Full
+        );
+        assert_eq!(gate.open(), 10);
+        // Closing gives the places back, the address's too.
+        held.drain(..4);
+        assert_eq!(gate.open(), 6);
+        assert!(gate.admit(Door::Grpc, addr("10.0.0.1:7")).is_ok());
+        assert!(
+            lock(&gate.addresses)
+                .get(&"10.0.0.1".parse::<IpAddr>().unwrap())
+                .is_none()
+        );
     }
 }

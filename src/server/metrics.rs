@@ -291,7 +291,7 @@ impl Collector for Figures {
         let counters: [(&str, &str, u64); 12] = [
             (
                 "letterbox_connections_refused",
-                "Connections closed at once because --max-connections were open",
+                "Connections closed at once because a cap was reached: --max-connections, --max-connections-per-address for their address, or their listener's share",
                 self.gate.refused(),
             ),
             (

@@ -8,9 +8,11 @@
 
 mod access;
 pub(crate) mod audit;
+mod calls;
 pub(crate) mod conns;
 pub(crate) mod consumers;
 pub(crate) mod convert;
+pub(crate) mod http;
 mod metrics;
 mod publish_stream;
 pub(crate) mod redrive;
@@ -155,9 +157,21 @@ pub struct Limits {
     /// a reserve of the open files the process may have (its soft limit
     /// is raised to the hard one at start).
     pub max_connections: Option<usize>,
-    /// How long a new connection may take to send its first bytes (its
-    /// HTTP/2 preface, TLS ClientHello or HTTP/1 request line).
+    /// Most connections open at once from one peer address, over all
+    /// listeners; `None`: a quarter of [`Limits::max_connections`].
+    pub max_connections_per_address: Option<usize>,
+    /// Connections each listener (gRPC, REST, console, metrics) keeps for
+    /// itself, which the others cannot take; `None`: half of
+    /// [`Limits::max_connections`], in equal parts.
+    pub listener_reserve: Option<usize>,
+    /// How long a new connection may take to make its first request (an
+    /// HTTP/1 request, or the first stream of an HTTP/2 connection: a
+    /// gRPC call), TLS handshake included, whatever it sends meanwhile.
     pub handshake_timeout: Duration,
+    /// How long an HTTP/1 request head (REST, console, metrics) may take
+    /// to arrive whole after the previous answer; a keep-alive connection
+    /// waiting for its next request is closed then too.
+    pub header_timeout: Duration,
     /// After this long with no call open, a gRPC connection is closed.
     pub idle_timeout: Duration,
 }
@@ -169,7 +183,10 @@ impl Default for Limits {
             concurrency_per_connection: 1024,
             request_timeout: Duration::from_secs(60),
             max_connections: None,
+            max_connections_per_address: None,
+            listener_reserve: None,
             handshake_timeout: Duration::from_secs(10),
+            header_timeout: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(300),
         }
     }
@@ -225,6 +242,9 @@ pub enum ServerError {
     /// The TLS certificate or key could not be used.
     #[error("TLS: {0}")]
     Tls(String),
+    /// The connection limits do not fit together.
+    #[error("connection limits: {0}")]
+    Limits(String),
     /// The transport failed.
     #[error("gRPC transport: {0}")]
     Transport(#[from] tonic::transport::Error),
@@ -307,6 +327,10 @@ pub struct Server {
     console: Option<(TcpListener, SocketAddr)>,
     config: ServerConfig,
     report: OpenReport,
+    /// The connection caps in force.
+    caps: conns::Caps,
+    /// The listeners that share them.
+    doors: Vec<conns::Door>,
 }
 
 impl std::fmt::Debug for Server {
@@ -495,6 +519,26 @@ impl Server {
             }
             None => None,
         };
+        let open_files = conns::raise_open_files();
+        let doors: Vec<conns::Door> = [
+            Some(conns::Door::Grpc),
+            anypoint.as_ref().map(|_| conns::Door::Rest),
+            console.as_ref().map(|_| conns::Door::Console),
+            metrics.as_ref().map(|_| conns::Door::Metrics),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        let caps =
+            conns::caps(&config.limits, open_files, doors.len()).map_err(ServerError::Limits)?;
+        tracing::info!(
+            max_connections = caps.max,
+            per_address = caps.per_address,
+            listener_reserve = caps.reserve,
+            listeners = doors.len(),
+            open_files = open_files.unwrap_or(0),
+            "connections capped"
+        );
         Ok(Server {
             broker: Arc::new(broker),
             listener,
@@ -504,6 +548,8 @@ impl Server {
             console,
             config,
             report,
+            caps,
+            doors,
         })
     }
 
@@ -549,30 +595,20 @@ impl Server {
             config,
             metrics,
             report,
+            caps,
+            doors,
             ..
         } = self;
-        let open_files = conns::raise_open_files();
-        let max_connections = config
-            .limits
-            .max_connections
-            .unwrap_or_else(|| conns::derived_cap(open_files));
-        tracing::info!(
-            max_connections,
-            open_files = open_files.unwrap_or(0),
-            "connections capped"
-        );
-        let gate = conns::Gate::new(
-            max_connections,
-            config.limits.handshake_timeout,
-            config.limits.idle_timeout,
-        );
+        let gate = conns::Gate::new(caps, &config.limits, &doors);
         if config.tls.is_some() {
             gate.set_tls();
         }
         let http_tls = config.tls.as_ref().map(http_tls).transpose()?;
-        let http_listener = |l: TcpListener| match &http_tls {
-            Some(acceptor) => conns::GatedListener::tls(l, Arc::clone(&gate), acceptor.clone()),
-            None => conns::GatedListener::new(l, Arc::clone(&gate)),
+        let http_listener = |l: TcpListener, door| match &http_tls {
+            Some(acceptor) => {
+                http::GatedListener::tls(l, Arc::clone(&gate), door, acceptor.clone())
+            }
+            None => http::GatedListener::new(l, Arc::clone(&gate), door),
         };
         let rpc = metrics::RpcStats::new();
         let sessions = tokio_util::task::TaskTracker::new();
@@ -591,18 +627,11 @@ impl Server {
                 consumers: Arc::clone(service.consumers()),
                 rpc: Arc::clone(&rpc),
             });
-            let l = http_listener(l);
+            let l = http_listener(l, conns::Door::Metrics);
             let app = metrics::router(registry, config.metrics_token.as_deref());
-            tokio::spawn(async move {
-                let served = axum::serve(l, app)
-                    .with_graceful_shutdown(async move {
-                        let _ = metrics_stopped.await;
-                    })
-                    .await;
-                if let Err(e) = served {
-                    tracing::error!(error = %e, "metrics endpoint failed");
-                }
-            })
+            tokio::spawn(http::serve(l, app, async move {
+                let _ = metrics_stopped.await;
+            }))
         });
         let (stop_sweeper, sweeper_stopped) = tokio::sync::oneshot::channel::<()>();
         let sweeper = tokio::spawn(Arc::clone(&broker).sweep(async move {
@@ -638,7 +667,7 @@ impl Server {
         };
         // The Anypoint MQ REST facade, on the same engine, drained with
         // gRPC (its long polls end when the engine begins shutting down).
-        let rest = anypoint.map(|(l, at)| {
+        let rest = anypoint.map(|(l, _)| {
             let app = crate::anypoint::router_with(
                 Arc::clone(&broker),
                 Arc::clone(&config.auth),
@@ -646,38 +675,27 @@ impl Server {
                 Arc::clone(service.consumers()),
             );
             let stop = drain.clone();
-            let l = http_listener(l);
+            let l = http_listener(l, conns::Door::Rest);
             (
                 drain.clone(),
-                tokio::spawn(async move {
-                    if let Err(e) =
-                        crate::anypoint::serve(l, app, async move { stop.cancelled().await }).await
-                    {
-                        tracing::error!(addr = %at, error = %e, "anypoint listener failed");
-                    }
-                }),
+                tokio::spawn(crate::anypoint::serve(l, app, async move {
+                    stop.cancelled().await
+                })),
             )
         });
         // The web console, drained with the REST facade.
-        let console_task =
-            console.map(|(l, at)| {
-                let stop = drain.clone();
-                let l = http_listener(l);
-                let opts = crate::console::ConsoleOptions {
-                    tls: config.tls.is_some(),
-                    sample_every: config.console_sample_every,
-                };
-                let (broker, auth) = (Arc::clone(&broker), Arc::clone(&config.auth));
-                tokio::spawn(async move {
-                    if let Err(e) = crate::console::serve(l, broker, auth, opts, async move {
-                        stop.cancelled().await
-                    })
-                    .await
-                    {
-                        tracing::error!(addr = %at, error = %e, "console listener failed");
-                    }
-                })
-            });
+        let console_task = console.map(|(l, _)| {
+            let stop = drain.clone();
+            let l = http_listener(l, conns::Door::Console);
+            let opts = crate::console::ConsoleOptions {
+                tls: config.tls.is_some(),
+                sample_every: config.console_sample_every,
+            };
+            let (broker, auth) = (Arc::clone(&broker), Arc::clone(&config.auth));
+            tokio::spawn(crate::console::serve(l, broker, auth, opts, async move {
+                stop.cancelled().await
+            }))
+        });
         let limit = config.max_request_bytes;
         let incoming = Box::pin(conns::incoming(listener, Arc::clone(&gate)));
         // Reflection in both versions: `v1`, and `v1alpha`, which most
@@ -709,7 +727,7 @@ impl Server {
                     principal = tracing::field::Empty
                 )
             })
-            .layer(conns::CallsLayer::new(
+            .layer(calls::CallsLayer::new(
                 Arc::clone(&gate),
                 rpc,
                 config.limits.request_timeout,

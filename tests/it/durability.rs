@@ -415,8 +415,9 @@ async fn with_the_disk_full_publishes_fail_and_acks_work() {
 }
 
 /// 1,100 idle TCP connections against a server limited to 1,024 open
-/// files: connections over the cap (768) are closed at once, those that
-/// never send their handshake are closed after `--handshake-timeout`, the
+/// files: connections over the caps (768 in all, a quarter of that from
+/// one address) are closed at once, those that never make a request are
+/// closed after `--handshake-timeout`, the
 /// storage keeps its descriptors (checkpoints go on), and the server
 /// serves calls again once the idle ones are gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

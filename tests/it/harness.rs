@@ -237,6 +237,8 @@ pub struct InProc {
     pub anypoint: Option<SocketAddr>,
     /// The web console's address, when the configuration turned it on.
     pub console: Option<SocketAddr>,
+    /// The metrics endpoint's address, when the configuration turned it on.
+    pub metrics: Option<SocketAddr>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<()>>,
     _dir: tempfile::TempDir,
@@ -273,6 +275,7 @@ impl InProc {
         let addr = server.local_addr();
         let anypoint = server.anypoint_addr();
         let console = server.console_addr();
+        let metrics = server.metrics_addr();
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(async move {
             server
@@ -287,6 +290,7 @@ impl InProc {
             addr,
             anypoint,
             console,
+            metrics,
             stop: Some(tx),
             task: Some(task),
             _dir: dir,

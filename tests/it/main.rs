@@ -21,6 +21,7 @@ mod log_damage;
 mod messaging;
 mod redrive;
 mod security;
+mod slow_clients;
 mod subscriber_order;
 mod verify;
 mod walkthrough;
