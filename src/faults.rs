@@ -59,17 +59,30 @@ pub enum Fault {
     /// where the last checkpoint says (a missing, zeroed or truncated
     /// segment is not refused; `storage/open.rs`).
     NoLogContinuity,
+    /// `no-later-write-scan`: replay takes the first place the log's
+    /// records stop as its end without looking past it for records of
+    /// later writes (a zeroed page or damaged records in the middle of the
+    /// log are taken as a torn tail; `storage/wal/replay.rs`).
+    NoLaterWriteScan,
+    /// `no-segment-notes`: the log writer answers records written into a
+    /// segment before `CHECKPOINT` lists it, and no checkpoint lists a
+    /// segment's first record (a segment the log moved into since the
+    /// last checkpoint can be truncated or zeroed unnoticed;
+    /// `storage/commit.rs`, `storage/apply.rs`).
+    NoSegmentNotes,
 }
 
 impl Fault {
     /// Every fault.
-    pub const ALL: [Fault; 6] = [
+    pub const ALL: [Fault; 8] = [
         Fault::AckBeforeFsync,
         Fault::NoDeliveryCount,
         Fault::DlqTwoSteps,
         Fault::ExchangeTwoSteps,
         Fault::NoFifoRelease,
         Fault::NoLogContinuity,
+        Fault::NoLaterWriteScan,
+        Fault::NoSegmentNotes,
     ];
 
     /// The name [`ENV`] takes.
@@ -81,6 +94,8 @@ impl Fault {
             Fault::ExchangeTwoSteps => "exchange-two-steps",
             Fault::NoFifoRelease => "no-fifo-release",
             Fault::NoLogContinuity => "no-log-continuity",
+            Fault::NoLaterWriteScan => "no-later-write-scan",
+            Fault::NoSegmentNotes => "no-segment-notes",
         }
     }
 

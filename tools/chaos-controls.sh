@@ -20,6 +20,14 @@
 #                       log goes on where the checkpoint     publishes lost;
 #                       says (damage mode: segments          also I4, I5, I13...)
 #                       deleted, zeroed, truncated)
+#   no-later-write-scan takes the first place the log's   -> I1 (acknowledged
+#                       records stop as its end (damage      publishes lost)
+#                       mode: a zeroed page, damaged
+#                       records in a row)
+#   no-segment-notes    answers records in a segment      -> I1 (acknowledged
+#                       before CHECKPOINT lists it (damage   publishes lost)
+#                       mode: the newest segment cut or
+#                       zeroed after a switch)
 #
 # A control that is not caught fails the script: the harness would lack
 # teeth. The fault build goes to target/faults/letterbox-faults; cargo
@@ -92,4 +100,11 @@ run no-fifo-release I9
 # is deleted, zeroed or truncated; this build starts on it instead of
 # refusing, and what the damaged segment held after the checkpoint is gone.
 run no-log-continuity I1,I4 --damage
+# Only the kinds that damage records in the middle of the log: this build
+# takes the damage for the log's end, and what was written after it is
+# gone. And only the kinds that cut or zero the segment the log moved
+# into last: this build answered its records before listing it, so the
+# start cannot tell.
+run no-later-write-scan I1 --damage --damage-kinds zero-page,damage-frames
+run no-segment-notes I1 --damage --damage-kinds truncate-new,zero-new
 echo "== all negative controls caught ($((SECONDS - started)) s)"

@@ -8,6 +8,7 @@ use bytes::Bytes;
 use super::Mutation;
 use super::frame::{HEADER, RawFrame, decode_txn, frame_len_hint, parse_frame};
 use super::segment::{list_segments, segment_path};
+use crate::faults::{self, Fault};
 use crate::storage::error::{Result, StorageError};
 use crate::storage::fsutil::LoggedSegment;
 
@@ -245,7 +246,7 @@ fn check_first(path: &Path, want: u64) -> Result<()> {
 /// reused segment, a segment that does not go on), the log ends only if
 /// that can be a torn write: no intact record of a *later* write may exist
 /// anywhere after it, in the rest of that segment or in any later one
-/// ([`later_write`]). Otherwise the records before that later one were
+/// (`later_write`). Otherwise the records before that later one were
 /// durable and are damaged, and replay refuses, naming both places.
 pub fn replay(
     dir: &Path,
@@ -321,7 +322,8 @@ pub fn replay(
         }
         stop = Some((i, pos));
     }
-    if let Some((i, pos)) = stop {
+    // Negative control: the first stop taken as the end, unchecked.
+    if let Some((i, pos)) = stop.filter(|_| !faults::on(Fault::NoLaterWriteScan)) {
         let next = last_read.map_or(after + 1, |l| l + 1);
         let end_rule = End {
             after,
@@ -352,8 +354,8 @@ pub(crate) struct End {
     /// The records stop where this lsn, not yet in the database, was
     /// expected: the write that held it may have been torn by a crash, so
     /// its other records may follow. `None` when the records stop among
-    /// those in the database: every record after `after` was durable
-    /// then.
+    /// those in the database: every record after `after` that follows in
+    /// the same segment was durable then.
     pub(crate) torn: Option<u64>,
 }
 
@@ -394,10 +396,18 @@ pub(crate) fn later_write(
     from: u64,
     end: End,
 ) -> Result<Option<Later>> {
+    // In the segments after the stop's own, records of a write torn by an
+    // earlier crash may be left over (a reused segment), with lsns above
+    // what the database holds but from a write that started no later than
+    // the log's records now go: only a later write is refused there.
+    let beyond = End {
+        after: end.after,
+        torn: Some(end.torn.unwrap_or(end.after + 1)),
+    };
     for (k, &number) in segments.iter().enumerate() {
         let path = segment_path(dir, number);
-        let start = if k == 0 { from } else { 0 };
-        if let Some((offset, lsn)) = scan_segment(&path, start, end)? {
+        let (start, rule) = if k == 0 { (from, end) } else { (0, beyond) };
+        if let Some((offset, lsn)) = scan_segment(&path, start, rule)? {
             return Ok(Some(Later { path, offset, lsn }));
         }
     }

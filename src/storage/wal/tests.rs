@@ -387,3 +387,37 @@ fn a_later_write_in_a_later_segment_is_found() {
         "{text}"
     );
 }
+
+#[test]
+fn a_torn_writes_leftovers_in_a_reused_segment_are_not_a_later_write() {
+    // Segment 1 holds 1..=20, the database has applied up to 30 (21..=30
+    // were in segments since retired), and segment 2 was reused from a
+    // segment holding what a crash tore of a write 31..=35 (it started at
+    // 31, no later than where the log now goes): an end, not damage.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut first = Vec::new();
+    one_write_each(&mut first, 1..=20);
+    write_segment(dir.path(), &first);
+    let mut leftovers = Vec::new();
+    for lsn in 31..=35 {
+        frame(
+            lsn,
+            31,
+            &[put(&format!("k{lsn}"), "v")],
+            &mut leftovers,
+            |_| false,
+        );
+    }
+    let mut second = vec![0u8; 4096];
+    second.extend_from_slice(&leftovers[leftovers.len() / 5..]);
+    second.resize(1 << 20, 0);
+    std::fs::write(segment_path(dir.path(), 2), &second).expect("write");
+    assert_eq!(collect(dir.path(), 30).expect("an end"), Vec::<u64>::new());
+    // A later write there (its first lsn above 31) is refused.
+    let mut later = vec![0u8; 4096];
+    one_write_each(&mut later, 32..=33);
+    later.resize(1 << 20, 0);
+    std::fs::write(segment_path(dir.path(), 2), &later).expect("write");
+    let text = collect(dir.path(), 30).expect_err("refused").to_string();
+    assert!(text.contains("(lsn 32)"), "{text}");
+}

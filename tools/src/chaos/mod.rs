@@ -142,6 +142,10 @@ pub struct Args {
     /// many times.
     #[arg(long)]
     pub damage: bool,
+    /// Damage mode: only these kinds (comma-separated; default all), e.g.
+    /// for a negative control that concerns some of them.
+    #[arg(long, value_delimiter = ',')]
+    pub damage_kinds: Vec<String>,
     /// Extra flag for `letterbox serve` (repeatable).
     #[arg(long = "server-arg", allow_hyphen_values = true)]
     pub server_args: Vec<String>,
@@ -245,8 +249,8 @@ struct Nemesis {
     plan: Vec<String>,
     classes: Vec<String>,
     soak: bool,
-    /// Damage mode: the next kinds to apply (a shuffled round).
-    damage_plan: Vec<&'static str>,
+    /// Damage mode: the kinds in play (`--damage-kinds`, or all).
+    damage_kinds: Vec<&'static str>,
     /// Damage kind → (applied, start refused naming the file, started).
     damage_outcomes: BTreeMap<&'static str, (u64, u64, u64)>,
     /// Times the coverage gate requires each damage kind of
@@ -580,9 +584,9 @@ impl Nemesis {
 
     /// Damage mode, with the server down: two calls in three, and every
     /// call while a kind the coverage gate requires waits (see
-    /// `damage_waiting`), damages the log (a kind from a shuffled round of
-    /// [`damage::KINDS`], a kind that cannot be applied soundly now tried
-    /// again first next time) and starts the server. A refusal must name a
+    /// `damage_waiting`), damages the log (of the kinds in play, the one
+    /// applied least so far that can be applied soundly now) and starts
+    /// the server. A refusal must name a
     /// damaged file; the copies are then put back. A start is an epoch
     /// like the others (killed at a random moment), and the checker's
     /// invariants judge what it lost.
@@ -591,25 +595,27 @@ impl Nemesis {
         if skip && self.damage_waiting.is_empty() {
             return Ok(());
         }
+        // The directory the damage starts from must be sound (what the
+        // last stop left), and so must be the one with the copies put back
+        // after a refusal: a damage must never leak into later cycles.
+        // How far its database has applied the log decides which damaged
+        // records a start must refuse.
+        let (before, applied) = verify_applied(&self.spec.bin, &self.spec.data)?;
+        // The kind applied least so far that can be applied now (ties in
+        // a random order), so that a run covers every kind.
+        let mut order = self.damage_kinds.clone();
+        self.rng.shuffle(&mut order);
+        order.sort_by_key(|k| self.damage_outcomes.get(k).map_or(0, |o| o.0));
         let mut skipped = Vec::new();
         let mut chosen = None;
-        for _ in 0..damage::KINDS.len() {
-            if self.damage_plan.is_empty() {
-                let mut all = damage::KINDS.to_vec();
-                self.rng.shuffle(&mut all);
-                self.damage_plan = all;
-            }
-            let kind = self.damage_plan.pop().unwrap_or("delete-log");
-            if let Some(d) = damage::plan(kind, &self.spec.data, &mut self.rng) {
+        for kind in order {
+            if let Some(d) = damage::plan(kind, &self.spec.data, applied, &mut self.rng) {
                 chosen = Some(d);
                 break;
             }
             skipped.push(kind);
         }
-        for k in skipped.into_iter().rev() {
-            if !self.damage_plan.contains(&k) {
-                self.damage_plan.push(k);
-            }
+        for k in skipped {
             if damage::REQUIRED.contains(&k)
                 && self.damage_outcomes.get(k).map_or(0, |o| o.0) < self.damage_min
                 && !self.damage_waiting.contains(&k)
@@ -624,10 +630,6 @@ impl Nemesis {
         if applied >= self.damage_min {
             self.damage_waiting.retain(|k| *k != d.kind);
         }
-        // The directory the damage starts from must be sound (what the
-        // last stop left), and so must be the one with the copies put back
-        // after a refusal: a damage must never leak into later cycles.
-        let before = verify(&self.spec.bin, &self.spec.data)?;
         if let Some(problem) = &before {
             self.health.push(format!(
                 "epoch {}: before damage ({}), the directory the last stop left was not sound: {problem}",
@@ -1137,22 +1139,58 @@ fn default_server_bin() -> Result<PathBuf> {
 
 /// Runs `letterbox verify` on the data directory.
 fn verify(bin: &Path, data: &Path) -> Result<Option<String>> {
+    verify_applied(bin, data).map(|(problem, _)| problem)
+}
+
+/// [`verify`], and the lsn the database had applied the log to (its
+/// "applied lsn" figure), if it says.
+fn verify_applied(bin: &Path, data: &Path) -> Result<(Option<String>, Option<u64>)> {
     let out = std::process::Command::new(bin)
         .arg("verify")
         .arg("--data-dir")
         .arg(data)
         .output()
         .with_context(|| format!("running {} verify", bin.display()))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let applied = stdout.lines().find_map(|l| {
+        l.trim()
+            .strip_prefix("applied lsn")
+            .and_then(|n| n.trim().parse().ok())
+    });
     if out.status.success() {
-        Ok(None)
+        Ok((None, applied))
     } else {
-        Ok(Some(format!(
-            "letterbox verify failed ({}): {}{}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )))
+        Ok((
+            Some(format!(
+                "letterbox verify failed ({}): {stdout}{}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            )),
+            applied,
+        ))
     }
+}
+
+/// The damage kinds `--damage-kinds` names (all when it names none).
+fn damage_kinds(names: &[String]) -> Result<Vec<&'static str>> {
+    if names.is_empty() {
+        return Ok(damage::KINDS.to_vec());
+    }
+    names
+        .iter()
+        .map(|n| {
+            damage::KINDS
+                .iter()
+                .copied()
+                .find(|k| k == n)
+                .with_context(|| {
+                    format!(
+                        "--damage-kinds: {n:?} is not a damage kind (known: {})",
+                        damage::KINDS.join(", ")
+                    )
+                })
+        })
+        .collect()
 }
 
 /// Runs the whole test; returns the process exit code.
@@ -1297,6 +1335,7 @@ pub async fn run(args: Args) -> Result<i32> {
     let mut metrics_ports = vec![spec.metrics_port];
     metrics_ports.extend(other.as_ref().map(|b| b.metrics_port));
     let counters = server::Counters::watch(&metrics_ports)?;
+    let damage_kinds = damage_kinds(&args.damage_kinds)?;
     let mut nem = Nemesis {
         spec,
         counters,
@@ -1322,7 +1361,7 @@ pub async fn run(args: Args) -> Result<i32> {
             args.classes.clone()
         },
         soak: args.soak_secs.is_some(),
-        damage_plan: Vec::new(),
+        damage_kinds,
         damage_outcomes: BTreeMap::new(),
         damage_min: args.min_hits.max(1),
         damage_waiting: Vec::new(),
@@ -1627,6 +1666,7 @@ pub async fn run(args: Args) -> Result<i32> {
         damage::REQUIRED
             .iter()
             .copied()
+            .filter(|k| nem.damage_kinds.contains(k))
             .filter(|k| nem.damage_outcomes.get(k).map_or(0, |o| o.0) < args.min_hits)
             .collect()
     } else {
@@ -1859,7 +1899,8 @@ fn print_summary(
         );
     }
     if args.damage {
-        let per_kind: Vec<String> = damage::KINDS
+        let per_kind: Vec<String> = nem
+            .damage_kinds
             .iter()
             .map(|k| {
                 let (a, r, st) = nem.damage_outcomes.get(k).copied().unwrap_or_default();
