@@ -120,6 +120,7 @@ fn storage_status(e: &StorageError) -> StatusCode {
         | StorageError::FormatVersion { .. }
         | StorageError::NotDataDir { .. }
         | StorageError::Locked { .. }
+        | StorageError::TooSmall { .. }
         | StorageError::Pg(_) => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }

@@ -51,6 +51,7 @@ fn storage_status(e: &StorageError, message: String) -> Status {
         | StorageError::FormatVersion { .. }
         | StorageError::NotDataDir { .. }
         | StorageError::Locked { .. }
+        | StorageError::TooSmall { .. }
         | StorageError::Pg(_) => Status::internal(message),
     }
 }

@@ -15,7 +15,7 @@ use super::apply::{applier, segment_sizes};
 use super::commit::{LogState, log_writer};
 use super::memtable::{Memtable, State};
 use super::rank::{Rank, RankedCondvar, RankedMutex};
-use super::space::Space;
+use super::space::{self, Space};
 use super::stats::{Counters, StoreMetrics};
 use super::{
     Database, Inner, Key, LocalBackend, OpenReport, OwnedKey, Result, Space as KeySpace,
@@ -130,6 +130,7 @@ impl Store {
         let started = Instant::now();
         fsutil::create_private_dir(dir)?;
         let dir_lock = fsutil::lock_dir(dir)?;
+        space::check_fit(dir, opts.segment_size, opts.min_free_bytes)?;
         let (db, db_dir) = prepare_dir(dir, opts.cache_bytes)?;
         let wal_dir = dir.join("wal");
         let (applied, end) = recover(dir, &db, &db_dir)?;

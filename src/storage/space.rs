@@ -4,7 +4,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use super::{Inner, LocalBackend, Store, fsutil};
+use super::{Inner, LocalBackend, Result, StorageError, Store, fsutil};
 
 /// What the last look at free space found.
 #[derive(Debug)]
@@ -77,6 +77,107 @@ impl Inner {
     }
 }
 
+/// Room the log's settings leave for messages on a file system, judged at
+/// start (see [`check_fit`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Fit {
+    /// Room for at least [`ROOM_SEGMENTS`] segments of messages.
+    Fine,
+    /// The settings fit the file system, but leave it little room for
+    /// messages at the moment: a warning.
+    Tight(String),
+    /// The file system can never hold the reserve the settings keep:
+    /// publishes would always be refused.
+    Impossible(String),
+}
+
+/// Segments' worth of messages below which the room left is tight.
+const ROOM_SEGMENTS: u64 = 4;
+const MIB: u64 = 1 << 20;
+
+/// How a file system of `total` bytes with `free` free fits log segments
+/// of `segment` bytes and a publish minimum of `min_free` free bytes (0:
+/// space is not checked, and nothing is judged). Publishes stop once
+/// free space falls below the minimum plus the segment the log prepares
+/// next; a start also creates a new segment. So the settings keep
+/// `min_free + 2 * segment` from messages.
+pub(super) fn fit(total: u64, free: u64, segment: u64, min_free: u64) -> Fit {
+    if min_free == 0 {
+        return Fit::Fine;
+    }
+    let reserve = min_free.saturating_add(segment.saturating_mul(2));
+    let (fit_segment, fit_min) = fitting(total);
+    let suggestion = format!(
+        "settings that fit this file system: --wal-segment-size {}MiB --min-free-disk {}MiB (they keep {}MiB from messages)",
+        fit_segment / MIB,
+        fit_min / MIB,
+        (fit_min + 2 * fit_segment) / MIB
+    );
+    let now = format!(
+        "log segments of {}MiB and a minimum of {}MiB of free space keep {}MiB from messages",
+        segment / MIB,
+        min_free / MIB,
+        reserve / MIB
+    );
+    if total < reserve.saturating_add(segment) {
+        return Fit::Impossible(format!(
+            "the file system is {}MiB in all: {now}, so publishes would be refused from the start or soon after; {suggestion}",
+            total / MIB
+        ));
+    }
+    let room = free.saturating_sub(reserve);
+    if room < segment.saturating_mul(ROOM_SEGMENTS) {
+        return Fit::Tight(format!(
+            "{}MiB of {}MiB free: {now}, which leaves room for {}MiB of messages; {suggestion}, or free some space",
+            free / MIB,
+            total / MIB,
+            room / MIB
+        ));
+    }
+    Fit::Fine
+}
+
+/// A segment size and a publish minimum (powers of two) that leave most
+/// of a file system of `total` bytes to messages: segments of a 32nd of it
+/// (1 to 64 MiB), a minimum of a 16th (4 to 64 MiB).
+fn fitting(total: u64) -> (u64, u64) {
+    let pow2 = |n: u64| {
+        if n == 0 {
+            0
+        } else {
+            1u64 << (63 - n.leading_zeros())
+        }
+    };
+    (
+        pow2(total / 32).clamp(MIB, 64 * MIB),
+        pow2(total / 16).clamp(4 * MIB, 64 * MIB),
+    )
+}
+
+/// Judges, at start, how the file system holding `dir` fits the log's
+/// settings ([`fit`]): refuses settings it can never hold, and warns when
+/// they leave little room for messages.
+pub(super) fn check_fit(dir: &std::path::Path, segment: u64, min_free: u64) -> Result<()> {
+    if min_free == 0 {
+        return Ok(());
+    }
+    let st = rustix::fs::statvfs(dir)
+        .map_err(|e| StorageError::io("statvfs", dir, std::io::Error::from(e)))?;
+    let total = st.f_blocks.saturating_mul(st.f_frsize);
+    let free = st.f_bavail.saturating_mul(st.f_frsize);
+    match fit(total, free, segment, min_free) {
+        Fit::Fine => Ok(()),
+        Fit::Tight(why) => {
+            tracing::warn!(dir = %dir.display(), "little room for messages: {why}");
+            Ok(())
+        }
+        Fit::Impossible(detail) => Err(StorageError::TooSmall {
+            path: dir.to_path_buf(),
+            detail,
+        }),
+    }
+}
+
 impl LocalBackend {
     /// False while free space is below the hard floor, a quarter of the
     /// configured minimum: the engine then refuses acks, nacks, extensions
@@ -145,5 +246,34 @@ impl Store {
     /// See [`LocalBackend::min_free_bytes`].
     pub fn min_free_bytes(&self) -> u64 {
         self.backend.min_free_bytes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_are_judged_against_the_file_system() {
+        // The default settings on a 200 MiB file system: refused, with
+        // settings that fit.
+        let Fit::Impossible(why) = fit(200 * MIB, 199 * MIB, 64 * MIB, 64 * MIB) else {
+            panic!("a 200 MiB file system cannot keep 192 MiB and hold messages")
+        };
+        assert!(
+            why.contains("--wal-segment-size 4MiB --min-free-disk 8MiB"),
+            "{why}"
+        );
+        assert_eq!(fit(200 * MIB, 199 * MIB, 4 * MIB, 8 * MIB), Fit::Fine);
+        // Room for fewer than four segments of messages: a warning.
+        let Fit::Tight(why) = fit(10 << 30, 400 * MIB, 64 * MIB, 64 * MIB) else {
+            panic!("tight")
+        };
+        assert!(why.contains("room for 208MiB"), "{why}");
+        assert_eq!(fit(10 << 30, 8 << 30, 64 * MIB, 64 * MIB), Fit::Fine);
+        // No minimum: space is not checked.
+        assert_eq!(fit(MIB, 0, 64 * MIB, 0), Fit::Fine);
+        assert_eq!(fitting(100 << 30), (64 * MIB, 64 * MIB));
+        assert_eq!(fitting(10 * MIB), (MIB, 4 * MIB));
     }
 }
