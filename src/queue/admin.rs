@@ -362,6 +362,7 @@ impl Broker {
                 properties: payload.properties,
                 state,
                 delivery_count: meta.delivery_count(),
+                failed_attempts: meta.failed_attempts(),
                 published_at: payload.published_at,
                 enqueued_at: meta.enqueued_at(),
                 expires_at: meta.expires_at(),

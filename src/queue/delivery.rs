@@ -420,6 +420,7 @@ impl Broker {
                 properties: payload.properties,
                 ack_token: p.token.map(|t| t.to_string()),
                 delivery_count: p.meta.delivery_count(),
+                failed_attempts: p.meta.failed_attempts(),
                 published_at: payload.published_at,
                 first_delivered_at: p.meta.first_delivered_at(),
                 enqueued_at: p.meta.enqueued_at(),
@@ -461,7 +462,7 @@ impl Broker {
             if current_lease(&st, t, now).is_ok() {
                 let meta = self.unlease(&mut st, t.qid, t.pos, now)?;
                 persist::put(&mut change.txn, t.qid, t.pos, &meta);
-                self.make_ready_again(&mut st, t.qid, t.pos, now, now, meta.leases());
+                self.make_ready_again(&mut st, t.qid, t.pos, now, now, meta.delivery_count());
                 change.wake(t.qid);
             }
         }
@@ -550,7 +551,7 @@ impl Broker {
         }
         meta.visible_from(now + super::model::HOUR)?;
         persist::put(&mut change.txn, qid, pos, &meta);
-        self.make_ready_again(st, qid, pos, meta.visible_at(), now, meta.leases());
+        self.make_ready_again(st, qid, pos, meta.visible_at(), now, meta.delivery_count());
         Ok(())
     }
 
@@ -810,7 +811,8 @@ impl Broker {
             .filter_map(|t| AckToken::parse("ack_token", t).ok())
             .collect();
         // In queue order: in a FIFO group the earliest returned delivery
-        // fails and releases the later ones, uncounted (SPEC §3).
+        // fails and releases the later ones, which are no failed attempts
+        // (SPEC §3).
         parsed.sort_by_key(|t| (t.qid, t.pos));
         if parsed.is_empty() {
             return Ok(0);
@@ -912,7 +914,7 @@ impl Broker {
             None => self.meta(t.qid, t.pos)?,
         };
         let ended = meta
-            .leases()
+            .delivery_count()
             .saturating_sub(u32::from(e.state() == EntryState::Leased));
         if t.epoch == 0 || t.epoch > ended {
             return Ok(None);

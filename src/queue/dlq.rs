@@ -45,17 +45,17 @@ impl Broker {
         q.counters.nacked += 1;
         change.touch(qid);
         let config = q.config.clone();
-        let moved = |reason, delivery_count| LeaseEnd::DeadLettered {
+        let moved = |reason, failed_attempts| LeaseEnd::DeadLettered {
             queue: config
                 .dead_letter
                 .as_ref()
                 .map(|d| d.queue.clone())
                 .unwrap_or_default(),
             reason,
-            delivery_count,
+            failed_attempts,
         };
         if outcome == AttemptOutcome::Rejected {
-            let end = moved(DeadLetterReason::Rejected, meta.delivery_count());
+            let end = moved(DeadLetterReason::Rejected, meta.failed_attempts());
             self.dead_letter(
                 st,
                 qid,
@@ -70,7 +70,7 @@ impl Broker {
         }
         if meta.expires_at() <= now {
             let end = if config.dead_letter_on_expiry && config.dead_letter.is_some() {
-                moved(DeadLetterReason::Expired, meta.delivery_count())
+                moved(DeadLetterReason::Expired, meta.failed_attempts())
             } else {
                 LeaseEnd::Expired
             };
@@ -78,13 +78,13 @@ impl Broker {
             return Ok(end);
         }
         if let Some(dl) = &config.dead_letter
-            && meta.delivery_count() >= dl.max_deliveries
+            && meta.failed_attempts() >= dl.max_deliveries
         {
             if config.on_poison == PoisonPolicy::ParkGroup && config.kind.is_fifo() {
                 self.park(st, qid, pos, meta, now, change)?;
                 return Ok(LeaseEnd::Parked);
             }
-            let end = moved(DeadLetterReason::MaxDeliveries, meta.delivery_count());
+            let end = moved(DeadLetterReason::MaxDeliveries, meta.failed_attempts());
             self.dead_letter(
                 st,
                 qid,
@@ -99,7 +99,7 @@ impl Broker {
         }
         let backoff = config
             .retry_backoff
-            .map(|b| b.delay(meta.delivery_count()))
+            .map(|b| b.delay(meta.failed_attempts()))
             .unwrap_or(0);
         meta.visible_from(now + delay.unwrap_or(backoff))?;
         persist::put(&mut change.txn, qid, pos, &meta);
@@ -114,9 +114,9 @@ impl Broker {
     /// FIFO (SPEC §3): the lease of `failed` (at `pos`) ends without an
     /// ack, so every later message of its group still leased is released
     /// with it, in the same transaction: its lease ends (the token is
-    /// fenced), its delivery is not counted (the count the lease raised
-    /// goes back down), the attempt history records the release naming
-    /// `failed`, and it is ready again behind `failed`, where the group
+    /// fenced), its delivery stays counted but is no failed attempt, the
+    /// attempt history records the release naming `failed`, and it is
+    /// ready again behind `failed`, where the group
     /// restarts. Without this a consumer could ack a later message while
     /// the earlier one waits for its redelivery, and order within the
     /// group would be lost. Only the group's leased messages are visited.
@@ -244,7 +244,7 @@ impl Broker {
 
     /// Expires a message whose time to live ran out. Its record is read
     /// as `change` leaves it: the same sweep may have just released it
-    /// (SPEC §3), uncounting its delivery.
+    /// (SPEC §3), ending its lease.
     pub(crate) fn expire(
         &self,
         st: &mut State,
@@ -318,9 +318,9 @@ impl Broker {
             return Ok(());
         };
         let reason = format!(
-            "head message {} failed {} deliveries (on_poison = PARK_GROUP)",
+            "head message {} failed {} attempts (on_poison = PARK_GROUP)",
             meta.id(),
-            meta.delivery_count()
+            meta.failed_attempts()
         );
         let group = meta.group().unwrap_or_default().to_string();
         change.txn.put_group(

@@ -97,6 +97,7 @@ impl Broker {
                     .map(|m| m.id().to_string())
                     .unwrap_or_default(),
                 head_delivery_count: meta.as_ref().map_or(0, |m| m.delivery_count()),
+                head_failed_attempts: meta.as_ref().map_or(0, |m| m.failed_attempts()),
             });
         }
         let next = if more {
@@ -156,8 +157,9 @@ impl Broker {
         Ok(id)
     }
 
-    /// Releases a parked FIFO group: its head is deliverable again with a
-    /// fresh delivery count. Returns the head's id.
+    /// Releases a parked FIFO group: its head is deliverable again with no
+    /// failed attempts counted (its deliveries stay counted). Returns the
+    /// head's id.
     pub async fn release_group(&self, queue: &str, group: &str) -> Result<String> {
         let (id, commit) = {
             let mut st = self.lock();
@@ -178,7 +180,7 @@ impl Broker {
             let mut id = String::new();
             if let Some(pos) = pos {
                 let mut meta = self.meta(qid, pos)?;
-                meta.reset_deliveries();
+                meta.reset_failures();
                 id = meta.id().to_string();
                 persist::put(&mut change.txn, qid, pos, &meta);
             }

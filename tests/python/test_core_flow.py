@@ -183,6 +183,7 @@ def core_flow(channel):
         d = r.deliveries[0]
         check_eq(d.message_id, message_id, "delivered message id")
         check_eq(d.delivery_count, n, "delivery_count")
+        check_eq(d.failed_attempts, n - 1, "failed_attempts before this delivery")
         check_eq(d.body, b"invoice #42", "body")
         check_eq(dict(d.properties), {"customer": "acme"}, "properties")
         check_eq(d.queue, "invoices", "delivered from")
@@ -232,6 +233,7 @@ def core_flow(channel):
     check_eq(rec.source_queue, "invoices", "record's source_queue")
     check_eq(rec.reason, pb.DEAD_LETTER_REASON_MAX_DELIVERIES, "record's reason")
     check_eq(rec.delivery_count, 3, "record's delivery_count")
+    check_eq(rec.failed_attempts, 3, "record's failed_attempts")
     check_eq(rec.last_nack_reason, reasons[2], "record's last_nack_reason")
     check(rec.at_unix_ms > 0, "record's time")
     print(
