@@ -20,6 +20,7 @@ use super::model::{
 };
 use super::state::{EntryState, QueueState};
 use super::token::AckToken;
+use super::undo::Undo;
 use super::{Broker, Change, State, durable, persist, validate};
 
 /// Bytes counted per delivery besides its body, for the response budget.
@@ -123,7 +124,6 @@ impl Broker {
                     None => q.config.ack_timeout,
                 };
                 let wake = q.wake.subscribe();
-                let mut change = Change::default();
                 if !parsed.is_empty() {
                     // The first turn only: the acks, submitted before the
                     // pick. Acking first ends the leases that ran out
@@ -132,13 +132,17 @@ impl Broker {
                     // store, which sees a change once it is submitted.
                     // The pick's change commits after this one.
                     let now = self.now();
-                    settled = self.ack_in(&mut st, &parsed, acks, now, &mut change)?;
+                    let (results, commit) = self.decide(&mut st, |st, change| {
+                        self.ack_in(st, &parsed, acks, now, change)
+                    })?;
+                    settled = results;
                     parsed.clear();
-                    acked = self.submit(&st, std::mem::take(&mut change));
+                    acked = commit;
                 }
-                let (picked, missed) =
-                    self.pick(&mut st, qid, max, &opts, timeout, &mut preread, &mut change)?;
-                (picked, missed, self.submit(&st, change), wake)
+                let ((picked, missed), commit) = self.decide(&mut st, |st, change| {
+                    self.pick(st, qid, max, &opts, timeout, &mut preread, change)
+                })?;
+                (picked, missed, commit, wake)
             };
             durable(acked.take()).await?;
             if !picked.is_empty() {
@@ -299,7 +303,12 @@ impl Broker {
             },
             None => None,
         };
-        let State { queues, timers, .. } = st;
+        let State {
+            queues,
+            timers,
+            undo,
+            ..
+        } = st;
         let q = queues
             .get_mut(&qid)
             .ok_or_else(|| QueueError::Unavailable(format!("queue number {qid} vanished")))?;
@@ -313,11 +322,11 @@ impl Broker {
                 }
             };
             meta.take(now)?;
-            q.remove(pos, timers);
-            forget_client_id(q, &meta);
+            q.remove(pos, timers, undo);
+            forget_client_id(q, &meta, undo);
             change.txn.delete(Key::Meta(qid, pos));
             change.txn.delete(Key::Payload(meta.pid()));
-            q.counters.acked += 1;
+            q.counters_mut(undo).acked += 1;
             change.touch(qid);
             return Ok(Taken::Leased(Box::new(Picked {
                 qid,
@@ -336,7 +345,7 @@ impl Broker {
         } else {
             persist::put(&mut change.txn, qid, pos, &meta);
         }
-        q.lease(pos, deadline, epoch, timers);
+        q.lease(pos, deadline, epoch, timers, undo);
         Ok(Taken::Leased(Box::new(Picked {
             qid,
             fifo,
@@ -452,21 +461,23 @@ impl Broker {
     ) -> Result<Option<crate::storage::Commit>> {
         let now = self.now();
         let mut st = self.lock();
-        let mut change = Change::default();
-        for (t, why, _) in damaged {
-            if current_lease(&st, t, now).is_ok() {
-                self.set_aside(&mut st, t.qid, t.pos, why, now, &mut change)?;
+        let ((), commit) = self.decide(&mut st, |st, change| {
+            for (t, why, _) in damaged {
+                if current_lease(st, t, now).is_ok() {
+                    self.set_aside(st, t.qid, t.pos, why, now, change)?;
+                }
             }
-        }
-        for t in held_back {
-            if current_lease(&st, t, now).is_ok() {
-                let meta = self.unlease(&mut st, t.qid, t.pos, now)?;
-                persist::put(&mut change.txn, t.qid, t.pos, &meta);
-                self.make_ready_again(&mut st, t.qid, t.pos, now, now, meta.delivery_count());
-                change.wake(t.qid);
+            for t in held_back {
+                if current_lease(st, t, now).is_ok() {
+                    let meta = self.unlease(st, t.qid, t.pos, now)?;
+                    persist::put(&mut change.txn, t.qid, t.pos, &meta);
+                    self.make_ready_again(st, t.qid, t.pos, now, now, meta.delivery_count());
+                    change.wake(t.qid);
+                }
             }
-        }
-        Ok(self.submit(&st, change))
+            Ok(())
+        })?;
+        Ok(commit)
     }
 
     /// A message whose current lease (or auto-ack pick) is being taken
@@ -495,7 +506,12 @@ impl Broker {
         now: u64,
         epoch: u32,
     ) {
-        let State { queues, timers, .. } = st;
+        let State {
+            queues,
+            timers,
+            undo,
+            ..
+        } = st;
         let Some(q) = queues.get_mut(&qid) else {
             return;
         };
@@ -504,12 +520,10 @@ impl Broker {
             .is_some_and(|e| e.state() == EntryState::Ready)
         {
             // Through a lease, the one transition out of ready.
-            q.lease(pos, now, epoch, timers);
+            q.lease(pos, now, epoch, timers, undo);
         }
-        q.release(pos, visible_at, now, timers);
-        if let Some(e) = q.msgs.get_mut(pos) {
-            e.set_epoch(epoch);
-        }
+        q.release(pos, visible_at, now, timers, undo);
+        q.set_epoch(pos, epoch, undo);
     }
 
     /// A message whose stored body is damaged (found when it was about to
@@ -572,9 +586,9 @@ impl Broker {
         self.check_floor()?;
         let now = self.now();
         let mut st = self.lock();
-        let mut change = Change::default();
-        let results = self.ack_in(&mut st, &parsed, tokens, now, &mut change)?;
-        let commit = self.submit(&st, change);
+        let (results, commit) = self.decide(&mut st, |st, change| {
+            self.ack_in(st, &parsed, tokens, now, change)
+        })?;
         Ok((results, super::Pending::new(commit)))
     }
 
@@ -595,18 +609,23 @@ impl Broker {
                 results.push(self.not_current(st, t, text, why, change)?);
                 continue;
             }
-            let State { queues, timers, .. } = &mut *st;
+            let State {
+                queues,
+                timers,
+                undo,
+                ..
+            } = &mut *st;
             let Some(q) = queues.get_mut(&t.qid) else {
                 continue;
             };
-            if let Some((_, pid)) = q.remove(t.pos, timers) {
+            if let Some((_, pid)) = q.remove(t.pos, timers, undo) {
                 if !q.client_ids.is_empty() {
                     let meta = self.meta(t.qid, t.pos)?;
-                    forget_client_id(q, &meta);
+                    forget_client_id(q, &meta, undo);
                 }
                 change.txn.delete(Key::Meta(t.qid, t.pos));
                 change.txn.delete(Key::Payload(pid));
-                q.counters.acked += 1;
+                q.counters_mut(undo).acked += 1;
                 change.touch(t.qid);
                 change.wake(t.qid);
             }
@@ -668,33 +687,26 @@ impl Broker {
                     )));
                 }
             }
-            let mut change = Change::default();
-            self.catch_up(&mut st, now, &mut change)?;
-            let mut results = Vec::with_capacity(items.len());
-            for (t, n) in parsed.iter().zip(items) {
-                if let Err(why) = current_lease(&st, t, now) {
-                    results.push((self.not_current(&st, t, &n.token, why, &mut change)?, None));
-                    continue;
+            let ((results, released), commit) = self.decide(&mut st, |st, change| {
+                self.catch_up(st, now, change)?;
+                let mut results = Vec::with_capacity(items.len());
+                for (t, n) in parsed.iter().zip(items) {
+                    if let Err(why) = current_lease(st, t, now) {
+                        results.push((self.not_current(st, t, &n.token, why, change)?, None));
+                        continue;
+                    }
+                    let outcome = if n.dead_letter {
+                        AttemptOutcome::Rejected
+                    } else {
+                        AttemptOutcome::Nacked
+                    };
+                    let end =
+                        self.end_lease(st, t.qid, t.pos, now, outcome, &n.reason, n.delay, change)?;
+                    results.push((Settled::Ok { deadline: 0 }, Some(end)));
                 }
-                let outcome = if n.dead_letter {
-                    AttemptOutcome::Rejected
-                } else {
-                    AttemptOutcome::Nacked
-                };
-                let end = self.end_lease(
-                    &mut st,
-                    t.qid,
-                    t.pos,
-                    now,
-                    outcome,
-                    &n.reason,
-                    n.delay,
-                    &mut change,
-                )?;
-                results.push((Settled::Ok { deadline: 0 }, Some(end)));
-            }
-            let released = std::mem::take(&mut change.released);
-            (results, released, self.submit(&st, change))
+                Ok((results, std::mem::take(&mut change.released)))
+            })?;
+            (results, released, commit)
         };
         durable(commit).await?;
         Ok((results, released))
@@ -716,31 +728,37 @@ impl Broker {
         let now = self.now();
         let (results, commit) = {
             let mut st = self.lock();
-            let mut change = Change::default();
-            self.catch_up(&mut st, now, &mut change)?;
-            let mut results = Vec::with_capacity(items.len());
-            for (t, (text, timeout)) in parsed.iter().zip(items) {
-                if let Err(why) = current_lease(&st, t, now) {
-                    results.push(self.not_current(&st, t, text, why, &mut change)?);
-                    continue;
+            self.decide(&mut st, |st, change| {
+                self.catch_up(st, now, change)?;
+                let mut results = Vec::with_capacity(items.len());
+                for (t, (text, timeout)) in parsed.iter().zip(items) {
+                    if let Err(why) = current_lease(st, t, now) {
+                        results.push(self.not_current(st, t, text, why, change)?);
+                        continue;
+                    }
+                    let mut meta = self.meta(t.qid, t.pos)?;
+                    let State {
+                        queues,
+                        timers,
+                        undo,
+                        ..
+                    } = &mut *st;
+                    let Some(q) = queues.get_mut(&t.qid) else {
+                        continue;
+                    };
+                    let Ok(deadline) = meta.extend(now, *timeout, q.config.max_lease_total) else {
+                        change.answers_from_others = true;
+                        results.push(Settled::LeaseExpired(format!(
+                            "lease expired: token {text} is not leased"
+                        )));
+                        continue;
+                    };
+                    q.set_deadline(t.pos, deadline, timers, undo);
+                    persist::put(&mut change.txn, t.qid, t.pos, &meta);
+                    results.push(Settled::Ok { deadline });
                 }
-                let mut meta = self.meta(t.qid, t.pos)?;
-                let State { queues, timers, .. } = &mut *st;
-                let Some(q) = queues.get_mut(&t.qid) else {
-                    continue;
-                };
-                let Ok(deadline) = meta.extend(now, *timeout, q.config.max_lease_total) else {
-                    change.answers_from_others = true;
-                    results.push(Settled::LeaseExpired(format!(
-                        "lease expired: token {text} is not leased"
-                    )));
-                    continue;
-                };
-                q.set_deadline(t.pos, deadline, timers);
-                persist::put(&mut change.txn, t.qid, t.pos, &meta);
-                results.push(Settled::Ok { deadline });
-            }
-            (results, self.submit(&st, change))
+                Ok(results)
+            })?
         };
         durable(commit).await?;
         Ok(results)
@@ -820,24 +838,25 @@ impl Broker {
         let now = self.now();
         let (n, commit) = {
             let mut st = self.lock();
-            let mut change = Change::default();
-            let mut n = 0;
-            for t in &parsed {
-                if current_lease(&st, t, now).is_ok() {
-                    self.end_lease(
-                        &mut st,
-                        t.qid,
-                        t.pos,
-                        now,
-                        AttemptOutcome::StreamClosed,
-                        "",
-                        Some(0),
-                        &mut change,
-                    )?;
-                    n += 1;
+            self.decide(&mut st, |st, change| {
+                let mut n = 0;
+                for t in &parsed {
+                    if current_lease(st, t, now).is_ok() {
+                        self.end_lease(
+                            st,
+                            t.qid,
+                            t.pos,
+                            now,
+                            AttemptOutcome::StreamClosed,
+                            "",
+                            Some(0),
+                            change,
+                        )?;
+                        n += 1;
+                    }
                 }
-            }
-            (n, self.submit(&st, change))
+                Ok(n)
+            })?
         };
         durable(commit).await?;
         Ok(n)
@@ -959,8 +978,8 @@ fn current_lease(st: &State, t: &AckToken, now: u64) -> std::result::Result<(), 
 }
 
 /// Drops a message's client id from its queue's index.
-pub(crate) fn forget_client_id(q: &mut QueueState, meta: &Message) {
+pub(crate) fn forget_client_id(q: &mut QueueState, meta: &Message, undo: &mut Undo) {
     if meta.client_id() {
-        q.client_ids.remove(meta.id());
+        q.forget_client_id(meta.id(), undo);
     }
 }

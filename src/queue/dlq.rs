@@ -41,8 +41,11 @@ impl Broker {
         if !faults::on(Fault::NoFifoRelease) {
             self.release_followers(st, qid, pos, &meta, now, change)?;
         }
-        let q = st.queue(qid)?;
-        q.counters.nacked += 1;
+        let State { queues, undo, .. } = &mut *st;
+        let q = queues
+            .get_mut(&qid)
+            .ok_or_else(|| QueueError::Unavailable(format!("queue number {qid} vanished")))?;
+        q.counters_mut(undo).nacked += 1;
         change.touch(qid);
         let config = q.config.clone();
         let moved = |reason, failed_attempts| LeaseEnd::DeadLettered {
@@ -103,9 +106,14 @@ impl Broker {
             .unwrap_or(0);
         meta.visible_from(now + delay.unwrap_or(backoff))?;
         persist::put(&mut change.txn, qid, pos, &meta);
-        let State { queues, timers, .. } = st;
+        let State {
+            queues,
+            timers,
+            undo,
+            ..
+        } = st;
         if let Some(q) = queues.get_mut(&qid) {
-            q.release(pos, meta.visible_at(), now, timers);
+            q.release(pos, meta.visible_at(), now, timers, undo);
         }
         change.wake(qid);
         Ok(LeaseEnd::Requeued)
@@ -173,9 +181,14 @@ impl Broker {
                 message_id: meta.id().to_string(),
                 because_of: failed.id().to_string(),
             });
-            let State { queues, timers, .. } = &mut *st;
+            let State {
+                queues,
+                timers,
+                undo,
+                ..
+            } = &mut *st;
             if let Some(q) = queues.get_mut(&qid) {
-                q.release(p, now, now, timers);
+                q.release(p, now, now, timers, undo);
             }
         }
         change.wake(qid);
@@ -270,8 +283,11 @@ impl Broker {
         now: u64,
         change: &mut Change,
     ) -> Result<()> {
-        let q = st.queue(qid)?;
-        q.counters.expired += 1;
+        let State { queues, undo, .. } = &mut *st;
+        let q = queues
+            .get_mut(&qid)
+            .ok_or_else(|| QueueError::Unavailable(format!("queue number {qid} vanished")))?;
+        q.counters_mut(undo).expired += 1;
         change.touch(qid);
         if q.config.dead_letter_on_expiry && q.config.dead_letter.is_some() {
             return self.dead_letter(
@@ -285,11 +301,16 @@ impl Broker {
                 change,
             );
         }
-        let State { queues, timers, .. } = st;
+        let State {
+            queues,
+            timers,
+            undo,
+            ..
+        } = st;
         if let Some(q) = queues.get_mut(&qid)
-            && let Some((_, pid)) = q.remove(pos, timers)
+            && let Some((_, pid)) = q.remove(pos, timers, undo)
         {
-            forget_client_id(q, &meta);
+            forget_client_id(q, &meta, undo);
             change.txn.delete(Key::Meta(qid, pos));
             change.txn.delete(Key::Payload(pid));
         }
@@ -308,7 +329,12 @@ impl Broker {
         now: u64,
         change: &mut Change,
     ) -> Result<()> {
-        let State { queues, timers, .. } = st;
+        let State {
+            queues,
+            timers,
+            undo,
+            ..
+        } = st;
         let q = queues
             .get_mut(&qid)
             .ok_or_else(|| QueueError::Unavailable(format!("queue number {qid} vanished")))?;
@@ -333,8 +359,8 @@ impl Broker {
         );
         // Parked first, so that releasing the lease does not make the
         // group ready.
-        q.set_parked(gidx, Some((now, reason)));
-        q.release(pos, now, now, timers);
+        q.set_parked(gidx, Some((now, reason)), undo);
+        q.release(pos, now, now, timers, undo);
         tracing::warn!(queue = %q.name, group = %group, message_id = %meta.id(), "FIFO group parked");
         Ok(())
     }
@@ -375,15 +401,20 @@ pub(crate) fn move_message(
     change: &mut Change,
 ) -> Result<Option<(u64, Message)>> {
     let new_pos = st.alloc_pos(&mut change.txn);
-    let State { queues, timers, .. } = st;
+    let State {
+        queues,
+        timers,
+        undo,
+        ..
+    } = st;
     let q = queues
         .get_mut(&m.from)
         .ok_or_else(|| QueueError::Unavailable(format!("queue number {} vanished", m.from)))?;
-    let Some((old, pid)) = q.remove(m.pos, timers) else {
+    let Some((old, pid)) = q.remove(m.pos, timers, undo) else {
         return Ok(None);
     };
-    forget_client_id(q, &meta);
-    *(m.out)(&mut q.counters) += 1;
+    forget_client_id(q, &meta, undo);
+    *(m.out)(q.counters_mut(undo)) += 1;
     let t = queues
         .get_mut(&m.to)
         .ok_or_else(|| QueueError::Unavailable(format!("queue number {} vanished", m.to)))?;
@@ -393,13 +424,10 @@ pub(crate) fn move_message(
         m.delay.unwrap_or(t.config.delivery_delay),
         t.config.kind.is_fifo(),
     );
-    let group = match &mut t.fifo {
-        Some(f) => f.group_index(meta.group().unwrap_or("")),
-        None => 0,
-    };
-    *(m.into)(&mut t.counters) += 1;
+    let group = t.group(meta.group().unwrap_or(""), undo);
+    *(m.into)(t.counters_mut(undo)) += 1;
     if meta.client_id() {
-        t.client_ids.insert(meta.id().to_string(), new_pos);
+        t.set_client_id(meta.id(), new_pos, undo);
     }
     let (state, due) = if meta.visible_at() > now {
         (EntryState::Delayed, meta.visible_at())
@@ -411,6 +439,7 @@ pub(crate) fn move_message(
         Entry::new(state, due, meta.expires_at(), 0, old.size(), group),
         pid,
         timers,
+        undo,
     );
     change.touch(m.from);
     change.touch(m.to);
