@@ -48,7 +48,7 @@ pub enum Fault {
     AckBeforeFsync,
     /// `no-delivery-count`: the delivery count raised by a lease (and the
     /// lease) is kept in memory only, until something else writes the
-    /// message's record (`queue/delivery.rs`, `storage/txn.rs`,
+    /// message's record (`queue/receive.rs`, `storage/txn.rs`,
     /// `storage/commit.rs`, `storage/mod.rs`).
     NoDeliveryCount,
     /// `dlq-two-steps`: a dead-letter move writes the DLQ copy, waits for

@@ -48,6 +48,7 @@ pub mod model;
 mod persist;
 mod publish;
 pub use publish::Publishing;
+mod receive;
 mod recovery;
 pub mod redrive;
 mod state;

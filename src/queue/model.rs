@@ -540,6 +540,17 @@ pub struct Delivery {
     pub attempts: Vec<Attempt>,
 }
 
+/// What a receive with acks riding on it did
+/// ([`crate::queue::Broker::receive_acking`]).
+#[derive(Debug)]
+pub struct AckedReceive {
+    /// One outcome per ack token, in order, durable. Empty without acks.
+    pub acks: Vec<Settled>,
+    /// The deliveries, or why the receive failed after the acks took
+    /// effect.
+    pub received: crate::queue::Result<Vec<Delivery>>,
+}
+
 /// The message a current lease is on (see [`crate::queue::Broker::lease_holder`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeasedMessage {

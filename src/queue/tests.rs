@@ -1398,7 +1398,7 @@ async fn an_ack_riding_on_receive_moves_due_messages_before_the_pick() {
     // one's lease ran out and before the sweeper ran.
     env.clock.advance(11 * SECOND);
     let ack = leased[1].ack_token.clone().expect("token");
-    let (settled, got) = env
+    let r = env
         .b()
         .receive_acking(
             "dlq",
@@ -1410,6 +1410,7 @@ async fn an_ack_riding_on_receive_moves_due_messages_before_the_pick() {
         )
         .await
         .expect("receive with an ack");
+    let (settled, got) = (r.acks, r.received.expect("the receive"));
     // The second one's lease also ran out, so the ack comes too late.
     assert!(
         matches!(settled[0], Settled::LeaseExpired(_)),

@@ -421,6 +421,40 @@ async fn a_skip_undone_by_a_failed_read_leaves_its_group_parked() {
     assert_eq!(d.message_id, "q");
 }
 
+/// Acks riding on a receive whose pick then fails: the acks took effect
+/// and are reported with the pick's error; the pick changed nothing.
+#[tokio::test]
+async fn a_pick_that_fails_after_the_riding_acks_reports_them() {
+    let mut env = Env::new();
+    env.create("q", QueueConfigInput::default()).await;
+    env.publish("q", &["a", "b"], None).await;
+    let a = env.receive("q", 1).await.remove(0);
+    let failing = env.fail_read_of("q", "b");
+    let opts = ReceiveOptions {
+        max_messages: 1,
+        ..ReceiveOptions::default()
+    };
+    let r = env
+        .b()
+        .receive_acking("q", opts, &[token(&a)])
+        .await
+        .expect("the acks took effect");
+    assert_eq!(failing.hits(), 1);
+    drop(failing);
+    assert_eq!(r.acks, [Settled::Ok { deadline: 0 }]);
+    let e = r.received.expect_err("the pick failed");
+    assert!(e.to_string().contains("injected read failure"), "{e}");
+    // a is acked, b was not leased; so after a crash.
+    env.recount("q");
+    let seen = env.seen(&["q"]);
+    assert!(seen.contains("b Ready deliveries 0"), "{seen}");
+    assert!(!seen.contains(" a "), "{seen}");
+    env.crash();
+    assert_eq!(env.seen(&["q"]), seen);
+    let s = env.b().stats("q").expect("stats");
+    assert_eq!((s.total, s.ready, s.counters.acked), (1, 1, 1));
+}
+
 // ---- the undo of the transitions themselves ----------------------------
 
 /// One transition of a queue's indexes, with its arguments.

@@ -1174,6 +1174,15 @@ pub async fn consumer(sh: Arc<Shared>, c: usize) -> anyhow::Result<()> {
             record_settle(&sh, *idx, SettleKind::Ack, inv, one, 0);
         }
         sh.inflight.fetch_sub(acks.len(), Ordering::SeqCst);
+        // The acks took effect but the receive after them failed: its
+        // own outcome, with no delivery.
+        let r = match r {
+            Ok(resp) if resp.receive_code != 0 => Err(Outcome::from_status(&tonic::Status::new(
+                tonic::Code::from(resp.receive_code),
+                resp.receive_error,
+            ))),
+            r => r,
+        };
         match r {
             Ok(resp) => {
                 sh.hist.receive_call(&Outcome::Ok);
