@@ -29,10 +29,11 @@
 //! **Failing reads.** The engine's tests of all-or-nothing operations
 //! (`queue/undo_tests.rs`) also need a read of one stored record to fail in
 //! the middle of an operation, chosen at run time by the test:
-//! [`fail_reads`] makes every read of one key by the calling thread fail
+//! `fail_reads` makes every read of one key by the calling thread fail
 //! (the engine reads under its lock on the caller's thread) until the
-//! returned [`FailingRead`] is dropped, and `Store::get` asks
-//! [`read_fails`]. Like [`on`], [`read_fails`] is a constant false in a
+//! returned `FailingRead` is dropped, and `Store::get` asks
+//! [`read_fails`] (`fail_reads` and `FailingRead` exist in tests and the
+//! `fault-injection` build only). Like [`on`], [`read_fails`] is a constant false in a
 //! build without tests or the feature.
 
 /// The environment variable that names the fault (builds with the

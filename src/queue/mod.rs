@@ -15,7 +15,7 @@
 //! 4. release the lock and wait for the transaction to be durable before
 //!    answering.
 //!
-//! **All or nothing.** Steps 2 and 3 run in [`Broker::decide`]: an
+//! **All or nothing.** Steps 2 and 3 run in `Broker::decide`: an
 //! operation either ends with its whole change submitted, the indexes
 //! changed with it, or fails leaving the indexes exactly as they were and
 //! nothing submitted. A step can fail after earlier ones changed the
