@@ -706,12 +706,12 @@ fn nacked(end: Option<&LeaseEnd>) -> String {
         Some(LeaseEnd::DeadLettered {
             queue,
             reason,
-            delivery_count,
+            failed_attempts,
         }) => {
             let why = match reason {
-                DeadLetterReason::MaxDeliveries => {
-                    format!("it reached the queue's maxDeliveries ({delivery_count} deliveries)")
-                }
+                DeadLetterReason::MaxDeliveries => format!(
+                    "it reached the queue's maxDeliveries ({failed_attempts} failed attempts)"
+                ),
                 DeadLetterReason::Expired => "its time to live had run out".to_string(),
                 other => format!("reason {}", message::reason_name(*other)),
             };

@@ -262,9 +262,10 @@ pub(super) async fn consume(client: &Client, out: &Out, a: ConsumeArgs) -> Resul
                 out.line(&output::delivery_json(d));
             } else {
                 say!(
-                    "{}  delivery {}  {}",
+                    "{}  delivery {} ({} failed)  {}",
                     d.message_id,
                     d.delivery_count,
+                    d.failed_attempts,
                     output::body_cell(&d.body)
                 );
             }
@@ -348,10 +349,11 @@ pub(super) async fn browse(client: &Client, out: &Out, a: BrowseArgs) -> Result<
         .map(|m| {
             let dl = m.dead_letters.last().map_or("-".into(), |d| {
                 let mut cell = format!(
-                    "{} from {} after {}",
+                    "{} from {} after {} deliveries ({} failed)",
                     output::reason_name(d.reason),
                     d.source_queue,
-                    d.delivery_count
+                    d.delivery_count,
+                    d.failed_attempts
                 );
                 if !d.last_nack_reason.is_empty() {
                     cell.push_str(&format!(": {:?}", d.last_nack_reason));
@@ -365,6 +367,7 @@ pub(super) async fn browse(client: &Client, out: &Out, a: BrowseArgs) -> Result<
                 m.message_id.clone(),
                 output::state_name(m.state),
                 m.delivery_count.to_string(),
+                m.failed_attempts.to_string(),
                 if m.group_id.is_empty() {
                     "-".into()
                 } else {
@@ -380,6 +383,7 @@ pub(super) async fn browse(client: &Client, out: &Out, a: BrowseArgs) -> Result<
             "MESSAGE ID",
             "STATE",
             "DELIVERIES",
+            "FAILED",
             "GROUP",
             "DEAD-LETTERED",
             "BODY",

@@ -9,7 +9,7 @@ use super::model::{
     QueueRemovals, QueueStats,
 };
 use super::state::{EntryState, QueueState};
-use super::{Broker, Change, State, durable, persist, validate};
+use super::{Broker, State, durable, persist, validate};
 
 /// Messages deleted per transaction by purge and delete.
 const CHUNK: usize = 4096;
@@ -38,24 +38,27 @@ impl Broker {
                 });
             }
             check_dead_letter(&st, name, &config)?;
-            let qid = st.next_qid;
-            st.next_qid += 1;
-            let mut change = Change::default();
-            change.txn.put_sys(SysKey::NextQid, u64::from(st.next_qid));
-            change
-                .txn
-                .put_queue(name, &persist::queue_record(qid, now, &config));
-            change.touch(qid);
-            if let Some(dl) = &config.dead_letter {
-                st.dlq_sources
-                    .entry(dl.queue.clone())
-                    .or_default()
-                    .insert(name.to_string());
-            }
-            st.names.insert(name.to_string(), qid);
-            st.queues
-                .insert(qid, QueueState::new(qid, name.to_string(), config, now));
-            self.submit(&st, change)
+            // Everything checked: nothing below fails.
+            let ((), commit) = self.decide(&mut st, |st, change| {
+                let qid = st.next_qid;
+                st.next_qid += 1;
+                change.txn.put_sys(SysKey::NextQid, u64::from(st.next_qid));
+                change
+                    .txn
+                    .put_queue(name, &persist::queue_record(qid, now, &config));
+                change.touch(qid);
+                if let Some(dl) = &config.dead_letter {
+                    st.dlq_sources
+                        .entry(dl.queue.clone())
+                        .or_default()
+                        .insert(name.to_string());
+                }
+                st.names.insert(name.to_string(), qid);
+                st.queues
+                    .insert(qid, QueueState::new(qid, name.to_string(), config, now));
+                Ok(())
+            })?;
+            commit
         };
         durable(commit).await?;
         let st = self.lock();
@@ -117,26 +120,30 @@ impl Broker {
             let config = validate::updated_config(&q.config, input, removals)?;
             let created_at = q.created_at;
             check_dead_letter(&st, name, &config)?;
-            let q = st.queue(qid)?;
-            let old_dl = q.config.dead_letter.clone();
-            q.config = config.clone();
-            if let Some(dl) = old_dl
-                && let Some(s) = st.dlq_sources.get_mut(&dl.queue)
-            {
-                s.remove(name);
-            }
-            if let Some(dl) = &config.dead_letter {
-                st.dlq_sources
-                    .entry(dl.queue.clone())
-                    .or_default()
-                    .insert(name.to_string());
-            }
-            let mut change = Change::default();
-            change
-                .txn
-                .put_queue(name, &persist::queue_record(qid, created_at, &config));
-            change.wake(qid);
-            self.submit(&st, change)
+            let old_dl = st.queue(qid)?.config.dead_letter.clone();
+            // Everything checked: nothing below fails.
+            let ((), commit) = self.decide(&mut st, |st, change| {
+                if let Some(q) = st.queues.get_mut(&qid) {
+                    q.config = config.clone();
+                }
+                if let Some(dl) = old_dl
+                    && let Some(s) = st.dlq_sources.get_mut(&dl.queue)
+                {
+                    s.remove(name);
+                }
+                if let Some(dl) = &config.dead_letter {
+                    st.dlq_sources
+                        .entry(dl.queue.clone())
+                        .or_default()
+                        .insert(name.to_string());
+                }
+                change
+                    .txn
+                    .put_queue(name, &persist::queue_record(qid, created_at, &config));
+                change.wake(qid);
+                Ok(())
+            })?;
+            commit
         };
         durable(commit).await?;
         self.get_queue(name)
@@ -159,30 +166,32 @@ impl Broker {
                     sources.join(", ")
                 )));
             }
-            let mut change = Change::default();
-            // Detach the sources: they lose their dead letter queue.
-            for src in &sources {
-                let Some(&sqid) = st.names.get(src) else {
-                    continue;
-                };
-                let sq = st.queue(sqid)?;
-                sq.config.dead_letter = None;
-                sq.config.dead_letter_on_expiry = false;
-                let rec = persist::queue_record(sqid, sq.created_at, &sq.config);
-                change.txn.put_queue(src, &rec);
-            }
-            st.dlq_sources.remove(name);
-            let q = st.queue(qid)?;
-            if let Some(dl) = q.config.dead_letter.clone()
-                && let Some(s) = st.dlq_sources.get_mut(&dl.queue)
-            {
-                s.remove(name);
-            }
-            change.txn.delete(Key::Queue(name));
-            change.txn.delete(Key::Counters(qid));
-            super::exchange::unbind_everywhere(&mut st, name, &mut change);
-            st.names.remove(name);
-            (qid, self.submit(&st, change))
+            let own_dl = st.queue(qid)?.config.dead_letter.clone();
+            // Everything checked: nothing below fails.
+            let ((), commit) = self.decide(&mut st, |st, change| {
+                // Detach the sources: they lose their dead letter queue.
+                for src in &sources {
+                    let Some(sq) = st.names.get(src).and_then(|q| st.queues.get_mut(q)) else {
+                        continue;
+                    };
+                    sq.config.dead_letter = None;
+                    sq.config.dead_letter_on_expiry = false;
+                    let rec = persist::queue_record(sq.qid, sq.created_at, &sq.config);
+                    change.txn.put_queue(src, &rec);
+                }
+                st.dlq_sources.remove(name);
+                if let Some(dl) = own_dl
+                    && let Some(s) = st.dlq_sources.get_mut(&dl.queue)
+                {
+                    s.remove(name);
+                }
+                change.txn.delete(Key::Queue(name));
+                change.txn.delete(Key::Counters(qid));
+                super::exchange::unbind_everywhere(st, name, change);
+                st.names.remove(name);
+                Ok(())
+            })?;
+            (qid, commit)
         };
         durable(commit).await?;
         // The queue is gone for every caller; now drop its messages in
@@ -214,31 +223,55 @@ impl Broker {
         loop {
             let commit = {
                 let mut st = self.lock();
-                let State { queues, timers, .. } = &mut *st;
-                let Some(q) = queues.get_mut(&qid) else { break };
+                let Some(q) = st.queues.get(&qid) else { break };
                 let chunk: Vec<u64> = q.msgs.range(..upto).take(CHUNK).map(|(p, _)| p).collect();
                 if chunk.is_empty() {
                     break;
                 }
-                let mut change = Change::default();
-                for pos in &chunk {
-                    if let Some((_, pid)) = q.remove(*pos, timers) {
-                        change.txn.delete(Key::Meta(qid, *pos));
-                        change.txn.delete(Key::Payload(pid));
+                let ((), commit) = self.decide(&mut st, |st, change| {
+                    let State {
+                        queues,
+                        timers,
+                        undo,
+                        ..
+                    } = st;
+                    let Some(q) = queues.get_mut(&qid) else {
+                        return Ok(());
+                    };
+                    for pos in &chunk {
+                        if let Some((_, pid)) = q.remove(*pos, timers, undo) {
+                            change.txn.delete(Key::Meta(qid, *pos));
+                            change.txn.delete(Key::Payload(pid));
+                        }
                     }
-                }
+                    if !gone {
+                        q.counters_mut(undo).purged += chunk.len() as u64;
+                        change.touch(qid);
+                    }
+                    Ok(())
+                })?;
                 total += chunk.len() as u64;
-                if !gone {
-                    q.counters.purged += chunk.len() as u64;
-                    change.touch(qid);
-                }
-                self.submit(&st, change)
+                commit
             };
             durable(commit).await?;
         }
-        if let Some(q) = self.lock().queues.get_mut(&qid) {
-            q.client_ids.retain(|_, p| *p >= upto);
-        }
+        // The client ids of the messages gone (nothing to store).
+        let mut st = self.lock();
+        self.decide(&mut st, |st, _| {
+            let State { queues, undo, .. } = st;
+            if let Some(q) = queues.get_mut(&qid) {
+                let gone: Vec<String> = q
+                    .client_ids
+                    .iter()
+                    .filter(|(_, p)| **p < upto)
+                    .map(|(id, _)| id.clone())
+                    .collect();
+                for id in gone {
+                    q.forget_client_id(&id, undo);
+                }
+            }
+            Ok(())
+        })?;
         Ok(total)
     }
 
@@ -362,6 +395,7 @@ impl Broker {
                 properties: payload.properties,
                 state,
                 delivery_count: meta.delivery_count(),
+                failed_attempts: meta.failed_attempts(),
                 published_at: payload.published_at,
                 enqueued_at: meta.enqueued_at(),
                 expires_at: meta.expires_at(),

@@ -113,7 +113,7 @@ pub(crate) fn message(r: MetaRecord) -> Message {
         expires_at: r.expires_at,
         visible_at: r.visible_at,
         delivery_count: r.delivery_count,
-        leases: r.leases,
+        failed_attempts: r.failed_attempts,
         lease: r.lease.map(|l| Lease {
             epoch: l.epoch,
             deadline: l.deadline,
@@ -136,6 +136,7 @@ pub(crate) fn message(r: MetaRecord) -> Message {
                 source_queue: d.source_queue,
                 reason: reason(d.reason),
                 delivery_count: d.delivery_count,
+                failed_attempts: d.failed_attempts,
                 last_nack_reason: d.last_nack_reason,
                 at: d.at,
                 note: d.note,
@@ -157,7 +158,7 @@ pub(crate) fn meta_record(m: &Message) -> MetaRecord {
         expires_at: m.expires_at(),
         visible_at: m.visible_at(),
         delivery_count: m.delivery_count(),
-        leases: m.leases(),
+        failed_attempts: m.failed_attempts(),
         lease: m.current_lease().map(|l| LeaseRecord {
             epoch: l.epoch,
             deadline: l.deadline,
@@ -180,6 +181,7 @@ pub(crate) fn meta_record(m: &Message) -> MetaRecord {
                 source_queue: d.source_queue.clone(),
                 reason: reason_code(d.reason),
                 delivery_count: d.delivery_count,
+                failed_attempts: d.failed_attempts,
                 last_nack_reason: d.last_nack_reason.clone(),
                 at: d.at,
                 note: d.note.clone(),
@@ -253,17 +255,25 @@ mod message_tests {
         (
             ".{0,8}",
             1u8..=5,
-            any::<u32>(),
+            (any::<u32>(), any::<u32>()),
             ".{0,8}",
             any::<u64>(),
             ".{0,8}",
         )
             .prop_map(
-                |(source_queue, reason, delivery_count, last_nack_reason, at, note)| {
+                |(
+                    source_queue,
+                    reason,
+                    (delivery_count, failed_attempts),
+                    last_nack_reason,
+                    at,
+                    note,
+                )| {
                     DeadLetterRec {
                         source_queue,
                         reason,
                         delivery_count,
+                        failed_attempts,
                         last_nack_reason,
                         at,
                         note,
@@ -298,7 +308,7 @@ mod message_tests {
         )
             .prop_map(
                 |(
-                    (pid, message_id, client_id, enqueued_at, expires_at, visible_at, dc, leases),
+                    (pid, message_id, client_id, enqueued_at, expires_at, visible_at, dc, failed),
                     (lease, first, attempts, dead_letters, group, size, own_ttl),
                 )| MetaRecord {
                     pid,
@@ -308,7 +318,7 @@ mod message_tests {
                     expires_at,
                     visible_at,
                     delivery_count: dc,
-                    leases,
+                    failed_attempts: failed,
                     lease: lease.map(|(epoch, deadline, started)| LeaseRecord {
                         epoch,
                         deadline,
@@ -333,7 +343,7 @@ mod message_tests {
             prop_assert_eq!(m.pid(), rec.pid);
             prop_assert_eq!(m.id(), rec.message_id.as_str());
             prop_assert_eq!(m.delivery_count(), rec.delivery_count);
-            prop_assert_eq!(m.leases(), rec.leases);
+            prop_assert_eq!(m.failed_attempts(), rec.failed_attempts);
             prop_assert_eq!(m.attempts().len(), rec.attempts.len());
             prop_assert_eq!(m.dead_letters().len(), rec.dead_letters.len());
             let back = meta_record(&m);
@@ -356,7 +366,7 @@ mod message_tests {
             expires_at: 3,
             visible_at: 4,
             delivery_count: 5,
-            leases: 6,
+            failed_attempts: 6,
             lease: Some(LeaseRecord {
                 epoch: 7,
                 deadline: 8,
@@ -372,6 +382,7 @@ mod message_tests {
                 source_queue: "src".to_string(),
                 reason: 4,
                 delivery_count: 12,
+                failed_attempts: 15,
                 last_nack_reason: "last".to_string(),
                 at: 13,
                 note: "note".to_string(),
@@ -391,7 +402,10 @@ mod message_tests {
             ),
             (1, "id", true, 2, 3)
         );
-        assert_eq!((m.visible_at(), m.delivery_count(), m.leases()), (4, 5, 6));
+        assert_eq!(
+            (m.visible_at(), m.delivery_count(), m.failed_attempts()),
+            (4, 5, 6)
+        );
         assert_eq!(
             m.current_lease(),
             Some(Lease {
@@ -415,6 +429,7 @@ mod message_tests {
                 source_queue: "src".to_string(),
                 reason: DeadLetterReason::Skipped,
                 delivery_count: 12,
+                failed_attempts: 15,
                 last_nack_reason: "last".to_string(),
                 at: 13,
                 note: "note".to_string(),

@@ -117,7 +117,7 @@ pub(crate) fn load<S: LoadSource>(store: &S, now: u64) -> Result<(State, Txn)> {
             state,
             due,
             meta.expires_at(),
-            meta.leases(),
+            meta.delivery_count(),
             meta.size(),
             group,
         );

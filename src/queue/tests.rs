@@ -705,8 +705,15 @@ async fn fifo_groups_are_leased_to_one_consumer_at_a_time_in_order() {
         again.iter().map(body).collect::<Vec<_>>(),
         ["a1", "a2", "a3"]
     );
-    assert_eq!(again[0].delivery_count, 2);
-    assert_eq!(again[1].delivery_count, 1, "a release is not a delivery");
+    // Both were delivered twice; only a1 failed (SPEC §3: a release is a
+    // delivery, not a failed attempt).
+    assert_eq!((again[0].delivery_count, again[0].failed_attempts), (2, 1));
+    assert_eq!(
+        (again[1].delivery_count, again[1].failed_attempts),
+        (2, 0),
+        "a release counts as a delivery, not as a failure"
+    );
+    assert_eq!((again[2].delivery_count, again[2].failed_attempts), (1, 0));
 }
 
 /// Receives from `q` and returns the bodies.
@@ -762,13 +769,13 @@ async fn fifo_a_nack_releases_the_later_messages_of_its_group_leased_with_it() {
         .expect("extend");
     assert!(matches!(r[0], Settled::Released(_)));
     assert!(matches!(env.nack(&got[2], "").await, Settled::Released(_)));
-    // The group restarts at m2, then m3; m3's release is in its history
-    // and did not count.
+    // The group restarts at m2, then m3; m3's release is in its history,
+    // counted as a delivery but not as a failure.
     let (again, b) = bodies(&env, "f", 10).await;
     assert_eq!(b, ["m2", "m3"]);
-    assert_eq!(again[0].delivery_count, 2);
+    assert_eq!((again[0].delivery_count, again[0].failed_attempts), (2, 1));
     assert_eq!(again[0].attempts[0].reason, "m2 broke");
-    assert_eq!(again[1].delivery_count, 1);
+    assert_eq!((again[1].delivery_count, again[1].failed_attempts), (2, 0));
     assert_eq!(again[1].attempts.len(), 1);
     assert_eq!(again[1].attempts[0].outcome, AttemptOutcome::Released);
     assert!(again[1].attempts[0].reason.contains(&got[1].message_id));
@@ -818,18 +825,22 @@ async fn a_settle_refused_by_another_calls_change_waits_until_that_is_durable() 
 }
 
 #[tokio::test]
-async fn fifo_a_lease_that_runs_out_releases_the_rest_of_its_group_uncounted() {
+async fn fifo_a_lease_that_runs_out_releases_the_rest_of_its_group_as_no_failure() {
     let mut env = Env::new();
     env.create("fdlq", fifo(QueueConfigInput::default())).await;
     env.create("f", fifo(with_dlq("fdlq", 2))).await;
     publish_group(&env, "f", "g", &["m1", "m2"]).await;
     // Twice: both leased, both run out. m1 fails each time; m2 is released
-    // each time, so it never reaches max_deliveries.
+    // each time, so it never reaches max_deliveries, though its
+    // deliveries rise like m1's.
     for round in 1..=2 {
         let (got, b) = bodies(&env, "f", 10).await;
         assert_eq!(b, ["m1", "m2"], "round {round}");
-        assert_eq!(got[0].delivery_count, round);
-        assert_eq!(got[1].delivery_count, 1);
+        assert_eq!(
+            (got[0].delivery_count, got[0].failed_attempts),
+            (round, round - 1)
+        );
+        assert_eq!((got[1].delivery_count, got[1].failed_attempts), (round, 0));
         // A restart with the leases outstanding changes nothing.
         env.crash();
         env.advance(11 * SECOND).await;
@@ -839,7 +850,7 @@ async fn fifo_a_lease_that_runs_out_releases_the_rest_of_its_group_uncounted() {
     // with m2, which was never a failed attempt.
     let (got, b) = bodies(&env, "f", 10).await;
     assert_eq!(b, ["m2"]);
-    assert_eq!(got[0].delivery_count, 1);
+    assert_eq!((got[0].delivery_count, got[0].failed_attempts), (3, 0));
     assert_eq!(
         got[0]
             .attempts
@@ -851,6 +862,7 @@ async fn fifo_a_lease_that_runs_out_releases_the_rest_of_its_group_uncounted() {
     let (dl, b) = bodies(&env, "fdlq", 10).await;
     assert_eq!(b, ["m1"]);
     assert_eq!(dl[0].dead_letters[0].delivery_count, 2);
+    assert_eq!(dl[0].dead_letters[0].failed_attempts, 2);
 }
 
 #[tokio::test]
@@ -884,7 +896,7 @@ async fn fifo_the_release_survives_a_crash() {
     assert!(matches!(env.ack(&got[1]).await, Settled::Released(_)));
     let (again, b) = bodies(&env, "f", 10).await;
     assert_eq!(b, ["m1", "m2"]);
-    assert_eq!(again[1].delivery_count, 1);
+    assert_eq!((again[1].delivery_count, again[1].failed_attempts), (2, 0));
 }
 
 #[tokio::test]
@@ -903,8 +915,11 @@ async fn fifo_returned_leases_release_in_order() {
     assert_eq!(env.b().return_leases(&tokens).await.expect("return"), 1);
     let (again, b) = bodies(&env, "f", 10).await;
     assert_eq!(b, ["m1", "m2", "m3"]);
-    let counts: Vec<u32> = again.iter().map(|d| d.delivery_count).collect();
-    assert_eq!(counts, [2, 1, 1]);
+    let counts: Vec<(u32, u32)> = again
+        .iter()
+        .map(|d| (d.delivery_count, d.failed_attempts))
+        .collect();
+    assert_eq!(counts, [(2, 1), (2, 0), (2, 0)]);
     assert_eq!(again[0].attempts[0].outcome, AttemptOutcome::StreamClosed);
 }
 
@@ -989,13 +1004,21 @@ async fn fifo_park_skip_and_release() {
     assert_eq!(groups[0].state, GroupState::Parked);
     assert_eq!(groups[0].backlog, 3);
     assert_eq!(env.stats("f").parked, 3);
+    let (groups, _) = env.b().list_groups("f", 10, None, None).expect("groups");
+    assert_eq!(
+        (
+            groups[0].head_delivery_count,
+            groups[0].head_failed_attempts
+        ),
+        (1, 1)
+    );
     let id = env.b().release_group("f", "g").await.expect("release");
     assert_eq!(id, d.message_id);
     let d = env.receive("f", 1).await.remove(0);
     assert_eq!(
-        (body(&d), d.delivery_count),
-        ("p", 1),
-        "fresh count after release"
+        (body(&d), d.delivery_count, d.failed_attempts),
+        ("p", 2, 0),
+        "the release resets the failed attempts, not the deliveries"
     );
     env.nack(&d, "boom again").await;
     assert!(env.receive("f", 10).await.is_empty(), "parked again");
@@ -1326,7 +1349,8 @@ async fn fifo_a_lease_run_out_releases_before_the_sweeper_comes() {
     assert!(matches!(r, Settled::Released(_)), "{r:?}");
     let (again, b) = bodies(&env, "f", 10).await;
     assert_eq!(b, ["m1", "m2"]);
-    assert_eq!((again[0].delivery_count, again[1].delivery_count), (2, 1));
+    assert_eq!((again[0].delivery_count, again[0].failed_attempts), (2, 1));
+    assert_eq!((again[1].delivery_count, again[1].failed_attempts), (2, 0));
 }
 
 #[tokio::test]
@@ -1350,8 +1374,11 @@ async fn fifo_nacking_a_whole_batch_in_one_call_releases_the_rest() {
     assert!(matches!(r[2], Settled::Released(_)), "{:?}", r[2]);
     assert_eq!(released.len(), 2);
     let (again, _) = bodies(&env, "f", 10).await;
-    let counts: Vec<u32> = again.iter().map(|d| d.delivery_count).collect();
-    assert_eq!(counts, [2, 1, 1]);
+    let counts: Vec<(u32, u32)> = again
+        .iter()
+        .map(|d| (d.delivery_count, d.failed_attempts))
+        .collect();
+    assert_eq!(counts, [(2, 1), (2, 0), (2, 0)]);
 }
 
 /// An ack riding on a Receive first ends the leases that ran out (a FIFO
@@ -1371,7 +1398,7 @@ async fn an_ack_riding_on_receive_moves_due_messages_before_the_pick() {
     // one's lease ran out and before the sweeper ran.
     env.clock.advance(11 * SECOND);
     let ack = leased[1].ack_token.clone().expect("token");
-    let (settled, got) = env
+    let r = env
         .b()
         .receive_acking(
             "dlq",
@@ -1383,6 +1410,7 @@ async fn an_ack_riding_on_receive_moves_due_messages_before_the_pick() {
         )
         .await
         .expect("receive with an ack");
+    let (settled, got) = (r.acks, r.received.expect("the receive"));
     // The second one's lease also ran out, so the ack comes too late.
     assert!(
         matches!(settled[0], Settled::LeaseExpired(_)),
@@ -1422,18 +1450,20 @@ async fn fifo_an_ack_after_the_deadline_answers_expired_though_the_lease_before_
         panic!("m3 was released with m2");
     };
     assert!(why.contains(&again[1].message_id), "{why}");
-    // m2 failed once (the expiry); m3 was released by it, uncounted.
+    // m2 failed once (the expiry); m3 was released by it, no failure.
+    // Both were delivered three times.
     let (last, b) = bodies(&env, "f", 10).await;
     assert_eq!(b, ["m2", "m3"]);
-    assert_eq!((last[0].delivery_count, last[1].delivery_count), (2, 1));
+    assert_eq!((last[0].delivery_count, last[0].failed_attempts), (3, 1));
+    assert_eq!((last[1].delivery_count, last[1].failed_attempts), (3, 0));
 }
 
 /// One sweep that ends a FIFO lease and then expires what it released:
 /// the released message's record was written by the sweep's own change
-/// (its delivery uncounted, its lease gone, the release in its history),
-/// and the move to the DLQ must carry that record, not the stored one.
+/// (its lease gone, the release in its history, no failure counted), and
+/// the move to the DLQ must carry that record, not the stored one.
 #[tokio::test]
-async fn fifo_a_message_released_and_expired_in_one_sweep_is_dead_lettered_uncounted() {
+async fn fifo_a_message_released_and_expired_in_one_sweep_is_dead_lettered_as_no_failure() {
     let env = Env::new();
     env.create("fdlq", fifo(QueueConfigInput::default())).await;
     let cfg = QueueConfigInput {
@@ -1451,11 +1481,18 @@ async fn fifo_a_message_released_and_expired_in_one_sweep_is_dead_lettered_uncou
     env.advance(11 * SECOND).await;
     let (dl, b) = bodies(&env, "fdlq", 10).await;
     assert_eq!(b, ["m1", "m2"]);
-    let counts: Vec<u32> = dl
+    let counts: Vec<(u32, u32)> = dl
         .iter()
-        .map(|d| d.dead_letters[0].delivery_count)
+        .map(|d| {
+            let r = &d.dead_letters[0];
+            (r.delivery_count, r.failed_attempts)
+        })
         .collect();
-    assert_eq!(counts, [1, 0], "m2's release did not count as a delivery");
+    assert_eq!(
+        counts,
+        [(1, 1), (1, 0)],
+        "m2's release counted as a delivery, not as a failure"
+    );
     assert!(
         dl[1].dead_letters[0].last_nack_reason.contains("released"),
         "{:?}",

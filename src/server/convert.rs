@@ -167,6 +167,7 @@ fn dead_letters_pb(v: Vec<DeadLetter>) -> Vec<pb::DeadLetterRecord> {
             source_queue: d.source_queue,
             reason: reason_pb(d.reason) as i32,
             delivery_count: d.delivery_count,
+            failed_attempts: d.failed_attempts,
             last_nack_reason: d.last_nack_reason,
             at_unix_ms: d.at,
             note: d.note,
@@ -202,6 +203,7 @@ pub(crate) fn delivery_pb(d: Delivery) -> pb::Delivery {
         properties: properties(d.properties),
         ack_token: d.ack_token.unwrap_or_default(),
         delivery_count: d.delivery_count,
+        failed_attempts: d.failed_attempts,
         published_at_unix_ms: d.published_at,
         first_delivered_at_unix_ms: d.first_delivered_at,
         lease_deadline_unix_ms: d.lease_deadline,
@@ -285,6 +287,7 @@ pub(crate) fn browsed_pb(m: BrowsedMessage) -> pb::BrowsedMessage {
             MessageState::Parked => pb::MessageState::Parked,
         } as i32,
         delivery_count: m.delivery_count,
+        failed_attempts: m.failed_attempts,
         published_at_unix_ms: m.published_at,
         enqueued_at_unix_ms: m.enqueued_at,
         expires_at_unix_ms: m.expires_at,
@@ -384,5 +387,6 @@ pub(crate) fn group_pb(g: GroupInfo) -> pb::GroupInfo {
         reason: g.reason,
         head_message_id: g.head_message_id,
         head_delivery_count: g.head_delivery_count,
+        head_failed_attempts: g.head_failed_attempts,
     }
 }

@@ -577,7 +577,7 @@ impl MessagingService for Service {
             auto_ack: r.auto_ack,
             max_per_group: r.max_per_group,
         };
-        let (acked, got) = self
+        let answer = self
             .broker
             .receive_acking(&r.queue, opts, &r.ack_tokens)
             .await
@@ -586,6 +586,20 @@ impl MessagingService for Service {
             self.consumers
                 .received(&r.queue, peer, std::time::Instant::now());
         }
+        // The acks took effect; a receive that failed after them is told in
+        // the answer, beside their outcomes.
+        let (got, receive_code, receive_error) = match answer.received {
+            Ok(got) => (got, 0, String::new()),
+            Err(e) => {
+                let status = to_status(e);
+                tracing::debug!(queue = %r.queue, error = %status.message(), "receive failed after its acks");
+                (
+                    Vec::new(),
+                    status.code() as i32,
+                    status.message().to_string(),
+                )
+            }
+        };
         tracing::debug!(
             queue = %r.queue,
             message_ids = ?got.iter().map(|d| d.message_id.as_str()).collect::<Vec<_>>(),
@@ -597,9 +611,11 @@ impl MessagingService for Service {
             ack_results: r
                 .ack_tokens
                 .into_iter()
-                .zip(acked)
+                .zip(answer.acks)
                 .map(|(t, s)| convert::settle_pb(t, s))
                 .collect(),
+            receive_code,
+            receive_error,
         }))
     }
 

@@ -45,7 +45,7 @@ proptest! {
             expires_at: 2,
             visible_at: 1,
             delivery_count: 2,
-            leases: 2,
+            failed_attempts: 1,
             lease: None,
             first_delivered_at: 1,
             attempts: Vec::new(),

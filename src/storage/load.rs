@@ -5,7 +5,6 @@
 //! in pages of [`Backend::scan`] ([`Paged`]).
 
 use bytes::Bytes;
-use serde::de::DeserializeOwned;
 
 use super::backend::prefix_end;
 use super::{Backend, Key, OwnedKey, Reader, Result, Space, StorageError, SysKey, records};
@@ -13,7 +12,7 @@ use super::{Backend, Key, OwnedKey, Reader, Result, Space, StorageError, SysKey,
 /// A store's state as the engine loads it at start.
 pub trait LoadSource {
     /// The keys of one space in key order, with decoded values.
-    fn scan<T: DeserializeOwned>(
+    fn scan<T: records::Record>(
         &self,
         space: Space,
     ) -> impl Iterator<Item = Result<(OwnedKey, T)>> + '_;
@@ -23,7 +22,7 @@ pub trait LoadSource {
 }
 
 impl LoadSource for Reader {
-    fn scan<T: DeserializeOwned>(
+    fn scan<T: records::Record>(
         &self,
         space: Space,
     ) -> impl Iterator<Item = Result<(OwnedKey, T)>> + '_ {
@@ -57,7 +56,7 @@ impl<'a, B: Backend + ?Sized> Paged<'a, B> {
 }
 
 impl<B: Backend + ?Sized> LoadSource for Paged<'_, B> {
-    fn scan<T: DeserializeOwned>(
+    fn scan<T: records::Record>(
         &self,
         space: Space,
     ) -> impl Iterator<Item = Result<(OwnedKey, T)>> + '_ {

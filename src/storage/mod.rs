@@ -343,7 +343,16 @@ impl<B: Backend> Store<B> {
 
     /// Reads a key as of the latest submitted transaction.
     pub fn get(&self, key: &Key<'_>) -> Result<Option<Bytes>> {
-        self.backend.get(&key.encode())
+        let key = key.encode();
+        if faults::read_fails(&key) {
+            // Engine tests only (`faults::fail_reads`).
+            return Err(StorageError::io(
+                "read",
+                "(an injected fault)",
+                std::io::Error::other("injected read failure"),
+            ));
+        }
+        self.backend.get(&key)
     }
 
     /// Reads and decodes a message's payload, checking its checksum.

@@ -41,7 +41,7 @@ pub struct Reader {
 
 impl Reader {
     /// Iterates the keys of one space with decoded values.
-    pub fn scan<T: serde::de::DeserializeOwned>(
+    pub fn scan<T: records::Record>(
         &self,
         space: KeySpace,
     ) -> impl Iterator<Item = Result<(OwnedKey, T)>> + '_ {

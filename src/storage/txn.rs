@@ -2,7 +2,6 @@
 //! hands to [`Store::submit`](super::Store::submit), applied atomically.
 
 use bytes::Bytes;
-use serde::Serialize;
 
 use super::error::Result;
 use super::keys::{Key, SysKey};
@@ -63,7 +62,7 @@ impl Txn {
         });
     }
 
-    pub(super) fn put_record<T: Serialize>(&mut self, key: Key<'_>, value: &T) {
+    pub(super) fn put_record<T: records::Record>(&mut self, key: Key<'_>, value: &T) {
         self.put(key, records::encode(value));
     }
 

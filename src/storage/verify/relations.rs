@@ -82,20 +82,20 @@ fn messages(r: &mut VerifyReport, recs: &Records, by_qid: &ByQid<'_>) -> Message
         }
         *out.owners.entry(m.pid).or_default() += 1;
         if let Some(l) = &m.lease {
-            if l.epoch != m.leases {
+            if l.epoch != m.delivery_count {
                 r.problem(format!(
-                    "{what}: lease epoch {} but {} leases granted",
-                    l.epoch, m.leases
+                    "{what}: lease epoch {} but {} deliveries counted",
+                    l.epoch, m.delivery_count
                 ));
             }
             if l.started > l.deadline {
                 r.problem(format!("{what}: lease ends before it starts"));
             }
         }
-        if m.delivery_count > m.leases {
+        if m.failed_attempts > m.delivery_count {
             r.problem(format!(
-                "{what}: delivery count {} above its {} leases",
-                m.delivery_count, m.leases
+                "{what}: {} failed attempts but only {} deliveries",
+                m.failed_attempts, m.delivery_count
             ));
         }
         if m.group.is_some() && !QueueKind::from_code(q.kind).is_fifo() {

@@ -728,6 +728,7 @@ fn dead_letters(d: &pb::Delivery) -> Vec<DeadLetter> {
             source: r.source_queue.clone(),
             reason: r.reason,
             count: r.delivery_count,
+            failed: r.failed_attempts,
             at: r.at_unix_ms,
         })
         .collect()
@@ -748,6 +749,7 @@ fn record_delivery(
         queue: queue.to_string(),
         id: d.message_id.clone(),
         count: d.delivery_count,
+        failed: d.failed_attempts,
         token: d.ack_token.clone(),
         deadline: d.lease_deadline_unix_ms,
         group: d.group_id.clone(),
@@ -771,7 +773,9 @@ enum Action {
     Extend,
 }
 
-fn action(sh: &Shared, queue: &str, id: &str, count: u32) -> Action {
+/// What a consumer does with a delivery of `id` that failed `failed`
+/// times before (a release is no failure).
+fn action(sh: &Shared, queue: &str, id: &str, failed: u32) -> Action {
     if queue.ends_with(".dlq") {
         return Action::Ack;
     }
@@ -785,10 +789,10 @@ fn action(sh: &Shared, queue: &str, id: &str, count: u32) -> Action {
     }
     match f {
         Fate::Ack => Action::Ack,
-        Fate::Flaky if count == 1 => Action::Nack,
-        Fate::Slow if count == 1 => Action::Hold,
+        Fate::Flaky if failed == 0 => Action::Nack,
+        Fate::Slow if failed == 0 => Action::Hold,
         Fate::Poison => Action::Nack,
-        Fate::Vanish if count == 1 => Action::Drop,
+        Fate::Vanish if failed == 0 => Action::Drop,
         Fate::DoubleAck => Action::DoubleAck,
         Fate::Extend => Action::Extend,
         _ => Action::Ack,
@@ -1000,7 +1004,7 @@ fn handle(
     queue: &str,
     riding: &Riding,
 ) {
-    let act = action(sh, queue, &d.message_id, d.delivery_count);
+    let act = action(sh, queue, &d.message_id, d.failed_attempts);
     if act == Action::Drop {
         return;
     }
@@ -1057,7 +1061,7 @@ fn handle_fifo(
         tokio::spawn(async move {
             let last = group.len() - 1;
             for (n, (idx, d)) in group.iter().enumerate() {
-                let act = action(&sh, &queue, &d.message_id, d.delivery_count);
+                let act = action(&sh, &queue, &d.message_id, d.failed_attempts);
                 // Riding only while running: the final drain must not
                 // leave an ack behind on a consumer that stops.
                 if act == Action::Ack && n == last && idx.is_multiple_of(2) && sh.phase() == RUNNING
@@ -1104,7 +1108,7 @@ fn handle_drain(sh: &Arc<Shared>, client: &Client, batch: Vec<(usize, pb::Delive
         tokio::spawn(async move {
             let mut acks: Vec<(usize, String)> = Vec::new();
             for (idx, d) in &group {
-                match action(&sh, &queue, &d.message_id, d.delivery_count) {
+                match action(&sh, &queue, &d.message_id, d.failed_attempts) {
                     Action::Nack => {
                         ack_many(&sh, &client, &std::mem::take(&mut acks)).await;
                         nack(&sh, &client, *idx, &d.ack_token, &mates).await;
@@ -1170,6 +1174,15 @@ pub async fn consumer(sh: Arc<Shared>, c: usize) -> anyhow::Result<()> {
             record_settle(&sh, *idx, SettleKind::Ack, inv, one, 0);
         }
         sh.inflight.fetch_sub(acks.len(), Ordering::SeqCst);
+        // The acks took effect but the receive after them failed: its
+        // own outcome, with no delivery.
+        let r = match r {
+            Ok(resp) if resp.receive_code != 0 => Err(Outcome::from_status(&tonic::Status::new(
+                tonic::Code::from(resp.receive_code),
+                resp.receive_error,
+            ))),
+            r => r,
+        };
         match r {
             Ok(resp) => {
                 sh.hist.receive_call(&Outcome::Ok);
@@ -1278,7 +1291,7 @@ pub async fn stream_consumer(sh: Arc<Shared>) -> anyhow::Result<()> {
                         got.push((idx, d));
                     }
                     for (idx, d) in got {
-                        let kind = match action(&sh, &queue, &d.message_id, d.delivery_count) {
+                        let kind = match action(&sh, &queue, &d.message_id, d.failed_attempts) {
                             Action::Drop => {
                                 dropped = true;
                                 break;
