@@ -6,7 +6,7 @@
 //! current, unexpired lease fails for that token and changes nothing.
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::faults::{self, Fault};
 use crate::storage::Key;
@@ -99,7 +99,7 @@ impl Broker {
                 format!("must be at most {}", validate::limits::MAX_WAIT),
             ));
         }
-        let give_up = Instant::now() + Duration::from_millis(opts.wait);
+        let give_up = self.clock.monotonic() + Duration::from_millis(opts.wait);
         let mut acked = None;
         // Auto-ack turns in a row that found only messages not read
         // beforehand; past a few, wait for a change like any empty turn.
@@ -159,7 +159,7 @@ impl Broker {
                 continue;
             }
             misses = 0;
-            let left = give_up.saturating_duration_since(Instant::now());
+            let left = give_up.saturating_duration_since(self.clock.monotonic());
             if left.is_zero() || self.is_closing() {
                 return Ok((settled, Vec::new()));
             }
