@@ -162,7 +162,7 @@ impl Change {
     pub(crate) fn finish(mut self, st: &State) -> Txn {
         for qid in &self.touched {
             if let Some(q) = st.queues.get(qid) {
-                self.txn.put_counters(*qid, &q.counters);
+                self.txn.put_counters(*qid, &(&q.counters).into());
             }
         }
         for qid in &self.woken {
