@@ -42,6 +42,7 @@ pub mod subscription;
 mod timers;
 pub mod token;
 pub mod validate;
+pub mod verify;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
