@@ -47,10 +47,10 @@ use axum::response::{IntoResponse, Response};
 use serde_json::Value;
 
 use crate::auth::{Action, Authenticator, Credentials, Principal};
+use crate::edge::audit;
+use crate::edge::http::{GatedListener, Peer};
 use crate::queue::Broker;
 use crate::queue::model::HOUR;
-use crate::server::audit;
-use crate::server::http::{GatedListener, Peer};
 
 /// Who makes the call being served: its peer address (set for every call)
 /// and its principal (once authenticated), for the audit log.
@@ -182,7 +182,7 @@ pub(crate) struct Api {
     tokens: tokens::Tokens,
     opts: AnypointOptions,
     /// Who consumes each queue (for the metrics).
-    consumers: Arc<crate::server::consumers::Consumers>,
+    consumers: Arc<crate::edge::consumers::Consumers>,
 }
 
 impl Api {
@@ -333,7 +333,7 @@ pub(crate) fn router_with(
     broker: Arc<Broker>,
     auth: Arc<Authenticator>,
     opts: AnypointOptions,
-    consumers: Arc<crate::server::consumers::Consumers>,
+    consumers: Arc<crate::edge::consumers::Consumers>,
 ) -> Router {
     let limit = opts.max_body_bytes;
     let api = Arc::new(Api {
@@ -360,5 +360,5 @@ pub(crate) async fn serve(
     app: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) {
-    crate::server::http::serve(listener, app, shutdown).await;
+    crate::edge::http::serve(listener, app, shutdown).await;
 }

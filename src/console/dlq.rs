@@ -540,14 +540,14 @@ async fn redrive_inner(
             to,
             c.now(),
             move |spec, total, ended| {
-                crate::server::audit::done(
-                    crate::server::audit::Who {
+                crate::edge::audit::done(
+                    crate::edge::audit::Who {
                         principal: &who,
                         peer,
                     },
                     "redrive.end",
                     &spec.dlq,
-                    &crate::server::redrive::end_detail(spec, total, ended),
+                    &crate::grpc::redrive::end_detail(spec, total, ended),
                 );
             },
         );

@@ -48,9 +48,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
 use crate::auth::{Action, Authenticator, Principal};
+use crate::edge::audit;
+use crate::edge::http::{GatedListener, Peer};
 use crate::queue::Broker;
-use crate::server::audit;
-use crate::server::http::{GatedListener, Peer};
 
 pub(crate) use session::Session;
 
@@ -424,7 +424,7 @@ pub(crate) async fn serve(
     });
     let (stop_sampler, sampler_stopped) = tokio::sync::oneshot::channel::<()>();
     let sampler = tokio::spawn(history::sample(Arc::clone(&console), sampler_stopped));
-    crate::server::http::serve(listener, router(console), shutdown).await;
+    crate::edge::http::serve(listener, router(console), shutdown).await;
     let _ = stop_sampler.send(());
     let _ = sampler.await;
 }

@@ -6,20 +6,6 @@
 //! the storage fails, then drains in-flight calls, stops the sweeper and
 //! closes the store (apply and checkpoint).
 
-mod access;
-pub(crate) mod audit;
-mod calls;
-pub(crate) mod conns;
-pub(crate) mod consumers;
-pub(crate) mod convert;
-pub(crate) mod http;
-mod metrics;
-mod publish_stream;
-pub(crate) mod redrive;
-mod service;
-pub(crate) mod status;
-mod subscribe;
-
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -32,12 +18,13 @@ use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 use crate::anypoint::AnypointOptions;
 use crate::auth::Authenticator;
 use crate::clock::Clock;
+use crate::edge::{conns, http};
+use crate::grpc::{Service, calls};
+use crate::metrics;
 use crate::pb::admin_service_server::AdminServiceServer;
 use crate::pb::messaging_service_server::MessagingServiceServer;
 use crate::queue::{Broker, BrokerOptions, QueueError};
 use crate::storage::{OpenReport, StorageError, StoreOptions};
-
-pub use service::Service;
 
 /// Everything the server needs to start.
 #[derive(Debug, Clone)]
@@ -806,8 +793,3 @@ impl Server {
         }
     }
 }
-
-#[cfg(test)]
-mod hostile_tests;
-#[cfg(test)]
-mod publish_stream_tests;

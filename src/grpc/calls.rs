@@ -1,6 +1,6 @@
 //! The calls of the gRPC connections: [`CallsLayer`] counts the calls
 //! open on each connection (a connection becomes a client's with its
-//! first call, and is idle with none open: see `super::conns`), and counts
+//! first call, and is idle with none open: see `crate::edge::conns`), and counts
 //! and times every call by method and status code (see [`RpcStats`]).
 
 use std::future::Future;
@@ -12,8 +12,8 @@ use std::time::Duration;
 use tonic::codegen::{Body as HttpBody, Bytes, Service, http};
 use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
 
-use super::conns::{Calls, Gate};
-use super::metrics::{RpcStats, code_name};
+use crate::edge::conns::{Calls, Gate};
+use crate::metrics::{RpcStats, code_name};
 
 /// Counts the calls open on each gRPC connection (see [`Gate`]), and
 /// counts and times every call by method and status code (see

@@ -28,7 +28,7 @@ pub struct Service {
     /// Subscription sessions, awaited at shutdown.
     sessions: TaskTracker,
     /// Who consumes each queue (for the metrics).
-    consumers: Arc<super::consumers::Consumers>,
+    consumers: Arc<crate::edge::consumers::Consumers>,
 }
 
 impl Service {
@@ -45,7 +45,7 @@ impl Service {
 
     /// Who consumes each queue: the Subscribe streams open and the recent
     /// receivers.
-    pub(crate) fn consumers(&self) -> &Arc<super::consumers::Consumers> {
+    pub(crate) fn consumers(&self) -> &Arc<crate::edge::consumers::Consumers> {
         &self.consumers
     }
 

@@ -30,7 +30,7 @@ use prometheus_client::registry::Registry;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use super::consumers::Consumers;
+use crate::edge::consumers::Consumers;
 use crate::queue::Broker;
 use crate::queue::model::QueueStats;
 
@@ -40,7 +40,7 @@ struct Figures {
     broker: Arc<Broker>,
     recovery: Duration,
     replayed: u64,
-    gate: Arc<super::conns::Gate>,
+    gate: Arc<crate::edge::conns::Gate>,
     consumers: Arc<Consumers>,
 }
 
@@ -497,7 +497,7 @@ pub(crate) struct Sources {
     pub(crate) broker: Arc<Broker>,
     pub(crate) recovery: Duration,
     pub(crate) replayed: u64,
-    pub(crate) gate: Arc<super::conns::Gate>,
+    pub(crate) gate: Arc<crate::edge::conns::Gate>,
     pub(crate) consumers: Arc<Consumers>,
     pub(crate) rpc: Arc<RpcStats>,
 }

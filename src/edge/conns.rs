@@ -26,7 +26,7 @@
 //! - an HTTP/1 connection that sends nothing for the idle timeout is
 //!   closed; so is a gRPC connection with no call open for it (its client
 //!   reconnects when it calls again). The calls open on each gRPC
-//!   connection are counted by `super::calls::CallsLayer`, which finds the
+//!   connection are counted by `crate::grpc::calls::CallsLayer`, which finds the
 //!   connection by its peer address; a long poll or a subscription keeps
 //!   its connection busy for as long as it runs.
 
@@ -45,7 +45,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, Sleep};
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
-use super::Limits;
+use crate::server::Limits;
 
 /// File descriptors kept for the storage, logs and the rest when the cap
 /// is derived from the limit of open files: at least this many, or a
