@@ -547,7 +547,7 @@ async fn redrive_inner(
                     },
                     "redrive.end",
                     &spec.dlq,
-                    &crate::grpc::redrive::end_detail(spec, total, ended),
+                    &crate::edge::audit::redrive_end(spec, total, ended),
                 );
             },
         );
