@@ -183,7 +183,7 @@ struct VerifyArgs {
 }
 
 fn verify(args: &VerifyArgs) -> ExitCode {
-    use letterbox::storage::verify::{VerifyOptions, verify};
+    use letterbox::queue::verify::{VerifyOptions, verify};
     let opts = VerifyOptions {
         scratch: args.scratch.clone(),
     };

@@ -162,7 +162,7 @@ async fn authorize(
         .await
         .map_err(|e| {
             super::audit_who(&format!("client id {id}"), |who| {
-                crate::server::audit::refused(who, "authenticate", "-", &e.to_string());
+                crate::edge::audit::refused(who, "authenticate", "-", &e.to_string());
             });
             ApiError::from_auth(e)
         })?;

@@ -228,7 +228,7 @@ pub(super) async fn consume(client: &Client, out: &Out, a: ConsumeArgs) -> Resul
     };
     if a.reject && dlq.is_none() {
         return Err(crate::client::ClientError::new(
-            crate::client::ErrorKind::Rpc(tonic::Code::FailedPrecondition),
+            crate::client::ErrorKind::Rpc(crate::client::Code::FailedPrecondition),
             format!(
                 "queue {:?} has no dead letter queue, so --reject has nowhere to put a message; give it one (`letterbox queue update {} --dlq NAME`) or use --nack",
                 a.queue, a.queue

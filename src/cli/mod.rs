@@ -29,7 +29,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
 
-use crate::client::{Client, ClientConfig, ClientError, Credentials, ErrorKind, TlsSettings};
+use crate::client::{Client, ClientConfig, ClientError, Code, Credentials, ErrorKind, TlsSettings};
 
 /// The address used when neither a flag, a variable nor a context gives
 /// one.
@@ -285,7 +285,7 @@ pub async fn run(command: Command) -> ExitCode {
 fn fail(e: &ClientError) -> ExitCode {
     eprintln!("letterbox: {e}");
     match e.kind() {
-        ErrorKind::Transport | ErrorKind::Rpc(tonic::Code::Unavailable) => ExitCode::from(3),
+        ErrorKind::Transport | ErrorKind::Rpc(Code::Unavailable) => ExitCode::from(3),
         ErrorKind::InvalidArgument => ExitCode::from(2),
         _ => ExitCode::from(1),
     }

@@ -35,7 +35,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use tonic::Code;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
@@ -44,6 +43,9 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 pub use crate::pb;
 use crate::pb::admin_service_client::AdminServiceClient;
 use crate::pb::messaging_service_client::MessagingServiceClient;
+
+/// The status code of a failed call, as [`ErrorKind::Rpc`] carries it.
+pub use tonic::Code;
 
 pub use ack_mode::{AckMode, HandlerError, Message};
 pub use circuit::{CircuitBreaker, CircuitConfig, CircuitState};

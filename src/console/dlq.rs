@@ -543,14 +543,14 @@ async fn redrive_inner(
             to,
             c.now(),
             move |spec, total, ended| {
-                crate::server::audit::done(
-                    crate::server::audit::Who {
+                crate::edge::audit::done(
+                    crate::edge::audit::Who {
                         principal: &who,
                         peer,
                     },
                     "redrive.end",
                     &spec.dlq,
-                    &crate::server::redrive::end_detail(spec, total, ended),
+                    &crate::edge::audit::redrive_end(spec, total, ended),
                 );
             },
         );

@@ -57,6 +57,7 @@ mod timers;
 pub mod token;
 mod undo;
 pub mod validate;
+pub mod verify;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
@@ -181,7 +182,7 @@ impl Change {
     pub(crate) fn finish(mut self, st: &State) -> Txn {
         for qid in &self.touched {
             if let Some(q) = st.queues.get(qid) {
-                self.txn.put_counters(*qid, &q.counters);
+                self.txn.put_counters(*qid, &(&q.counters).into());
             }
         }
         for qid in &self.woken {

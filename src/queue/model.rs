@@ -1,8 +1,7 @@
 //! The engine's own types: queue configurations, messages, deliveries,
-//! dead-letter records, figures. No protobuf type appears here, and one
-//! storage type, the queue counters' record ([`QueueCounters`]), which the
-//! engine keeps as it is stored; `server/convert.rs` and the engine's
-//! persistence code translate the rest.
+//! dead-letter records, figures. No protobuf or storage type appears
+//! here; the front ends and the engine's persistence code (`persist.rs`)
+//! translate them.
 //!
 //! Durations and instants are milliseconds (instants since the Unix epoch).
 
@@ -646,9 +645,30 @@ pub struct QueueStats {
 }
 
 /// A queue's counters since it was created, as the engine keeps them and
-/// as they are stored (one record per queue, written with the change
-/// that moved them): the one declaration of the counters.
-pub use crate::storage::records::CountersRecord as QueueCounters;
+/// answers them. Stored as a `CountersRecord` (one record per queue,
+/// written with the change that moved them), mapped field by field in
+/// `persist.rs`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QueueCounters {
+    /// Messages published into the queue.
+    pub published: u64,
+    /// Messages acknowledged.
+    pub acked: u64,
+    /// Failed attempts.
+    pub nacked: u64,
+    /// Messages expired.
+    pub expired: u64,
+    /// Messages moved out to the DLQ.
+    pub dead_lettered: u64,
+    /// Messages moved in from source queues.
+    pub dead_letters_received: u64,
+    /// Messages deleted by purges.
+    pub purged: u64,
+    /// Messages moved out by redrives.
+    pub redriven: u64,
+    /// Messages moved in by redrives.
+    pub redrive_received: u64,
+}
 
 /// Where a message stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

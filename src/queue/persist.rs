@@ -4,13 +4,15 @@
 //! by field, and reading and writing it through the store.
 
 use crate::storage::records::LeaseRecord;
-use crate::storage::records::{AttemptRecord, DeadLetterRec, MetaRecord, QueueRecord};
+use crate::storage::records::{
+    AttemptRecord, CountersRecord, DeadLetterRec, MetaRecord, QueueRecord,
+};
 use crate::storage::{AnyBackend, LoadSource, OwnedKey, Space, Store, Txn};
 
 use super::message::{Lease, Message, Stored};
 use super::model::{
     Attempt, AttemptOutcome, DeadLetter, DeadLetterPolicy, DeadLetterReason, PoisonPolicy,
-    QueueConfig, QueueKind, RetryBackoff,
+    QueueConfig, QueueCounters, QueueKind, RetryBackoff,
 };
 
 pub(crate) fn queue_record(qid: u32, created_at: u64, c: &QueueConfig) -> QueueRecord {
@@ -235,6 +237,60 @@ pub(crate) fn scan<S: LoadSource>(
     store
         .scan::<MetaRecord>(Space::Metas)
         .map(|item| item.map(|(key, rec)| (key, message(rec))))
+}
+
+impl From<&CountersRecord> for QueueCounters {
+    fn from(r: &CountersRecord) -> QueueCounters {
+        let CountersRecord {
+            published,
+            acked,
+            nacked,
+            expired,
+            dead_lettered,
+            dead_letters_received,
+            purged,
+            redriven,
+            redrive_received,
+        } = *r;
+        QueueCounters {
+            published,
+            acked,
+            nacked,
+            expired,
+            dead_lettered,
+            dead_letters_received,
+            purged,
+            redriven,
+            redrive_received,
+        }
+    }
+}
+
+impl From<&QueueCounters> for CountersRecord {
+    fn from(c: &QueueCounters) -> CountersRecord {
+        let QueueCounters {
+            published,
+            acked,
+            nacked,
+            expired,
+            dead_lettered,
+            dead_letters_received,
+            purged,
+            redriven,
+            redrive_received,
+        } = *c;
+        CountersRecord {
+            published,
+            acked,
+            nacked,
+            expired,
+            dead_lettered,
+            dead_letters_received,
+            purged,
+            redriven,
+            redrive_received,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -497,5 +553,35 @@ mod tests {
         // Any other number reads as standard, as a start always took it.
         assert_eq!(QueueKind::from_code(0), QueueKind::Standard);
         assert_eq!(QueueKind::from_code(9), QueueKind::Standard);
+    }
+
+    #[test]
+    fn counters_map_to_their_record_and_back_field_by_field() {
+        let c = QueueCounters {
+            published: 1,
+            acked: 2,
+            nacked: 3,
+            expired: 4,
+            dead_lettered: 5,
+            dead_letters_received: 6,
+            purged: 7,
+            redriven: 8,
+            redrive_received: 9,
+        };
+        let r = CountersRecord::from(&c);
+        assert_eq!(
+            (r.published, r.acked, r.nacked, r.expired, r.dead_lettered),
+            (1, 2, 3, 4, 5)
+        );
+        assert_eq!(
+            (
+                r.dead_letters_received,
+                r.purged,
+                r.redriven,
+                r.redrive_received
+            ),
+            (6, 7, 8, 9)
+        );
+        assert_eq!(QueueCounters::from(&r), c);
     }
 }

@@ -7,7 +7,7 @@
 //! settling).
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::faults::{self, Fault};
 use crate::storage::Key;
@@ -139,7 +139,7 @@ impl Broker {
         max: u32,
         riding: &mut Riding<'_>,
     ) -> Result<Vec<Delivery>> {
-        let give_up = Instant::now() + Duration::from_millis(opts.wait);
+        let give_up = self.clock.monotonic() + Duration::from_millis(opts.wait);
         // Auto-ack turns in a row that found only messages not read
         // beforehand; past a few, wait for a change like any empty turn.
         const MAX_MISSES: u32 = 16;
@@ -207,7 +207,7 @@ impl Broker {
                 continue;
             }
             misses = 0;
-            let left = give_up.saturating_duration_since(Instant::now());
+            let left = give_up.saturating_duration_since(self.clock.monotonic());
             if left.is_zero() || self.is_closing() {
                 return Ok(Vec::new());
             }

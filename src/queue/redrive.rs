@@ -13,7 +13,7 @@
 //! FIFO messages keep their group, and their order.
 
 use std::future::Future;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::storage::Key;
 
@@ -247,10 +247,10 @@ impl Broker {
         rate: u32,
         sink: &mut impl RedriveSink,
     ) -> (RedriveStep, RedriveEnd) {
-        let started = Instant::now();
+        let started = self.clock.monotonic();
         let mut total = RedriveStep::default();
         let mut cursor = 0u64;
-        let mut reported = Instant::now();
+        let mut reported = started;
         loop {
             if self.is_closing() {
                 return (total, RedriveEnd::ShutDown);
@@ -280,13 +280,14 @@ impl Broker {
             if rate > 0 && step.moved > 0 {
                 // Hold the pace: `moved` messages take moved/rate seconds.
                 let due = Duration::from_secs_f64(total.moved as f64 / f64::from(rate));
-                let elapsed = started.elapsed();
+                let elapsed = self.clock.monotonic() - started;
                 if due > elapsed {
                     tokio::time::sleep(due - elapsed).await;
                 }
             }
-            if reported.elapsed() >= Duration::from_millis(200) {
-                reported = Instant::now();
+            let now = self.clock.monotonic();
+            if now - reported >= Duration::from_millis(200) {
+                reported = now;
                 if !sink.progress(&total).await {
                     return (total, RedriveEnd::Cancelled);
                 }

@@ -158,7 +158,7 @@ impl Env {
         let s = b.stats(queue).expect("stats");
         assert_eq!(
             (s.total, s.in_flight, s.delayed, s.counters),
-            (total, leased, delayed, stored),
+            (total, leased, delayed, QueueCounters::from(&stored)),
             "{queue}: the figures in memory against the store's"
         );
     }

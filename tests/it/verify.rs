@@ -5,8 +5,8 @@ use std::process::Command;
 
 use letterbox::pb;
 use letterbox::queue::model::QueueKind;
+use letterbox::queue::verify::{VerifyOptions, verify};
 use letterbox::storage::records::{GroupRecord, MetaRecord, PayloadRecord, QueueRecord};
-use letterbox::storage::verify::{VerifyOptions, verify};
 use letterbox::storage::{Store, StoreOptions, Txn};
 
 use crate::harness::*;

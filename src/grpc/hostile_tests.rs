@@ -46,6 +46,7 @@ fn env() -> Env {
         Arc::new(broker),
         tokio_util::task::TaskTracker::new(),
         Arc::new(Authenticator::disabled()),
+        Arc::default(),
     );
     Env {
         _dir: dir,

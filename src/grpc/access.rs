@@ -11,8 +11,8 @@ use base64::Engine as _;
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Status};
 
-use super::audit;
 use crate::auth::{Action, AuthError, Authenticator, Credentials, Principal};
+use crate::edge::audit;
 use crate::queue::Broker;
 
 /// The status a client sees for an authentication or authorization error.

@@ -72,6 +72,7 @@ async fn answers_go_out_while_a_publish_waits_for_room() {
         Arc::clone(&broker),
         tokio_util::task::TaskTracker::new(),
         Arc::new(Authenticator::disabled()),
+        Arc::default(),
     );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await

@@ -8,6 +8,7 @@ use tokio::sync::mpsc;
 use tonic::Status;
 
 use super::status::to_status;
+use crate::edge::audit;
 use crate::pb;
 use crate::queue::Broker;
 use crate::queue::redrive::{RedriveEnd, RedriveSink, RedriveSpec, RedriveStep};
@@ -50,7 +51,7 @@ pub(crate) async fn run(
     let (total, ended) = broker
         .run_redrive(&spec, end, limit, rate, &mut Stream(&tx))
         .await;
-    let detail = end_detail(&spec, &total, &ended);
+    let detail = audit::redrive_end(&spec, &total, &ended);
     caller.audit("redrive.end", &spec.dlq, &detail);
     let last = match ended {
         RedriveEnd::Done => Ok(progress(&total, true)),
@@ -61,25 +62,4 @@ pub(crate) async fn run(
         RedriveEnd::Failed(e) => Err(to_status(e)),
     };
     let _ = tx.send(last).await;
-}
-
-/// The audit detail of a redrive's end, whichever door started it.
-pub(crate) fn end_detail(spec: &RedriveSpec, total: &RedriveStep, ended: &RedriveEnd) -> String {
-    match ended {
-        RedriveEnd::Done => format!(
-            "dry_run={} scanned={} matched={} moved={} skipped={} (leased={} no_source={} no_target={} other_kind={})",
-            spec.dry_run,
-            total.scanned,
-            total.matched,
-            total.moved,
-            total.skipped,
-            total.skipped_leased,
-            total.skipped_no_source,
-            total.skipped_no_target,
-            total.skipped_other_kind
-        ),
-        RedriveEnd::ShutDown => format!("stopped by the shutdown: moved={}", total.moved),
-        RedriveEnd::Cancelled => format!("cancelled by the client: moved={}", total.moved),
-        RedriveEnd::Failed(e) => format!("failed: {e}: moved={}", total.moved),
-    }
 }

@@ -1,19 +1,24 @@
 //! The calls of the gRPC connections: [`CallsLayer`] counts the calls
 //! open on each connection (a connection becomes a client's with its
-//! first call, and is idle with none open: see `super::conns`), and counts
-//! and times every call by method and status code (see [`RpcStats`]).
+//! first call, and is idle with none open: see `crate::edge::conns`),
+//! and counts and times every call by method and status code
+//! ([`RpcStats`], which the metrics endpoint serves).
 
+use std::collections::HashSet;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
 use tonic::codegen::{Body as HttpBody, Bytes, Service, http};
 use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
 
-use super::conns::{Calls, Gate};
-use super::metrics::{RpcStats, code_name};
+use crate::edge::conns::{Calls, Gate};
 
 /// Counts the calls open on each gRPC connection (see [`Gate`]), and
 /// counts and times every call by method and status code (see
@@ -240,6 +245,123 @@ impl<B: HttpBody<Data = Bytes>> HttpBody for OpenBody<B> {
     }
 }
 
+/// The gRPC status names, by code (`grpc-status` values 0 to 16).
+const CODE_NAMES: [&str; 17] = [
+    "OK",
+    "CANCELLED",
+    "UNKNOWN",
+    "INVALID_ARGUMENT",
+    "DEADLINE_EXCEEDED",
+    "NOT_FOUND",
+    "ALREADY_EXISTS",
+    "PERMISSION_DENIED",
+    "RESOURCE_EXHAUSTED",
+    "FAILED_PRECONDITION",
+    "ABORTED",
+    "OUT_OF_RANGE",
+    "UNIMPLEMENTED",
+    "INTERNAL",
+    "UNAVAILABLE",
+    "DATA_LOSS",
+    "UNAUTHENTICATED",
+];
+
+/// The name of a `grpc-status` value ("UNKNOWN" for what is not one).
+pub(crate) fn code_name(status: &[u8]) -> &'static str {
+    std::str::from_utf8(status)
+        .ok()
+        .and_then(|s| s.trim().parse::<usize>().ok())
+        .and_then(|i| CODE_NAMES.get(i).copied())
+        .unwrap_or("UNKNOWN")
+}
+
+/// The paths (`/Service/Method`) of every method the server serves: ours,
+/// health and reflection. Calls to any other path are counted under the
+/// method `unknown`, so that callers cannot make up label values.
+static METHODS: LazyLock<HashSet<String>> = LazyLock::new(|| {
+    use prost::Message;
+    let mut out = HashSet::new();
+    for set in [
+        crate::pb::FILE_DESCRIPTOR_SET,
+        tonic_health::pb::FILE_DESCRIPTOR_SET,
+        tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET,
+        tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET,
+    ] {
+        let Ok(set) = prost_types::FileDescriptorSet::decode(set) else {
+            continue;
+        };
+        for file in set.file {
+            let package = file.package.unwrap_or_default();
+            for service in file.service {
+                let service_name = service.name.unwrap_or_default();
+                for m in service.method {
+                    let method = m.name.unwrap_or_default();
+                    out.insert(format!("/{package}.{service_name}/{method}"));
+                }
+            }
+        }
+    }
+    out
+});
+
+type MethodLabel = [(&'static str, &'static str); 1];
+type CallLabels = [(&'static str, &'static str); 2];
+
+fn call_duration() -> Histogram {
+    // 0.5 ms to about 16 s; longer calls (streams) land in +Inf.
+    Histogram::new(exponential_buckets(0.0005, 2.0, 16))
+}
+
+/// Counts and times the gRPC calls as they end.
+#[derive(Debug)]
+pub(crate) struct RpcStats {
+    requests: Family<CallLabels, Counter>,
+    duration: Family<MethodLabel, Histogram, fn() -> Histogram>,
+}
+
+impl RpcStats {
+    pub(crate) fn new() -> Arc<RpcStats> {
+        Arc::new(RpcStats {
+            requests: Family::default(),
+            duration: Family::new_with_constructor(call_duration),
+        })
+    }
+
+    /// The method label of a request path: `Service/Method` for a method
+    /// the server serves, else `unknown`.
+    pub(crate) fn method(path: &str) -> &'static str {
+        match METHODS.get(path) {
+            Some(p) => &p[1..],
+            None => "unknown",
+        }
+    }
+
+    /// One call ended with `code` after `took`.
+    pub(crate) fn record(&self, method: &'static str, code: &'static str, took: Duration) {
+        self.requests
+            .get_or_create(&[("method", method), ("code", code)])
+            .inc();
+        self.duration
+            .get_or_create(&[("method", method)])
+            .observe(took.as_secs_f64());
+    }
+
+    /// Registers the counts and times with the metrics endpoint's
+    /// registry.
+    pub(crate) fn register(&self, r: &mut Registry) {
+        r.register(
+            "letterbox_grpc_requests",
+            "gRPC calls ended, by method (Service/Method) and status code (OK, NOT_FOUND, ...); a call stopped before it answered counts as CANCELLED, or DEADLINE_EXCEEDED past its deadline",
+            self.requests.clone(),
+        );
+        r.register(
+            "letterbox_grpc_request_duration_seconds",
+            "Time from a gRPC request to the end of its response (for a stream, the stream's whole life)",
+            self.duration.clone(),
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -261,5 +383,39 @@ mod tests {
         assert_eq!(grpc_timeout(&with("5x")), None);
         assert_eq!(grpc_timeout(&with("m")), None);
         assert_eq!(grpc_timeout(&http::HeaderMap::new()), None);
+    }
+
+    #[test]
+    fn status_codes_have_their_names() {
+        assert_eq!(code_name(b"0"), "OK");
+        assert_eq!(code_name(b"5"), "NOT_FOUND");
+        assert_eq!(code_name(b"16"), "UNAUTHENTICATED");
+        assert_eq!(code_name(b"17"), "UNKNOWN");
+        assert_eq!(code_name(b"x"), "UNKNOWN");
+    }
+
+    #[test]
+    fn methods_are_the_served_ones_or_unknown() {
+        assert_eq!(
+            RpcStats::method("/letterbox.v1.MessagingService/Publish"),
+            "letterbox.v1.MessagingService/Publish"
+        );
+        assert_eq!(
+            RpcStats::method("/letterbox.v1.AdminService/GetQueue"),
+            "letterbox.v1.AdminService/GetQueue"
+        );
+        assert_eq!(
+            RpcStats::method("/grpc.health.v1.Health/Check"),
+            "grpc.health.v1.Health/Check"
+        );
+        assert_eq!(
+            RpcStats::method("/grpc.reflection.v1.ServerReflection/ServerReflectionInfo"),
+            "grpc.reflection.v1.ServerReflection/ServerReflectionInfo"
+        );
+        assert_eq!(
+            RpcStats::method("/letterbox.v1.MessagingService/Made-Up"),
+            "unknown"
+        );
+        assert_eq!(RpcStats::method("/"), "unknown");
     }
 }

@@ -13,6 +13,7 @@ use super::access::{Caller, allow, allow_any, allow_tokens, caller};
 use super::status::to_status;
 use super::{convert, publish_stream, redrive, subscribe};
 use crate::auth::{Action, Authenticator};
+use crate::edge::consumers::Consumers;
 use crate::pb;
 use crate::pb::admin_service_server::AdminService;
 use crate::pb::messaging_service_server::MessagingService;
@@ -21,32 +22,32 @@ use crate::queue::model::{Destination, Nack, QueueRemovals, ReceiveOptions};
 
 /// Both services over one engine.
 #[derive(Debug, Clone)]
-pub struct Service {
+pub(crate) struct Service {
     broker: Arc<Broker>,
     /// Who may do what.
     auth: Arc<Authenticator>,
     /// Subscription sessions, awaited at shutdown.
     sessions: TaskTracker,
     /// Who consumes each queue (for the metrics).
-    consumers: Arc<super::consumers::Consumers>,
+    consumers: Arc<Consumers>,
 }
 
 impl Service {
     /// Serves `broker` to the callers `auth` admits; subscription
-    /// sessions are spawned on `sessions`.
-    pub fn new(broker: Arc<Broker>, sessions: TaskTracker, auth: Arc<Authenticator>) -> Service {
+    /// sessions are spawned on `sessions`; who consumes each queue is
+    /// counted in `consumers`.
+    pub(crate) fn new(
+        broker: Arc<Broker>,
+        sessions: TaskTracker,
+        auth: Arc<Authenticator>,
+        consumers: Arc<Consumers>,
+    ) -> Service {
         Service {
             broker,
             auth,
             sessions,
-            consumers: Arc::default(),
+            consumers,
         }
-    }
-
-    /// Who consumes each queue: the Subscribe streams open and the recent
-    /// receivers.
-    pub(crate) fn consumers(&self) -> &Arc<super::consumers::Consumers> {
-        &self.consumers
     }
 
     fn caller<T>(

@@ -26,9 +26,9 @@
 //! - an HTTP/1 connection that sends nothing for the idle timeout is
 //!   closed; so is a gRPC connection with no call open for it (its client
 //!   reconnects when it calls again). The calls open on each gRPC
-//!   connection are counted by `super::calls::CallsLayer`, which finds the
-//!   connection by its peer address; a long poll or a subscription keeps
-//!   its connection busy for as long as it runs.
+//!   connection are counted by the gRPC front end's layer, which finds
+//!   the connection by its peer address ([`Gate::calls_of`]); a long poll
+//!   or a subscription keeps its connection busy for as long as it runs.
 
 use std::collections::HashMap;
 use std::io;
@@ -45,7 +45,55 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, Sleep};
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
-use super::Limits;
+/// Limits on connections and requests (message sizes, batch sizes and
+/// name lengths are the engine's, see `BrokerOptions` and `validate`).
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Most concurrent HTTP/2 streams (calls) per connection.
+    pub max_concurrent_streams: u32,
+    /// Most calls one connection has served at once; more wait.
+    pub concurrency_per_connection: usize,
+    /// Longest time a unary call may take, long polls included (a client's
+    /// shorter `grpc-timeout` wins). Streams are not cut.
+    pub request_timeout: Duration,
+    /// Most connections open at once, over all listeners; `None`: all but
+    /// a reserve of the open files the process may have (its soft limit
+    /// is raised to the hard one at start).
+    pub max_connections: Option<usize>,
+    /// Most connections open at once from one peer address, over all
+    /// listeners; `None`: a quarter of [`Limits::max_connections`].
+    pub max_connections_per_address: Option<usize>,
+    /// Connections each listener (gRPC, REST, console, metrics) keeps for
+    /// itself, which the others cannot take; `None`: half of
+    /// [`Limits::max_connections`], in equal parts.
+    pub listener_reserve: Option<usize>,
+    /// How long a new connection may take to make its first request (an
+    /// HTTP/1 request, or the first stream of an HTTP/2 connection: a
+    /// gRPC call), TLS handshake included, whatever it sends meanwhile.
+    pub handshake_timeout: Duration,
+    /// How long an HTTP/1 request head (REST, console, metrics) may take
+    /// to arrive whole after the previous answer; a keep-alive connection
+    /// waiting for its next request is closed then too.
+    pub header_timeout: Duration,
+    /// After this long with no call open, a gRPC connection is closed.
+    pub idle_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_concurrent_streams: 1024,
+            concurrency_per_connection: 1024,
+            request_timeout: Duration::from_secs(60),
+            max_connections: None,
+            max_connections_per_address: None,
+            listener_reserve: None,
+            handshake_timeout: Duration::from_secs(10),
+            header_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(300),
+        }
+    }
+}
 
 /// File descriptors kept for the storage, logs and the rest when the cap
 /// is derived from the limit of open files: at least this many, or a
@@ -128,36 +176,46 @@ pub(crate) fn caps(
     })
 }
 
-/// The listeners that share the cap.
+/// How a listener's open connections are watched.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Door {
-    /// gRPC.
+pub(crate) enum Protocol {
+    /// gRPC: a connection is registered so that its calls are counted (by
+    /// the gRPC front end's layer, see [`Gate::calls_of`]), and is idle
+    /// while none is open.
     Grpc,
-    /// The Anypoint MQ REST facade.
-    Rest,
-    /// The web console.
-    Console,
-    /// The metrics endpoint.
-    Metrics,
+    /// HTTP served by `super::http::serve`: a connection is idle while it
+    /// sends nothing.
+    Http,
 }
 
-impl Door {
-    fn name(self) -> &'static str {
-        match self {
-            Door::Grpc => "gRPC",
-            Door::Rest => "REST",
-            Door::Console => "console",
-            Door::Metrics => "metrics",
-        }
+/// A listener that shares the caps: its place among them, its name in
+/// the logs, and how its connections are watched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Door {
+    index: usize,
+    name: &'static str,
+    protocol: Protocol,
+}
+
+/// The listeners that share the caps, as they are added.
+#[derive(Debug, Default)]
+pub(crate) struct Doors(Vec<Door>);
+
+impl Doors {
+    /// A listener named `name` (in the logs) speaking `protocol`.
+    pub(crate) fn add(&mut self, name: &'static str, protocol: Protocol) -> Door {
+        let door = Door {
+            index: self.0.len(),
+            name,
+            protocol,
+        };
+        self.0.push(door);
+        door
     }
 
-    fn index(self) -> usize {
-        match self {
-            Door::Grpc => 0,
-            Door::Rest => 1,
-            Door::Console => 2,
-            Door::Metrics => 3,
-        }
+    /// How many there are.
+    pub(crate) fn len(&self) -> usize {
+        self.0.len()
     }
 }
 
@@ -181,9 +239,8 @@ pub(crate) struct Gate {
     caps: Caps,
     /// The connections beyond the listeners' reserves.
     shared: Arc<Semaphore>,
-    /// Each listener's reserve, by [`Door::index`] (none for a listener
-    /// that is off).
-    reserves: [Option<Arc<Semaphore>>; 4],
+    /// Each listener's reserve, by its [`Door`]'s index.
+    reserves: Vec<Arc<Semaphore>>,
     /// Connections open, by peer address.
     addresses: Mutex<HashMap<IpAddr, usize>>,
     open: AtomicUsize,
@@ -249,12 +306,11 @@ impl Calls {
 impl Gate {
     /// A gate with `caps` for the listeners `doors`, and the deadlines of
     /// `limits`.
-    pub(crate) fn new(caps: Caps, limits: &Limits, doors: &[Door]) -> Arc<Gate> {
-        let mut reserves: [Option<Arc<Semaphore>>; 4] = Default::default();
-        for d in doors {
-            reserves[d.index()] = Some(Arc::new(Semaphore::new(caps.reserve)));
-        }
-        let kept = reserves.iter().flatten().count() * caps.reserve;
+    pub(crate) fn new(caps: Caps, limits: &Limits, doors: &Doors) -> Arc<Gate> {
+        let reserves: Vec<Arc<Semaphore>> = (0..doors.len())
+            .map(|_| Arc::new(Semaphore::new(caps.reserve)))
+            .collect();
+        let kept = reserves.len() * caps.reserve;
         Arc::new(Gate {
             caps,
             shared: Arc::new(Semaphore::new(caps.max.saturating_sub(kept))),
@@ -309,8 +365,9 @@ impl Gate {
         if held >= self.caps.per_address {
             return Err(Refusal::Address);
         }
-        let permit = self.reserves[door.index()]
-            .as_ref()
+        let permit = self
+            .reserves
+            .get(door.index)
             .and_then(|r| Arc::clone(r).try_acquire_owned().ok())
             .or_else(|| Arc::clone(&self.shared).try_acquire_owned().ok())
             .ok_or(Refusal::Full)?;
@@ -331,11 +388,11 @@ impl Gate {
         }
         match why {
             Refusal::Address => tracing::warn!(
-                peer = %peer, listener = door.name(), max = self.caps.per_address, refused = n + 1,
+                peer = %peer, listener = door.name, max = self.caps.per_address, refused = n + 1,
                 "connection refused: its address holds --max-connections-per-address connections"
             ),
             Refusal::Full => tracing::warn!(
-                peer = %peer, listener = door.name(), max = self.caps.max, reserve = self.caps.reserve, refused = n + 1,
+                peer = %peer, listener = door.name, max = self.caps.max, reserve = self.caps.reserve, refused = n + 1,
                 "connection refused: the listener holds all the connections it may (--max-connections, less the --listener-reserve the other listeners keep)"
             ),
         }
@@ -380,7 +437,7 @@ impl Gate {
                 idle: None,
                 quiet: None,
             };
-            if door == Door::Grpc {
+            if door.protocol == Protocol::Grpc {
                 lock(&self.conns).insert(peer, calls);
                 conn.idle = Some(Idle {
                     after: self.idle,
@@ -394,13 +451,14 @@ impl Gate {
     }
 }
 
-/// The gRPC listener's connections, for tonic.
+/// The connections of the gRPC listener `door`, for tonic.
 pub(crate) fn incoming(
     listener: TcpListener,
     gate: Arc<Gate>,
+    door: Door,
 ) -> impl futures_util::Stream<Item = io::Result<Conn>> + Send + 'static {
-    futures_util::stream::unfold((listener, gate), |(listener, gate)| async move {
-        let (conn, _) = gate.accept(Door::Grpc, &listener).await;
+    futures_util::stream::unfold((listener, gate), move |(listener, gate)| async move {
+        let (conn, _) = gate.accept(door, &listener).await;
         Some((Ok(conn), (listener, gate)))
     })
 }
@@ -656,50 +714,46 @@ mod tests {
             reserve: 3,
         };
         // gRPC and REST keep 3 each; 4 are shared.
-        let gate = Gate::new(caps, &Limits::default(), &[Door::Grpc, Door::Rest]);
+        let mut doors = Doors::default();
+        let grpc = doors.add("gRPC", Protocol::Grpc);
+        let rest = doors.add("REST", Protocol::Http);
+        let gate = Gate::new(caps, &Limits::default(), &doors);
         let mut held = Vec::new();
         for port in 1..=4 {
             let peer = addr(&format!("10.0.0.1:{port}"));
-            held.push(gate.admit(Door::Rest, peer).unwrap());
+            held.push(gate.admit(rest, peer).unwrap());
         }
         assert_eq!(
-            gate.admit(Door::Rest, addr("10.0.0.1:5")).unwrap_err(),
+            gate.admit(rest, addr("10.0.0.1:5")).unwrap_err(),
             Refusal::Address
         );
         // The same address written as IPv4-mapped IPv6 is the same one.
         assert_eq!(
-            gate.admit(Door::Grpc, addr("[::ffff:10.0.0.1]:6"))
-                .unwrap_err(),
+            gate.admit(grpc, addr("[::ffff:10.0.0.1]:6")).unwrap_err(),
             Refusal::Address
         );
         for port in 1..=3 {
-            held.push(
-                gate.admit(Door::Rest, addr(&format!("10.0.0.2:{port}")))
-                    .unwrap(),
-            );
+            held.push(gate.admit(rest, addr(&format!("10.0.0.2:{port}"))).unwrap());
         }
         // REST holds its 3 and the 4 shared.
         assert_eq!(
-            gate.admit(Door::Rest, addr("10.0.0.3:1")).unwrap_err(),
+            gate.admit(rest, addr("10.0.0.3:1")).unwrap_err(),
             Refusal::Full
         );
         assert_eq!(gate.open(), 7);
         // gRPC keeps its 3.
         for port in 1..=3 {
-            held.push(
-                gate.admit(Door::Grpc, addr(&format!("10.0.0.3:{port}")))
-                    .unwrap(),
-            );
+            held.push(gate.admit(grpc, addr(&format!("10.0.0.3:{port}"))).unwrap());
         }
         assert_eq!(
-            gate.admit(Door::Grpc, addr("10.0.0.4:1")).unwrap_err(),
+            gate.admit(grpc, addr("10.0.0.4:1")).unwrap_err(),
             Refusal::Full
         );
         assert_eq!(gate.open(), 10);
         // Closing gives the places back, the address's too.
         held.drain(..4);
         assert_eq!(gate.open(), 6);
-        assert!(gate.admit(Door::Grpc, addr("10.0.0.1:7")).is_ok());
+        assert!(gate.admit(grpc, addr("10.0.0.1:7")).is_ok());
         assert!(
             lock(&gate.addresses)
                 .get(&"10.0.0.1".parse::<IpAddr>().unwrap())

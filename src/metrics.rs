@@ -4,15 +4,18 @@
 //! Queue figures are read from the engine at each scrape (nothing is
 //! counted twice: the counters are the queues' own durable counters, so
 //! they survive restarts); the commit path's distributions come from the
-//! store's histograms; the gRPC calls are counted as they end by
-//! [`RpcStats`] (fed by `conns::CallsLayer`); the process's own figures
-//! are read from `/proc` at each scrape.
+//! store's histograms; the front ends register what they count
+//! themselves (the gRPC front end its calls, as they end); the
+//! connections and consumers come from the front ends' shared kit
+//! (`crate::edge`); the process's own figures are read from `/proc` at
+//! each scrape.
 //!
 //! With a token (`--metrics-token-file`, `--metrics-token`), `/metrics`
 //! answers 401 unless the request carries `Authorization: Bearer TOKEN`.
 
-use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, LazyLock};
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -22,15 +25,15 @@ use axum::routing::get;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::MetricType;
-use prometheus_client::metrics::counter::{ConstCounter, Counter};
-use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
-use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use super::consumers::Consumers;
+use crate::edge::Shared;
+use crate::edge::consumers::Consumers;
+use crate::edge::http::GatedListener;
 use crate::queue::Broker;
 use crate::queue::model::QueueStats;
 
@@ -40,110 +43,8 @@ struct Figures {
     broker: Arc<Broker>,
     recovery: Duration,
     replayed: u64,
-    gate: Arc<super::conns::Gate>,
+    gate: Arc<crate::edge::conns::Gate>,
     consumers: Arc<Consumers>,
-}
-
-/// The gRPC status names, by code (`grpc-status` values 0 to 16).
-const CODE_NAMES: [&str; 17] = [
-    "OK",
-    "CANCELLED",
-    "UNKNOWN",
-    "INVALID_ARGUMENT",
-    "DEADLINE_EXCEEDED",
-    "NOT_FOUND",
-    "ALREADY_EXISTS",
-    "PERMISSION_DENIED",
-    "RESOURCE_EXHAUSTED",
-    "FAILED_PRECONDITION",
-    "ABORTED",
-    "OUT_OF_RANGE",
-    "UNIMPLEMENTED",
-    "INTERNAL",
-    "UNAVAILABLE",
-    "DATA_LOSS",
-    "UNAUTHENTICATED",
-];
-
-/// The name of a `grpc-status` value ("UNKNOWN" for what is not one).
-pub(crate) fn code_name(status: &[u8]) -> &'static str {
-    std::str::from_utf8(status)
-        .ok()
-        .and_then(|s| s.trim().parse::<usize>().ok())
-        .and_then(|i| CODE_NAMES.get(i).copied())
-        .unwrap_or("UNKNOWN")
-}
-
-/// The paths (`/Service/Method`) of every method the server serves: ours,
-/// health and reflection. Calls to any other path are counted under the
-/// method `unknown`, so that callers cannot make up label values.
-static METHODS: LazyLock<HashSet<String>> = LazyLock::new(|| {
-    use prost::Message;
-    let mut out = HashSet::new();
-    for set in [
-        crate::pb::FILE_DESCRIPTOR_SET,
-        tonic_health::pb::FILE_DESCRIPTOR_SET,
-        tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET,
-        tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET,
-    ] {
-        let Ok(set) = prost_types::FileDescriptorSet::decode(set) else {
-            continue;
-        };
-        for file in set.file {
-            let package = file.package.unwrap_or_default();
-            for service in file.service {
-                let service_name = service.name.unwrap_or_default();
-                for m in service.method {
-                    let method = m.name.unwrap_or_default();
-                    out.insert(format!("/{package}.{service_name}/{method}"));
-                }
-            }
-        }
-    }
-    out
-});
-
-type MethodLabel = [(&'static str, &'static str); 1];
-type CallLabels = [(&'static str, &'static str); 2];
-
-fn call_duration() -> Histogram {
-    // 0.5 ms to about 16 s; longer calls (streams) land in +Inf.
-    Histogram::new(exponential_buckets(0.0005, 2.0, 16))
-}
-
-/// Counts and times the gRPC calls as they end.
-#[derive(Debug)]
-pub(crate) struct RpcStats {
-    requests: Family<CallLabels, Counter>,
-    duration: Family<MethodLabel, Histogram, fn() -> Histogram>,
-}
-
-impl RpcStats {
-    pub(crate) fn new() -> Arc<RpcStats> {
-        Arc::new(RpcStats {
-            requests: Family::default(),
-            duration: Family::new_with_constructor(call_duration),
-        })
-    }
-
-    /// The method label of a request path: `Service/Method` for a method
-    /// the server serves, else `unknown`.
-    pub(crate) fn method(path: &str) -> &'static str {
-        match METHODS.get(path) {
-            Some(p) => &p[1..],
-            None => "unknown",
-        }
-    }
-
-    /// One call ended with `code` after `took`.
-    pub(crate) fn record(&self, method: &'static str, code: &'static str, took: Duration) {
-        self.requests
-            .get_or_create(&[("method", method), ("code", code)])
-            .inc();
-        self.duration
-            .get_or_create(&[("method", method)])
-            .observe(took.as_secs_f64());
-    }
 }
 
 type Pick = fn(&QueueStats) -> u64;
@@ -493,24 +394,23 @@ fn to_f64(v: u64) -> f64 {
 }
 
 /// What the registry of one server reads.
-pub(crate) struct Sources {
-    pub(crate) broker: Arc<Broker>,
-    pub(crate) recovery: Duration,
-    pub(crate) replayed: u64,
-    pub(crate) gate: Arc<super::conns::Gate>,
-    pub(crate) consumers: Arc<Consumers>,
-    pub(crate) rpc: Arc<RpcStats>,
+struct Sources {
+    broker: Arc<Broker>,
+    recovery: Duration,
+    replayed: u64,
+    gate: Arc<crate::edge::conns::Gate>,
+    consumers: Arc<Consumers>,
 }
 
-/// The registry of one server.
-pub(crate) fn registry(sources: Sources) -> Registry {
+/// The registry of one server; `front_ends` registers what the front ends
+/// count themselves (after the store's histograms).
+fn registry(sources: Sources, front_ends: impl FnOnce(&mut Registry)) -> Registry {
     let Sources {
         broker,
         recovery,
         replayed,
         gate,
         consumers,
-        rpc,
     } = sources;
     let mut r = Registry::default();
     // The commit path's distributions, where the backend keeps them (the
@@ -554,16 +454,7 @@ pub(crate) fn registry(sources: Sources) -> Registry {
             m.batch_records,
         );
     }
-    r.register(
-        "letterbox_grpc_requests",
-        "gRPC calls ended, by method (Service/Method) and status code (OK, NOT_FOUND, ...); a call stopped before it answered counts as CANCELLED, or DEADLINE_EXCEEDED past its deadline",
-        rpc.requests.clone(),
-    );
-    r.register(
-        "letterbox_grpc_request_duration_seconds",
-        "Time from a gRPC request to the end of its response (for a stream, the stream's whole life)",
-        rpc.duration.clone(),
-    );
+    front_ends(&mut r);
     r.register_collector(Box::new(Figures {
         broker,
         recovery,
@@ -627,43 +518,41 @@ pub(crate) fn router(registry: Registry, token: Option<&str>) -> Router {
     )
 }
 
+/// What the endpoint tells besides the engine and the front ends' kit.
+#[derive(Debug, Clone)]
+pub(crate) struct Options {
+    /// How long recovery took at start.
+    pub(crate) recovery: Duration,
+    /// Log records replayed at start.
+    pub(crate) replayed: u64,
+    /// A bearer token `/metrics` requires, none when `None`.
+    pub(crate) token: Option<String>,
+}
+
+/// Serves the endpoint over `shared`'s engine, connections and consumers
+/// on `listener` until `shutdown` resolves; `front_ends` registers what
+/// the front ends count themselves.
+pub(crate) fn serve(
+    listener: GatedListener,
+    shared: &Shared,
+    opts: Options,
+    front_ends: impl FnOnce(&mut Registry),
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> impl Future<Output = ()> + Send + 'static {
+    let sources = Sources {
+        broker: Arc::clone(&shared.broker),
+        recovery: opts.recovery,
+        replayed: opts.replayed,
+        gate: Arc::clone(&shared.gate),
+        consumers: Arc::clone(&shared.consumers),
+    };
+    let app = router(registry(sources, front_ends), opts.token.as_deref());
+    crate::edge::http::serve(listener, app, shutdown)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn status_codes_have_their_names() {
-        assert_eq!(code_name(b"0"), "OK");
-        assert_eq!(code_name(b"5"), "NOT_FOUND");
-        assert_eq!(code_name(b"16"), "UNAUTHENTICATED");
-        assert_eq!(code_name(b"17"), "UNKNOWN");
-        assert_eq!(code_name(b"x"), "UNKNOWN");
-    }
-
-    #[test]
-    fn methods_are_the_served_ones_or_unknown() {
-        assert_eq!(
-            RpcStats::method("/letterbox.v1.MessagingService/Publish"),
-            "letterbox.v1.MessagingService/Publish"
-        );
-        assert_eq!(
-            RpcStats::method("/letterbox.v1.AdminService/GetQueue"),
-            "letterbox.v1.AdminService/GetQueue"
-        );
-        assert_eq!(
-            RpcStats::method("/grpc.health.v1.Health/Check"),
-            "grpc.health.v1.Health/Check"
-        );
-        assert_eq!(
-            RpcStats::method("/grpc.reflection.v1.ServerReflection/ServerReflectionInfo"),
-            "grpc.reflection.v1.ServerReflection/ServerReflectionInfo"
-        );
-        assert_eq!(
-            RpcStats::method("/letterbox.v1.MessagingService/Made-Up"),
-            "unknown"
-        );
-        assert_eq!(RpcStats::method("/"), "unknown");
-    }
 
     #[test]
     fn the_bearer_token_must_match() {

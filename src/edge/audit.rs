@@ -12,6 +12,8 @@
 
 use std::net::SocketAddr;
 
+use crate::queue::redrive::{RedriveEnd, RedriveSpec, RedriveStep};
+
 /// Who did it: the principal's name and the peer address, if known.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Who<'a> {
@@ -52,4 +54,25 @@ pub(crate) fn refused(who: Who<'_>, action: &str, name: &str, reason: &str) {
         detail = reason,
         "audit: refused {action} {name}"
     );
+}
+
+/// The audit detail of a redrive's end, whichever door started it.
+pub(crate) fn redrive_end(spec: &RedriveSpec, total: &RedriveStep, ended: &RedriveEnd) -> String {
+    match ended {
+        RedriveEnd::Done => format!(
+            "dry_run={} scanned={} matched={} moved={} skipped={} (leased={} no_source={} no_target={} other_kind={})",
+            spec.dry_run,
+            total.scanned,
+            total.matched,
+            total.moved,
+            total.skipped,
+            total.skipped_leased,
+            total.skipped_no_source,
+            total.skipped_no_target,
+            total.skipped_other_kind
+        ),
+        RedriveEnd::ShutDown => format!("stopped by the shutdown: moved={}", total.moved),
+        RedriveEnd::Cancelled => format!("cancelled by the client: moved={}", total.moved),
+        RedriveEnd::Failed(e) => format!("failed: {e}: moved={}", total.moved),
+    }
 }
