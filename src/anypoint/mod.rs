@@ -28,6 +28,7 @@
 //! authentication is off, the local-developer default).
 
 mod admin;
+mod bindings;
 mod broker;
 mod error;
 mod message;

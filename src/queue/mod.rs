@@ -448,6 +448,10 @@ pub(crate) async fn durable(commit: Option<crate::storage::Commit>) -> Result<()
 }
 
 #[cfg(test)]
+mod damage_tests;
+#[cfg(test)]
+mod fifo_rules_tests;
+#[cfg(test)]
 mod fifo_tests;
 #[cfg(test)]
 mod load_tests;
