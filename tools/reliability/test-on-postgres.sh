@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
 # The integration suite against the PostgreSQL store: a throwaway
-# PostgreSQL on loopback (tools/pg-local.sh), and every test server of
+# PostgreSQL on loopback (tools/services/pg-local.sh), and every test server of
 # tests/it keeping its state in a database of its own there
 # (LETTERBOX_TEST_PG, `serve --store`). Left out: the tests of the local
 # data directory itself (its files damaged, deleted, filled or verified
 # offline), the documents, the client ecosystems (they do not touch the
 # store), and the two-node tests (which start PostgreSQL themselves).
 #
-# Usage: tools/test-on-postgres.sh [extra test filters and flags...]
-# (Run under `tools/pg-local.sh run`, which sets PG_LOCAL_URL: a PG_LOCAL_URL
+# Usage: tools/reliability/test-on-postgres.sh [extra test filters and flags...]
+# (Run under `tools/services/pg-local.sh run`, which sets PG_LOCAL_URL: a PG_LOCAL_URL
 # already set is used as the admin URL instead.)
 set -euo pipefail
-cd "$(dirname "$0")/.."
-[ -n "${PG_LOCAL_URL:-}" ] || exec tools/pg-local.sh run tools/test-on-postgres.sh "$@"
+cd "$(dirname "$0")/../.."
+[ -n "${PG_LOCAL_URL:-}" ] || exec tools/services/pg-local.sh run tools/reliability/test-on-postgres.sh "$@"
 # The tests/it binary of `cargo test --workspace` (the README's command,
 # nothing to compile after it): `cargo test -p letterbox --test it` would
 # resolve the root package's features alone and compile its dependencies
