@@ -26,7 +26,7 @@ for line in sys.stdin:
 [ -n "$it" ] || { echo "no tests/it binary built" >&2; exit 1; }
 # Four at a time, as `cargo test` runs them (.cargo/config.toml).
 RUST_TEST_THREADS=${RUST_TEST_THREADS:-4} LETTERBOX_TEST_PG=$PG_LOCAL_URL "$it" "$@" \
-    --skip disk_faults:: --skip verify:: --skip docs:: --skip ecosystem:: --skip ha:: \
+    --skip disk_faults:: --skip verify:: --skip log_damage:: --skip docs:: --skip ecosystem:: --skip ha:: \
     --skip durability::a_second_server_on_the_same_directory_is_refused \
     --skip durability::an_unknown_format_is_refused_and_nothing_is_touched \
     --skip durability::damage_to_acknowledged_log_records_is_refused_at_start \
