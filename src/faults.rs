@@ -1,5 +1,5 @@
 //! Fault injection: the negative controls of the crash tests
-//! (RELIABILITY.md, "Negative controls"; `tools/chaos-controls.sh`).
+//! (RELIABILITY.md, "Negative controls"; `tools/reliability/chaos-controls.sh`).
 //!
 //! Each [`Fault`] breaks one durability or ordering rule on purpose, so
 //! that the chaos tool can show it catches the break. The engine asks

@@ -4,7 +4,7 @@
 //! (SIGSTOP) fenced when it resumes, its writes refused, and stepping
 //! down; PostgreSQL itself down past the owner's lease (the owner stops,
 //! the standby waits and takes over). PostgreSQL is started for each test on a loopback port by
-//! `tools/pg-local.sh` (as the `postgres` user under root); without
+//! `tools/services/pg-local.sh` (as the `postgres` user under root); without
 //! Debian's `postgresql` the tests skip, unless
 //! LETTERBOX_REQUIRE_ECOSYSTEM=1, when they fail.
 
@@ -25,7 +25,7 @@ struct Pg {
 }
 
 fn script() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tools/pg-local.sh")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tools/services/pg-local.sh")
 }
 
 impl Pg {

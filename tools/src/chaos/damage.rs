@@ -227,162 +227,214 @@ pub fn plan(
         // The start refuses this directory already; nothing to add.
         return None;
     }
-    let seg = |n: u64| segment_path(&wal, n);
-    let len = |n: u64| std::fs::metadata(seg(n)).map_or(0, |m| m.len());
-    let one = |n: u64, a: Action| Damage {
-        kind,
-        files: vec![(seg(n), a)],
-        must_refuse: true,
+    let log = Log {
+        wal,
+        present,
+        s,
+        first,
+        cp,
     };
     match kind {
-        // Refused: the checkpoint says the log goes on in it.
-        "delete-log" => Some(one(s, Action::Delete)),
-        // Refused: from S on the segments must be consecutive (or, when
-        // `sizes` lists it, it must exist).
-        "delete-between" => {
-            let last = *present.last()?;
-            let between: Vec<u64> = present
-                .iter()
-                .copied()
-                .filter(|&n| n > s && n < last)
-                .collect();
-            (!between.is_empty()).then(|| one(between[rng.usize(..between.len())], Action::Delete))
+        "delete-log" | "delete-between" | "delete-all" | "zero" | "truncate" => {
+            log.plan_segment(kind, rng)
         }
-        // Refused: S is missing.
-        "delete-all" => Some(Damage {
-            kind,
-            files: present.iter().map(|&n| (seg(n), Action::Delete)).collect(),
-            must_refuse: true,
-        }),
-        // Refused when S's first record was durable at the checkpoint
-        // (F <= N), when the next segment's first record comes after it
-        // (the log filled S), or when `sizes` lists it with its first
-        // record (noted before any record in it was answered): then it
-        // must still be S's first intact frame. Otherwise S holds no
-        // answered record: not applied.
-        "zero" => {
-            let moved_on = first_lsn(&seg(s + 1)).is_some_and(|l| l > first);
-            let listed = cp.first_of(s).is_some();
-            ((first <= cp.applied || moved_on || listed) && len(s) > 0)
-                .then(|| one(s, Action::ZeroFrom(0)))
-        }
-        // Refused: shorter than the size `sizes` recorded.
-        "truncate" => {
-            let listed: Vec<(u64, u64)> = cp
-                .sizes
-                .iter()
-                .map(|&(n, size, _)| (n, size))
-                .filter(|&(n, size)| size >= 2 && len(n) >= size)
-                .collect();
-            if listed.is_empty() {
-                return None;
-            }
-            let (n, size) = listed[rng.usize(..listed.len())];
-            Some(one(n, Action::Truncate(size / 2)))
-        }
-        // A 4 KiB page zeroed over records in the middle of the newest
-        // segment (not its first record, which `sizes` guards, and with
-        // the records of a later write after it): only the look past the
-        // records' end can see it.
-        "zero-page" => {
-            let applied = applied?;
-            let (n, recs) = newest_records(&wal, &present, s)?;
-            let mut candidates = Vec::new();
-            let end = recs.last().map_or(0, Rec::end);
-            for page in (recs[0].end().div_ceil(PAGE)..end.div_ceil(PAGE)).map(|k| k * PAGE) {
-                if page + PAGE > len(n) {
-                    break;
-                }
-                let hit = |r: &&Rec| r.offset < page + PAGE && r.end() > page;
-                let Some(first_hit) = recs.iter().find(hit) else {
-                    continue;
-                };
-                let after = recs.iter().filter(|r| r.offset >= page + PAGE);
-                if stop_refused(first_hit.lsn, applied, after) {
-                    candidates.push((seg(n), Action::ZeroRange(page, PAGE)));
-                }
-            }
-            pick(kind, candidates, true, rng)
-        }
-        // A byte damaged in each of two or three records in a row in the
-        // middle of the newest segment, as for `zero-page`.
-        "damage-frames" => {
-            let applied = applied?;
-            let (n, recs) = newest_records(&wal, &present, s)?;
-            let k = rng.usize(2..=3);
-            let mut candidates = Vec::new();
-            for (i, w) in recs.windows(k).enumerate().skip(1) {
-                if w.iter().any(|r| r.len <= HEADER as u64 + 4) {
-                    continue;
-                }
-                if stop_refused(w[0].lsn, applied, recs[i + k..].iter()) {
-                    let at = w.iter().map(|r| r.offset + r.len - 2).collect();
-                    candidates.push((seg(n), Action::Flip(at)));
-                }
-            }
-            pick(kind, candidates, true, rng)
-        }
-        // The newest segment the log moved into after S, cut short or
-        // zeroed: refused when `sizes` lists it with its first record
-        // (the log writer lists it before answering any record in it; a
-        // crash can fall between its first write and that note, and then
-        // nothing in it was answered).
-        "truncate-new" | "zero-new" => {
-            // The segment holding the newest records (a later-numbered
-            // one may be a reused spare still holding older ones).
-            let (n, _) = newest_records(&wal, &present, s)?;
-            if n == s {
-                return None;
-            }
-            let listed = cp.first_of(n) == first_lsn(&seg(n));
-            let action = if kind == "zero-new" {
-                Action::ZeroFrom(0)
-            } else {
-                Action::Truncate(rng.u64(0..len(n)))
-            };
-            Some(Damage {
-                kind,
-                files: vec![(seg(n), action)],
-                must_refuse: listed,
-            })
-        }
-        // Allowed to go unnoticed, and harmless: bytes after the last
-        // intact record of the log, that are not all zero (a reused
-        // segment's older records, a torn write): in the segment whose
-        // first record is the newest, after its records, or a whole later
-        // segment (its records, if any, are older: left from its earlier
-        // life).
-        "zero-tail" => {
-            let (newest_first, newest) = present
-                .iter()
-                .copied()
-                .filter(|&n| n >= s)
-                .filter_map(|n| Some((first_lsn(&seg(n))?, n)))
-                .max()?;
-            let mut candidates = Vec::new();
-            for n in present.iter().copied().filter(|&n| n >= newest) {
-                let Ok(data) = std::fs::read(seg(n)) else {
-                    continue;
-                };
-                let from = if n == newest {
-                    frames_end(&data)
-                } else if frame_at(&data, 0).is_none_or(|(l, _)| l < newest_first) {
-                    0
-                } else {
-                    // Cannot be: its first record would be the newest.
-                    continue;
-                };
-                if data[from..].iter().any(|&b| b != 0) {
-                    candidates.push((seg(n), Action::ZeroFrom(from as u64)));
-                }
-            }
-            (!candidates.is_empty()).then(|| Damage {
-                kind,
-                files: vec![candidates.swap_remove(rng.usize(..candidates.len()))],
-                must_refuse: false,
-            })
-        }
+        "zero-page" => log.plan_zero_page(applied?, rng),
+        "damage-frames" => log.plan_damage_frames(applied?, rng),
+        "truncate-new" | "zero-new" => log.plan_new_segment(kind, rng),
+        "zero-tail" => log.plan_zero_tail(rng),
         _ => None,
+    }
+}
+
+/// The log as the checkpoint and the segments present describe it.
+struct Log {
+    wal: PathBuf,
+    /// The segments present, by number.
+    present: Vec<u64>,
+    /// The checkpoint's segment, S.
+    s: u64,
+    /// The lsn of S's first record, F.
+    first: u64,
+    cp: Checkpoint,
+}
+
+impl Log {
+    fn seg(&self, n: u64) -> PathBuf {
+        segment_path(&self.wal, n)
+    }
+
+    fn len(&self, n: u64) -> u64 {
+        std::fs::metadata(self.seg(n)).map_or(0, |m| m.len())
+    }
+
+    fn one(&self, kind: &'static str, n: u64, a: Action) -> Damage {
+        Damage {
+            kind,
+            files: vec![(self.seg(n), a)],
+            must_refuse: true,
+        }
+    }
+
+    /// The kinds that delete, zero or cut whole segments the start reads.
+    fn plan_segment(&self, kind: &'static str, rng: &mut fastrand::Rng) -> Option<Damage> {
+        let (s, first, present) = (self.s, self.first, &self.present);
+        match kind {
+            // Refused: the checkpoint says the log goes on in it.
+            "delete-log" => Some(self.one(kind, s, Action::Delete)),
+            // Refused: from S on the segments must be consecutive (or, when
+            // `sizes` lists it, it must exist).
+            "delete-between" => {
+                let last = *present.last()?;
+                let between: Vec<u64> = present
+                    .iter()
+                    .copied()
+                    .filter(|&n| n > s && n < last)
+                    .collect();
+                (!between.is_empty())
+                    .then(|| self.one(kind, between[rng.usize(..between.len())], Action::Delete))
+            }
+            // Refused: S is missing.
+            "delete-all" => Some(Damage {
+                kind,
+                files: present
+                    .iter()
+                    .map(|&n| (self.seg(n), Action::Delete))
+                    .collect(),
+                must_refuse: true,
+            }),
+            // Refused when S's first record was durable at the checkpoint
+            // (F <= N), when the next segment's first record comes after it
+            // (the log filled S), or when `sizes` lists it with its first
+            // record (noted before any record in it was answered): then it
+            // must still be S's first intact frame. Otherwise S holds no
+            // answered record: not applied.
+            "zero" => {
+                let moved_on = first_lsn(&self.seg(s + 1)).is_some_and(|l| l > first);
+                let listed = self.cp.first_of(s).is_some();
+                ((first <= self.cp.applied || moved_on || listed) && self.len(s) > 0)
+                    .then(|| self.one(kind, s, Action::ZeroFrom(0)))
+            }
+            // Refused: shorter than the size `sizes` recorded.
+            "truncate" => {
+                let listed: Vec<(u64, u64)> = self
+                    .cp
+                    .sizes
+                    .iter()
+                    .map(|&(n, size, _)| (n, size))
+                    .filter(|&(n, size)| size >= 2 && self.len(n) >= size)
+                    .collect();
+                if listed.is_empty() {
+                    return None;
+                }
+                let (n, size) = listed[rng.usize(..listed.len())];
+                Some(self.one(kind, n, Action::Truncate(size / 2)))
+            }
+            _ => None,
+        }
+    }
+
+    /// A 4 KiB page zeroed over records in the middle of the newest
+    /// segment (not its first record, which `sizes` guards, and with the
+    /// records of a later write after it): only the look past the
+    /// records' end can see it.
+    fn plan_zero_page(&self, applied: u64, rng: &mut fastrand::Rng) -> Option<Damage> {
+        let (n, recs) = newest_records(&self.wal, &self.present, self.s)?;
+        let mut candidates = Vec::new();
+        let end = recs.last().map_or(0, Rec::end);
+        for page in (recs[0].end().div_ceil(PAGE)..end.div_ceil(PAGE)).map(|k| k * PAGE) {
+            if page + PAGE > self.len(n) {
+                break;
+            }
+            let hit = |r: &&Rec| r.offset < page + PAGE && r.end() > page;
+            let Some(first_hit) = recs.iter().find(hit) else {
+                continue;
+            };
+            let after = recs.iter().filter(|r| r.offset >= page + PAGE);
+            if stop_refused(first_hit.lsn, applied, after) {
+                candidates.push((self.seg(n), Action::ZeroRange(page, PAGE)));
+            }
+        }
+        pick("zero-page", candidates, true, rng)
+    }
+
+    /// A byte damaged in each of two or three records in a row in the
+    /// middle of the newest segment, as for `zero-page`.
+    fn plan_damage_frames(&self, applied: u64, rng: &mut fastrand::Rng) -> Option<Damage> {
+        let (n, recs) = newest_records(&self.wal, &self.present, self.s)?;
+        let k = rng.usize(2..=3);
+        let mut candidates = Vec::new();
+        for (i, w) in recs.windows(k).enumerate().skip(1) {
+            if w.iter().any(|r| r.len <= HEADER as u64 + 4) {
+                continue;
+            }
+            if stop_refused(w[0].lsn, applied, recs[i + k..].iter()) {
+                let at = w.iter().map(|r| r.offset + r.len - 2).collect();
+                candidates.push((self.seg(n), Action::Flip(at)));
+            }
+        }
+        pick("damage-frames", candidates, true, rng)
+    }
+
+    /// The newest segment the log moved into after S, cut short or
+    /// zeroed: refused when `sizes` lists it with its first record (the
+    /// log writer lists it before answering any record in it; a crash can
+    /// fall between its first write and that note, and then nothing in it
+    /// was answered).
+    fn plan_new_segment(&self, kind: &'static str, rng: &mut fastrand::Rng) -> Option<Damage> {
+        // The segment holding the newest records (a later-numbered
+        // one may be a reused spare still holding older ones).
+        let (n, _) = newest_records(&self.wal, &self.present, self.s)?;
+        if n == self.s {
+            return None;
+        }
+        let listed = self.cp.first_of(n) == first_lsn(&self.seg(n));
+        let action = if kind == "zero-new" {
+            Action::ZeroFrom(0)
+        } else {
+            Action::Truncate(rng.u64(0..self.len(n)))
+        };
+        Some(Damage {
+            kind,
+            files: vec![(self.seg(n), action)],
+            must_refuse: listed,
+        })
+    }
+
+    /// Allowed to go unnoticed, and harmless: bytes after the last intact
+    /// record of the log, that are not all zero (a reused segment's older
+    /// records, a torn write): in the segment whose first record is the
+    /// newest, after its records, or a whole later segment (its records,
+    /// if any, are older: left from its earlier life).
+    fn plan_zero_tail(&self, rng: &mut fastrand::Rng) -> Option<Damage> {
+        let (newest_first, newest) = self
+            .present
+            .iter()
+            .copied()
+            .filter(|&n| n >= self.s)
+            .filter_map(|n| Some((first_lsn(&self.seg(n))?, n)))
+            .max()?;
+        let mut candidates = Vec::new();
+        for n in self.present.iter().copied().filter(|&n| n >= newest) {
+            let Ok(data) = std::fs::read(self.seg(n)) else {
+                continue;
+            };
+            let from = if n == newest {
+                frames_end(&data)
+            } else if frame_at(&data, 0).is_none_or(|(l, _)| l < newest_first) {
+                0
+            } else {
+                // Cannot be: its first record would be the newest.
+                continue;
+            };
+            if data[from..].iter().any(|&b| b != 0) {
+                candidates.push((self.seg(n), Action::ZeroFrom(from as u64)));
+            }
+        }
+        (!candidates.is_empty()).then(|| Damage {
+            kind: "zero-tail",
+            files: vec![candidates.swap_remove(rng.usize(..candidates.len()))],
+            must_refuse: false,
+        })
     }
 }
 

@@ -1260,13 +1260,7 @@ pub async fn stream_consumer(sh: Arc<Shared>) -> anyhow::Result<()> {
             }
         };
         let session_end = tokio::time::Instant::now() + Duration::from_millis(rng.u64(1000..4000));
-        // token → delivery index (unsettled ones; all of the stream's);
-        // request id → (kind, deliveries, invoked)
-        let mut unsettled: HashMap<String, usize> = HashMap::new();
-        let mut mates = Mates::new();
-        let mut pending: HashMap<u64, (SettleKind, Vec<usize>, Stamp)> = HashMap::new();
-        let mut next_req = 1u64;
-        let mut dropped = false;
+        let mut session = Session::new();
         loop {
             let msg = tokio::select! {
                 m = stream.message() => m,
@@ -1282,88 +1276,14 @@ pub async fn stream_consumer(sh: Arc<Shared>) -> anyhow::Result<()> {
             };
             match resp.kind {
                 Some(Out::Deliveries(batch)) => {
-                    let call = sh.hist.call_id();
-                    let mut got = Vec::with_capacity(batch.deliveries.len());
-                    for d in &batch.deliveries {
-                        let idx = record_delivery(&sh, d, call, &queue, inv, true, &name);
-                        unsettled.insert(d.ack_token.clone(), idx);
-                        mates.insert(d.ack_token.clone(), idx);
-                        got.push((idx, d));
-                    }
-                    for (idx, d) in got {
-                        let kind = match action(&sh, &queue, &d.message_id, d.failed_attempts) {
-                            Action::Drop => {
-                                dropped = true;
-                                break;
-                            }
-                            Action::Nack => SettleKind::Nack,
-                            _ => SettleKind::Ack,
-                        };
-                        let id = next_req;
-                        next_req += 1;
-                        let req = match kind {
-                            SettleKind::Nack => In::Nack(pb::StreamNack {
-                                request_id: id,
-                                items: vec![pb::NackItem {
-                                    ack_token: d.ack_token.clone(),
-                                    reason: "chaos".into(),
-                                    ..Default::default()
-                                }],
-                            }),
-                            _ => In::Ack(pb::StreamAck {
-                                request_id: id,
-                                ack_tokens: vec![d.ack_token.clone()],
-                            }),
-                        };
-                        pending.insert(id, (kind, vec![idx], sh.hist.now()));
-                        unsettled.remove(&d.ack_token);
-                        if tx
-                            .send(pb::SubscribeRequest { kind: Some(req) })
-                            .await
-                            .is_err()
-                        {
-                            break;
-                        }
-                    }
+                    let dropped = session
+                        .deliveries(&sh, &batch, &queue, inv, &name, &tx)
+                        .await;
                     if dropped {
                         break;
                     }
                 }
-                Some(Out::Settled(s)) => {
-                    if let Some((kind, idxs, inv)) = pending.remove(&s.request_id) {
-                        let done = sh.hist.now();
-                        for (i, idx) in idxs.into_iter().enumerate() {
-                            let result = if s.code != 0 {
-                                // Classified as a unary call's status is:
-                                // only the codes that say nothing was done
-                                // are a failure.
-                                SettleResult::Call(Outcome::from_status(&tonic::Status::new(
-                                    tonic::Code::from(s.code),
-                                    s.error.clone(),
-                                )))
-                            } else {
-                                match s.results.get(i) {
-                                    Some(r) => settle_result(r),
-                                    None => no_result(),
-                                }
-                            };
-                            sh.hist.settle(Settle {
-                                delivery: idx,
-                                kind,
-                                inv,
-                                done,
-                                result,
-                                timeout_ms: 0,
-                            });
-                        }
-                        // Later deliveries of a nacked message's group,
-                        // released with it: no longer this stream's.
-                        record_released(&sh, &s.released, &mates, inv);
-                        for r in &s.released {
-                            unsettled.remove(&r.ack_token);
-                        }
-                    }
-                }
+                Some(Out::Settled(s)) => session.settled(&sh, &s),
                 None => {}
             }
         }
@@ -1372,8 +1292,132 @@ pub async fn stream_consumer(sh: Arc<Shared>) -> anyhow::Result<()> {
         // settles not yet answered may or may not have been done.
         drop(tx);
         drop(stream);
+        session.closed(&sh);
+    }
+    Ok(())
+}
+
+/// One Subscribe stream's deliveries and settles, as its consumer knows
+/// them.
+struct Session {
+    /// Token → delivery index, of the stream's deliveries not settled.
+    unsettled: HashMap<String, usize>,
+    /// Token → delivery index, of all the stream's deliveries.
+    mates: Mates,
+    /// Settle request id → (kind, deliveries, invoked), not answered yet.
+    pending: HashMap<u64, (SettleKind, Vec<usize>, Stamp)>,
+    next_req: u64,
+}
+
+impl Session {
+    fn new() -> Session {
+        Session {
+            unsettled: HashMap::new(),
+            mates: Mates::new(),
+            pending: HashMap::new(),
+            next_req: 1,
+        }
+    }
+
+    /// Records a batch of deliveries and settles each on the stream (an
+    /// ack, or a nack for a message to fail); true when a `Vanish`
+    /// message's first delivery means the stream is to be dropped.
+    async fn deliveries(
+        &mut self,
+        sh: &Shared,
+        batch: &pb::DeliveryBatch,
+        queue: &str,
+        inv: Stamp,
+        name: &str,
+        tx: &mpsc::Sender<pb::SubscribeRequest>,
+    ) -> bool {
+        use letterbox::pb::subscribe_request::Kind as In;
+        let call = sh.hist.call_id();
+        let mut got = Vec::with_capacity(batch.deliveries.len());
+        for d in &batch.deliveries {
+            let idx = record_delivery(sh, d, call, queue, inv, true, name);
+            self.unsettled.insert(d.ack_token.clone(), idx);
+            self.mates.insert(d.ack_token.clone(), idx);
+            got.push((idx, d));
+        }
+        for (idx, d) in got {
+            let kind = match action(sh, queue, &d.message_id, d.failed_attempts) {
+                Action::Drop => return true,
+                Action::Nack => SettleKind::Nack,
+                _ => SettleKind::Ack,
+            };
+            let id = self.next_req;
+            self.next_req += 1;
+            let req = match kind {
+                SettleKind::Nack => In::Nack(pb::StreamNack {
+                    request_id: id,
+                    items: vec![pb::NackItem {
+                        ack_token: d.ack_token.clone(),
+                        reason: "chaos".into(),
+                        ..Default::default()
+                    }],
+                }),
+                _ => In::Ack(pb::StreamAck {
+                    request_id: id,
+                    ack_tokens: vec![d.ack_token.clone()],
+                }),
+            };
+            self.pending.insert(id, (kind, vec![idx], sh.hist.now()));
+            self.unsettled.remove(&d.ack_token);
+            if tx
+                .send(pb::SubscribeRequest { kind: Some(req) })
+                .await
+                .is_err()
+            {
+                break;
+            }
+        }
+        false
+    }
+
+    /// Records the answer to a settle request, and the deliveries of a
+    /// nacked message's group released with it.
+    fn settled(&mut self, sh: &Shared, s: &pb::StreamSettled) {
+        let Some((kind, idxs, inv)) = self.pending.remove(&s.request_id) else {
+            return;
+        };
+        let done = sh.hist.now();
+        for (i, idx) in idxs.into_iter().enumerate() {
+            let result = if s.code != 0 {
+                // Classified as a unary call's status is: only the codes
+                // that say nothing was done are a failure.
+                SettleResult::Call(Outcome::from_status(&tonic::Status::new(
+                    tonic::Code::from(s.code),
+                    s.error.clone(),
+                )))
+            } else {
+                match s.results.get(i) {
+                    Some(r) => settle_result(r),
+                    None => no_result(),
+                }
+            };
+            sh.hist.settle(Settle {
+                delivery: idx,
+                kind,
+                inv,
+                done,
+                result,
+                timeout_ms: 0,
+            });
+        }
+        // Later deliveries of a nacked message's group, released with it:
+        // no longer this stream's.
+        record_released(sh, &s.released, &self.mates, inv);
+        for r in &s.released {
+            self.unsettled.remove(&r.ack_token);
+        }
+    }
+
+    /// The stream is closed: its unsettled deliveries are released, and
+    /// its settles not answered may or may not have been done.
+    fn closed(self, sh: &Shared) {
         let now = sh.hist.now();
-        for (_, idx) in unsettled {
+        for (_, idx) in self.unsettled {
             sh.hist.settle(Settle {
                 delivery: idx,
                 kind: SettleKind::Release,
@@ -1383,7 +1427,7 @@ pub async fn stream_consumer(sh: Arc<Shared>) -> anyhow::Result<()> {
                 timeout_ms: 0,
             });
         }
-        for (_, (kind, idxs, inv)) in pending {
+        for (_, (kind, idxs, inv)) in self.pending {
             for idx in idxs {
                 sh.hist.settle(Settle {
                     delivery: idx,
@@ -1399,7 +1443,6 @@ pub async fn stream_consumer(sh: Arc<Shared>) -> anyhow::Result<()> {
             }
         }
     }
-    Ok(())
 }
 
 /// Queues the admin worker plays with.

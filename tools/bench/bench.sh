@@ -5,27 +5,27 @@
 # workload against every target REPS times, write results + a markdown report,
 # stop what was started.
 #
-#   tools/bench.sh                     # full run (~35 min on 2 cores)
-#   QUICK=1 tools/bench.sh             # smoke test: N/20, 1 rep, short disk test
-#   DIV=4 REPS=1 tools/bench.sh        # every count divided by 4, one rep (~15 min)
-#   TARGETS="letterbox" tools/bench.sh # Letterbox alone (no RabbitMQ/NATS needed)
+#   tools/bench/bench.sh                     # full run (~35 min on 2 cores)
+#   QUICK=1 tools/bench/bench.sh             # smoke test: N/20, 1 rep, short disk test
+#   DIV=4 REPS=1 tools/bench/bench.sh        # every count divided by 4, one rep (~15 min)
+#   TARGETS="letterbox" tools/bench/bench.sh # Letterbox alone (no RabbitMQ/NATS needed)
 #   TARGETS="letterbox letterbox-pg letterbox-patroni rabbit-quorum" \
-#     ROWS_MATCH='publish-durable' tools/bench.sh   # Letterbox on PostgreSQL too
+#     ROWS_MATCH='publish-durable' tools/bench/bench.sh   # Letterbox on PostgreSQL too
 #
-# letterbox-pg: the server with --store on a throwaway PostgreSQL (tools/pg-local.sh,
+# letterbox-pg: the server with --store on a throwaway PostgreSQL (tools/services/pg-local.sh,
 # same disk, fsync on); letterbox-patroni: on a 3-node Patroni cluster with a
-# synchronous standby (tools/patroni-cluster.sh, multi-host URL,
+# synchronous standby (tools/services/patroni-cluster.sh, multi-host URL,
 # target_session_attrs=read-write). loadgen drives both as `--target letterbox`
 # at their own address; their results are renamed to the target's name. Their CPU
 # column is the Letterbox process alone (not PostgreSQL's).
 #
 # rabbit-quorum-3: RabbitMQ's quorum queues with 3 members on a 3-node cluster on
-# loopback (tools/rabbit-cluster.sh under $QBENCH_PEER_DIR/rabbit-cluster, AMQP
+# loopback (tools/services/rabbit-cluster.sh under $QBENCH_PEER_DIR/rabbit-cluster, AMQP
 # 5681-5683, epmd 4370; loadgen connects to the first node), the like-for-like
 # peer of letterbox-patroni (rabbit-quorum is one node, so its queue is not
 # replicated). It runs the RabbitMQ rows too; its CPU figure is the three
 # beam.smp processes together.
-#   TARGETS="letterbox-patroni rabbit-quorum rabbit-quorum-3" tools/bench.sh
+#   TARGETS="letterbox-patroni rabbit-quorum rabbit-quorum-3" tools/bench/bench.sh
 #
 # Env: REPS (3), TARGETS ("letterbox rabbit-quorum rabbit-classic nats-js"), OUT (results dir),
 #      ORDER (rows: each row on every target, repetitions alternating between the
@@ -42,9 +42,10 @@
 #      RABBIT_CLUSTER_AMQP_PORT (5681), RABBIT_CLUSTER_DIST_PORT (25681),
 #      RABBIT_CLUSTER_EPMD_PORT (4370): rabbit-quorum-3's cluster (rabbit-cluster.sh)
 set -euo pipefail
-HERE=$(cd "$(dirname "$0")" && pwd)
-ROOT=$(cd "$HERE/.." && pwd)
-cd "$HERE"
+. "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
+ROOT=$REPO_ROOT
+# the scripts that start and stop what the targets run on
+cd "$TOOLS_DIR/services"
 QUICK=${QUICK:-0}
 REPS=${REPS:-3}
 [ "$QUICK" = 1 ] && REPS=${REPS_QUICK:-1}
@@ -53,7 +54,7 @@ ORDER=${ORDER:-rows}
 SETTLE=${SETTLE:-1}
 SETTLE_MAX=${SETTLE_MAX:-20}
 suffix=""; [ "$QUICK" = 1 ] && suffix=-quick
-OUT=${OUT:-$HERE/results/$(date -u +%Y%m%dT%H%M%SZ)$suffix}
+OUT=${OUT:-$TOOLS_DIR/results/$(date -u +%Y%m%dT%H%M%SZ)$suffix}
 PEERS=${QBENCH_PEER_DIR:-/tmp/qbench-peers}
 export QBENCH_PEER_DIR=$PEERS
 FRESH=${QBENCH_FRESH:-1}
@@ -61,7 +62,6 @@ LETTERBOX_PORT=${LETTERBOX_PORT:-50051}
 export LOADGEN_LETTERBOX_URL=http://127.0.0.1:$LETTERBOX_PORT
 LETTERBOX_METRICS_PORT=${LETTERBOX_METRICS_PORT:-50052}
 export LOADGEN_LETTERBOX_METRICS_URL=http://127.0.0.1:$LETTERBOX_METRICS_PORT/metrics
-TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 mkdir -p "$OUT"
 CMDS=$OUT/commands.txt
 : > "$CMDS"
@@ -90,38 +90,21 @@ echo "== build" >&2
 B=$TARGET_DIR/release/loadgen
 
 LB=$PEERS/letterbox
-wait_port() { # host port timeout_s
-  local end=$((SECONDS + $3))
-  while [ $SECONDS -lt $end ]; do
-    if (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; then return 0; fi
-    sleep 0.2
-  done
-  return 1
-}
-
-start_letterbox() { # [dir port metrics_port [serve args]] (default: the local target)
+up_letterbox() { # [dir port metrics_port [serve args]] (default: the local target)
   local LB=${1:-$LB} LETTERBOX_PORT=${2:-$LETTERBOX_PORT} LETTERBOX_METRICS_PORT=${3:-$LETTERBOX_METRICS_PORT}
   shift $(( $# < 3 ? $# : 3 ))
   [ $# -gt 0 ] || set -- --data-dir "$LB/data"
-  if [ -f "$LB/server.pid" ] && kill -0 "$(cat "$LB/server.pid")" 2>/dev/null; then
+  if pidfile_alive "$LB/server.pid"; then
     echo "letterbox already running (pid $(cat "$LB/server.pid"))" >&2; return
   fi
-  if (exec 3<>"/dev/tcp/127.0.0.1/$LETTERBOX_PORT") 2>/dev/null; then
+  if port_open "$LETTERBOX_PORT"; then
     echo "something else listens on 127.0.0.1:$LETTERBOX_PORT; stop it or set LETTERBOX_PORT" >&2
     exit 1
   fi
   [ "$FRESH" = 1 ] && rm -rf "$LB"
-  mkdir -p "$LB"
-  setsid "$TARGET_DIR/release/letterbox" serve "$@" \
-      --listen "127.0.0.1:$LETTERBOX_PORT" --metrics-listen "127.0.0.1:$LETTERBOX_METRICS_PORT" \
-      > "$LB/server.log" 2>&1 < /dev/null &
-  echo $! > "$LB/server.pid"
-  if ! wait_port 127.0.0.1 "$LETTERBOX_PORT" 30; then
-    echo "letterbox did not open 127.0.0.1:$LETTERBOX_PORT in 30s; see $LB/server.log" >&2
-    tail -30 "$LB/server.log" >&2 || true
-    exit 1
-  fi
-  echo "letterbox up: http://127.0.0.1:$LETTERBOX_PORT (pid $(cat "$LB/server.pid"), $*)" >&2
+  serve_letterbox "$LB" "$TARGET_DIR/release/letterbox" "$@" \
+      --listen "127.0.0.1:$LETTERBOX_PORT" --metrics-listen "127.0.0.1:$LETTERBOX_METRICS_PORT"
+  echo "letterbox up: $SERVER_URL (pid $SERVER_PID, $*)" >&2
 }
 
 # letterbox-pg / letterbox-patroni: the server's directory and port
@@ -133,20 +116,7 @@ QBENCH_PG_PORT=${QBENCH_PG_PORT:-5439}
 RABBIT_CLUSTER=$PEERS/rabbit-cluster
 
 stop_letterbox() { # [dir] SIGTERM (graceful: finishes calls, checkpoints), KILL after 30 s
-  local f=${1:-$LB}/server.pid
-  [ -f "$f" ] || return 0
-  local pid; pid=$(cat "$f")
-  if kill -0 "$pid" 2>/dev/null; then
-    kill -TERM "$pid" 2>/dev/null
-    local end=$((SECONDS + 30))
-    while kill -0 "$pid" 2>/dev/null && [ $SECONDS -lt $end ]; do sleep 0.2; done
-    if kill -0 "$pid" 2>/dev/null; then
-      echo "letterbox (pid $pid) did not exit after 30s; KILL" >&2
-      kill -KILL "$pid" 2>/dev/null
-    fi
-    echo "stopped letterbox (pid $pid)" >&2
-  fi
-  rm -f "$f"
+  stop_pidfile "${1:-$LB}/server.pid" 30 letterbox
 }
 
 cleanup() {
@@ -155,7 +125,7 @@ cleanup() {
     if [ "$want_pg" = 1 ]; then stop_letterbox "$LB_PG"; ./pg-local.sh stop "$PEERS/pg" || true; fi
     if [ "$want_patroni" = 1 ]; then stop_letterbox "$LB_PATRONI"; ./patroni-cluster.sh stop "$PEERS/patroni" || true; fi
     if [ "$want_rabbit_cluster" = 1 ]; then ./rabbit-cluster.sh stop "$RABBIT_CLUSTER" >&2 || true; fi
-    [ ${#peers[@]} -gt 0 ] && scripts/stop-peers.sh "${peers[@]}"
+    [ ${#peers[@]} -gt 0 ] && ./stop-peers.sh "${peers[@]}"
   fi
   return 0
 }
@@ -163,19 +133,19 @@ trap cleanup EXIT
 
 if [ "$want_letterbox" = 1 ]; then
   echo "== start letterbox" >&2
-  start_letterbox
+  up_letterbox
 fi
 if [ "$want_pg" = 1 ]; then
   echo "== start letterbox on PostgreSQL (pg-local.sh)" >&2
   [ "$FRESH" = 1 ] && rm -rf "$PEERS/pg"
   pg_url=$(./pg-local.sh start "$PEERS/pg" "$QBENCH_PG_PORT")
-  start_letterbox "$LB_PG" "$LETTERBOX_PG_PORT" $((LETTERBOX_PG_PORT + 1)) --store "$pg_url" --node-name bench-pg
+  up_letterbox "$LB_PG" "$LETTERBOX_PG_PORT" $((LETTERBOX_PG_PORT + 1)) --store "$pg_url" --node-name bench-pg
 fi
 if [ "$want_patroni" = 1 ]; then
   echo "== start letterbox on Patroni (patroni-cluster.sh)" >&2
   [ "$FRESH" = 1 ] && rm -rf "$PEERS/patroni"
   ./patroni-cluster.sh start "$PEERS/patroni" >&2
-  start_letterbox "$LB_PATRONI" "$LETTERBOX_PATRONI_PORT" $((LETTERBOX_PATRONI_PORT + 1)) \
+  up_letterbox "$LB_PATRONI" "$LETTERBOX_PATRONI_PORT" $((LETTERBOX_PATRONI_PORT + 1)) \
     --store "$(./patroni-cluster.sh url "$PEERS/patroni")" --node-name bench-patroni
 fi
 if [ "$want_rabbit_cluster" = 1 ]; then
@@ -188,7 +158,7 @@ if [ "$want_rabbit_cluster" = 1 ]; then
 fi
 if [ ${#peers[@]} -gt 0 ]; then
   echo "== start peers: ${peers[*]}" >&2
-  scripts/start-peers.sh "${peers[@]}"
+  ./start-peers.sh "${peers[@]}"
 fi
 
 {
@@ -213,7 +183,7 @@ if [ "${SKIP_DISK:-0}" != 1 ]; then
   if command -v fio > /dev/null; then
     echo "== disk limits (fio)" >&2
     secs=20; [ "$QUICK" = 1 ] && secs=3
-    QBENCH_DISK_SECS=$secs scripts/disk-limit.sh "$OUT/disk"
+    QBENCH_DISK_SECS=$secs "$TOOLS_DIR/bench/disk-limit.sh" "$OUT/disk"
     cat "$OUT/disk/commands.txt" >> "$CMDS"
   else
     echo "== disk limits skipped: fio not installed (apt-get install -y fio)" >&2
@@ -355,10 +325,10 @@ fi
 # JetStream with an fsync before every PubAck needs `sync_interval: always` (nats-server 2.10+).
 if has_target nats-js; then
   echo "== nats sync_interval: always" >&2
-  scripts/nats-sync-always-check.sh | tee "$OUT/nats-sync-always.txt" >&2
+  "$TOOLS_DIR/bench/nats-sync-always-check.sh" | tee "$OUT/nats-sync-always.txt" >&2
   if grep -q '^supported' "$OUT/nats-sync-always.txt"; then
-    scripts/stop-peers.sh nats
-    QBENCH_NATS_SYNC=always scripts/start-peers.sh nats
+    ./stop-peers.sh nats
+    QBENCH_NATS_SYNC=always ./start-peers.sh nats
     for w in 1 64 1024; do
       if [ $w = 1 ]; then n=$(scale 50000); else n=$(scale 200000); fi
       q nats-js 1 "$REPS" --workload publish-durable --window $w --count "$n" --max-secs 60 --label sync_interval=always

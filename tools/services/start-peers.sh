@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# loadgen: start the peer brokers (RabbitMQ, NATS JetStream) that tools/bench.sh
+# loadgen: start the peer brokers (RabbitMQ, NATS JetStream) that tools/bench/bench.sh
 # measures next to Letterbox, bound to loopback only, with all
 # state under $QBENCH_PEER_DIR (default /tmp/qbench-peers). Not system
 # services: plain background processes whose PIDs are written to
@@ -12,6 +12,7 @@
 #   QBENCH_FRESH=1    wipe broker data before starting (default 1)
 #   AMQP_PORT (5672), NATS_PORT (4222), EPMD_PORT (4369), RABBIT_DIST_PORT (25672)
 set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 
 ROOT=${QBENCH_PEER_DIR:-/tmp/qbench-peers}
 FRESH=${QBENCH_FRESH:-1}
@@ -25,20 +26,9 @@ which=("$@")
 
 mkdir -p "$ROOT"
 
-alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
-
-wait_port() { # host port timeout_s
-  local end=$((SECONDS + $3))
-  while [ $SECONDS -lt $end ]; do
-    if (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; then return 0; fi
-    sleep 0.2
-  done
-  return 1
-}
-
 start_rabbitmq() ( # subshell: the exports below stay local
   R=$ROOT/rabbitmq
-  if alive "$R/server.pid"; then echo "rabbitmq already running (pid $(cat "$R/server.pid"))"; return; fi
+  if pidfile_alive "$R/server.pid"; then echo "rabbitmq already running (pid $(cat "$R/server.pid"))"; return; fi
   [ "$FRESH" = 1 ] && rm -rf "$R"
   mkdir -p "$R/mnesia" "$R/log" "$R/home"
   cat > "$R/rabbitmq.conf" <<EOF
@@ -68,18 +58,18 @@ EOF
   export ERL_EPMD_PORT=$EPMD_PORT
   export ERL_CRASH_DUMP="$R/log/erl_crash.dump"
   # Our own epmd (loopback only, foreground process so we know its PID).
-  if ! alive "$R/epmd.pid"; then
-    if (exec 3<>"/dev/tcp/127.0.0.1/$EPMD_PORT") 2>/dev/null; then
+  if ! pidfile_alive "$R/epmd.pid"; then
+    if port_open "$EPMD_PORT"; then
       echo "note: an epmd is already listening on $EPMD_PORT; using it (not ours, will not stop it)"
     else
       setsid epmd -address 127.0.0.1 -port "$EPMD_PORT" > "$R/log/epmd.log" 2>&1 < /dev/null &
       echo $! > "$R/epmd.pid"
-      wait_port 127.0.0.1 "$EPMD_PORT" 10 || { echo "epmd did not start"; exit 1; }
+      wait_port "$EPMD_PORT" 10 || { echo "epmd did not start"; exit 1; }
     fi
   fi
   setsid /usr/lib/rabbitmq/bin/rabbitmq-server > "$R/log/stdout.log" 2>&1 < /dev/null &
   echo $! > "$R/server.pid"
-  if ! wait_port 127.0.0.1 "$AMQP_PORT" 90; then
+  if ! wait_port "$AMQP_PORT" 90; then
     echo "rabbitmq did not open 127.0.0.1:$AMQP_PORT in 90s; see $R/log" >&2
     tail -30 "$R/log/stdout.log" >&2 || true
     exit 1
@@ -89,7 +79,7 @@ EOF
 
 start_nats() {
   local N=$ROOT/nats
-  if alive "$N/server.pid"; then echo "nats already running (pid $(cat "$N/server.pid"))"; return; fi
+  if pidfile_alive "$N/server.pid"; then echo "nats already running (pid $(cat "$N/server.pid"))"; return; fi
   [ "$FRESH" = 1 ] && rm -rf "$N"
   mkdir -p "$N/js"
   # NATS 2.9.x: no sync_interval option (added in 2.10.0); the file store is
@@ -106,7 +96,7 @@ $sync_line
 EOF
   setsid nats-server -c "$N/nats.conf" > "$N/nats.log" 2>&1 < /dev/null &
   echo $! > "$N/server.pid"
-  if ! wait_port 127.0.0.1 "$NATS_PORT" 30; then
+  if ! wait_port "$NATS_PORT" 30; then
     echo "nats did not open 127.0.0.1:$NATS_PORT; see $N/nats.log" >&2
     tail -30 "$N/nats.log" >&2 || true
     exit 1

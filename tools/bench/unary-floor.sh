@@ -5,8 +5,8 @@
 # Letterbox, all driven by the same loadgen client code, at several
 # in-flight windows, the rows interleaved within each repetition.
 #
-#   tools/unary-floor.sh                 # REPS=3 WINDOWS="1 64 1024" CONNS="1"
-#   REPS=5 CONNS="1 4" OUT=/tmp/uf tools/unary-floor.sh
+#   tools/bench/unary-floor.sh           # REPS=3 WINDOWS="1 64 1024" CONNS="1"
+#   REPS=5 CONNS="1 4" OUT=/tmp/uf tools/bench/unary-floor.sh
 #
 # Variables: REPS (3), WINDOWS ("1 64 1024"), CONNS (HTTP/2 connections of
 # the unary publisher, "1"; each value is a row of its own), ROWS
@@ -17,9 +17,8 @@
 # and loadgen's (`client_cpu_s`); the summary prints medians and min-max
 # over the repetitions, and the server's CPU microseconds per message.
 set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 
-HERE=$(cd "$(dirname "$0")/.." && pwd)
-TARGET_DIR=${CARGO_TARGET_DIR:-$HERE/target}
 SERVER=${SERVER:-$TARGET_DIR/release/letterbox}
 FLOOR=${FLOOR:-$TARGET_DIR/release/tonic-floor}
 LOADGEN=${LOADGEN:-$TARGET_DIR/release/loadgen}
@@ -28,7 +27,6 @@ WINDOWS=${WINDOWS:-1 64 1024}
 CONNS=${CONNS:-1}
 ROWS=${ROWS:-floor unary stream}
 CLIENT_THREADS=${CLIENT_THREADS:-0}
-LB_PORT=${LB_PORT:-7431}
 FLOOR_PORT=${FLOOR_PORT:-7432}
 if [ -n "${OUT:-}" ]; then
     mkdir -p "$OUT"
@@ -49,24 +47,22 @@ count_for() {
 }
 
 rm -rf "$WORK/data"
-setsid "$SERVER" serve --data-dir "$WORK/data" --listen "127.0.0.1:$LB_PORT" \
-    > "$WORK/server.log" 2>&1 &
-lb=$!
-setsid "$FLOOR" --listen "127.0.0.1:$FLOOR_PORT" > "$WORK/floor.log" 2>&1 &
+lb="" floor=""
+trap 'for p in $lb $floor; do stop_pid "$p"; done; [ -n "${OUT:-}" ] || rm -rf "$WORK"' EXIT
+start_letterbox "$WORK" "$SERVER" --data-dir "$WORK/data" --listen 127.0.0.1:0
+lb=$SERVER_JOB
+setsid "$FLOOR" --listen "127.0.0.1:$FLOOR_PORT" > "$WORK/floor.log" 2>&1 < /dev/null &
 floor=$!
-trap 'kill -TERM $lb $floor 2>/dev/null || true; wait $lb $floor 2>/dev/null || true; [ -n "${OUT:-}" ] || rm -rf "$WORK"' EXIT
-for _ in $(seq 100); do
-    grep -q "127.0.0.1:$LB_PORT" "$WORK/server.log" 2>/dev/null \
-        && grep -q "listening" "$WORK/floor.log" 2>/dev/null && break
-    sleep 0.1
-done
+wait_letterbox "$WORK"
+LB_URL=$SERVER_URL
+wait_port "$FLOOR_PORT" 10 || { echo "tonic-floor did not open 127.0.0.1:$FLOOR_PORT:" >&2; cat "$WORK/floor.log" >&2; exit 1; }
 
 run() { # row window conns rep
     local row=$1 w=$2 c=$3 rep=$4 target url pid mode
     case $row in
         floor) target=tonic-floor url=http://127.0.0.1:$FLOOR_PORT pid=$floor mode=unary ;;
-        unary) target=letterbox url=http://127.0.0.1:$LB_PORT pid=$lb mode=unary ;;
-        stream) target=letterbox url=http://127.0.0.1:$LB_PORT pid=$lb mode=stream ;;
+        unary) target=letterbox url=$LB_URL pid=$lb mode=unary ;;
+        stream) target=letterbox url=$LB_URL pid=$lb mode=stream ;;
         *) echo "unknown row $row" >&2; exit 2 ;;
     esac
     LOADGEN_LETTERBOX_PUBLISH=$mode LOADGEN_LETTERBOX_CONNECTIONS=$c "$LOADGEN" run \

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds tools/scripts/unary_publish_go (unary Publish from Go's generated
+# Builds tools/bench/clients/unary_publish_go (unary Publish from Go's generated
 # client, see its main.go) offline, from Debian's packages: golang-go,
 # golang-google-grpc-dev, golang-google-protobuf-dev,
 # golang-github-golang-protobuf-1-5-dev (grpc-go's codec goes through it;
@@ -8,12 +8,12 @@
 # proto/ into a scratch GOPATH beside Debian's /usr/share/gocode and built
 # there without modules (nothing is downloaded). Prints the binary's path.
 #
-#   bin=$(tools/scripts/unary-publish-go.sh)
+#   bin=$(tools/bench/clients/unary-publish-go.sh)
 #   $bin -target 127.0.0.1:50051 -queue bench -window 64 -count 20000
 #
 # OUT (the binary, default target/unary-publish-go).
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../../.."
 out=${OUT:-target/unary-publish-go}
 gopath=$(mktemp -d)
 trap 'rm -rf "$gopath"' EXIT
@@ -25,7 +25,7 @@ protoc -I proto \
   letterbox/v1/letterbox.proto
 # paths=source_relative writes letterbox/v1/ under the out directory.
 mv "$gopath/src/letterbox/v1/letterbox/v1/"*.go "$gopath/src/letterbox/v1/"
-cp tools/scripts/unary_publish_go/main.go "$gopath/src/unarypublish/"
+cp tools/bench/clients/unary_publish_go/main.go "$gopath/src/unarypublish/"
 mkdir -p "$(dirname "$out")"
 GO111MODULE=off GOPATH="$gopath:/usr/share/gocode" GOCACHE="$gopath/cache" GOFLAGS= \
   go build -o "$out" unarypublish >&2

@@ -7,13 +7,13 @@
 #   apt-get install -y --no-install-recommends postgresql patroni etcd-server etcd-client
 #
 # Usage:
-#   tools/patroni-cluster.sh start DIR    start, wait for a leader and a sync standby
-#   tools/patroni-cluster.sh url DIR      the multi-host URL of the primary
-#   tools/patroni-cluster.sh leader DIR   the leader's name (pg1, pg2 or pg3)
-#   tools/patroni-cluster.sh kill-leader DIR
+#   tools/services/patroni-cluster.sh start DIR    start, wait for a leader and a sync standby
+#   tools/services/patroni-cluster.sh url DIR      the multi-host URL of the primary
+#   tools/services/patroni-cluster.sh leader DIR   the leader's name (pg1, pg2 or pg3)
+#   tools/services/patroni-cluster.sh kill-leader DIR
 #                                         kill -9 of the leader's Patroni and postmaster
-#   tools/patroni-cluster.sh status DIR   patronictl list
-#   tools/patroni-cluster.sh stop DIR     stop everything started in DIR
+#   tools/services/patroni-cluster.sh status DIR   patronictl list
+#   tools/services/patroni-cluster.sh stop DIR     stop everything started in DIR
 #
 # Ports: etcd clients 12379/22379/32379 (peers x2380), PostgreSQL
 # 5441-5443, Patroni's REST API 8001-8003. PostgreSQL refuses to run as
@@ -24,6 +24,7 @@ cmd=${1:?usage: $0 start|url|leader|kill-leader|status|stop DIR}
 dir=${2:?give a scratch directory}
 TTL=${PATRONI_TTL:-10}
 
+. "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 . "$(dirname "${BASH_SOURCE[0]}")/pg-common.sh"
 
 etcd_hosts="127.0.0.1:12379,127.0.0.1:22379,127.0.0.1:32379"
@@ -126,19 +127,6 @@ kill_leader() {
     echo "$name"
 }
 
-# Waits up to $1 tenths of a second for the pids that follow to exit.
-wait_gone() {
-    local tenths=$1
-    shift
-    for _ in $(seq "$tenths"); do
-        local alive=0
-        for p in "$@"; do kill -0 "$p" 2>/dev/null && alive=1; done
-        [ $alive = 0 ] && return 0
-        sleep 0.1
-    done
-    return 1
-}
-
 stop() {
     local patronis=() postmasters=() etcds=() f
     for i in 1 2 3; do
@@ -151,7 +139,11 @@ stop() {
     [ ${#patronis[@]} -gt 0 ] && kill "${patronis[@]}" 2>/dev/null || true
     wait_gone 300 "${patronis[@]}" "${postmasters[@]}" \
         || kill -9 "${patronis[@]}" "${postmasters[@]}" 2>/dev/null || true
-    pkill -9 -f "postgres -D $dir/" 2>/dev/null || true
+    # A postmaster Patroni started again meanwhile: by its pid file.
+    for i in 1 2 3; do
+        f="$dir/pg$i/data/postmaster.pid"
+        [ -f "$f" ] && kill -9 "$(head -1 "$f")" 2>/dev/null || true
+    done
     [ ${#etcds[@]} -gt 0 ] && kill "${etcds[@]}" 2>/dev/null || true
     wait_gone 100 "${etcds[@]}" || kill -9 "${etcds[@]}" 2>/dev/null || true
 }

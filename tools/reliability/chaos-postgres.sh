@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The chaos run with the server on the PostgreSQL store (serve --store): a
-# throwaway PostgreSQL on loopback (tools/pg-local.sh), the seeded workload
+# throwaway PostgreSQL on loopback (tools/services/pg-local.sh), the seeded workload
 # and its history checker, every invariant checked over the whole run
 # (RELIABILITY.md). The kill point classes are those that do not need the
 # local log's file-system calls.
@@ -17,25 +17,27 @@
 # lease, the other takes over, the ended node starts again as the new
 # standby; the workload lists both nodes (the Rust client's failover).
 #
-# Usage: tools/chaos-postgres.sh [SEED] [CYCLES] [MODE] [CHAOS FLAGS...]
+# Usage: tools/reliability/chaos-postgres.sh [SEED] [CYCLES] [MODE] [CHAOS FLAGS...]
 #        (default 1, 16, restart; e.g. --history FILE after MODE)
 # Needs target/debug/chaos and target/debug/letterbox (cargo build --workspace --bins).
 set -euo pipefail
-cd "$(dirname "$0")/.."
-[ -n "${PG_LOCAL_URL:-}" ] || exec tools/pg-local.sh run tools/chaos-postgres.sh "$@"
+. "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
+cd "$REPO_ROOT"
+pg_local=tools/services/pg-local.sh
+[ -n "${PG_LOCAL_URL:-}" ] || exec "$pg_local" run tools/reliability/chaos-postgres.sh "$@"
 seed=${1:-1}
 cycles=${2:-16}
 mode=${3:-restart}
 shift $(( $# < 3 ? $# : 3 ))
-bin=${CARGO_TARGET_DIR:-target}/debug
+bin=$TARGET_DIR/debug
 classes=random,startup,storm,shutdown,graceful
 case "$mode" in
   restart)
     nodes=(--server-arg=--node-name --server-arg=chaos)
     if [ -n "${PG_LOCAL_DIR:-}" ]; then
       classes=$classes,db-crash
-      nodes+=(--db-crash-cmd "tools/pg-local.sh stop $PG_LOCAL_DIR"
-              --db-up-cmd "tools/pg-local.sh up $PG_LOCAL_DIR")
+      nodes+=(--db-crash-cmd "$pg_local stop $PG_LOCAL_DIR"
+              --db-up-cmd "$pg_local up $PG_LOCAL_DIR")
     fi
     ;;
   takeover) nodes=(--pair --server-arg=--lease-ttl --server-arg=2s) ;;

@@ -7,7 +7,7 @@
 // Prints one line: messages, seconds, msg/s. The queue must exist
 // (`letterbox queue create bench`); against tonic-floor any name does.
 //
-// Built offline from Debian's Go packages by tools/scripts/unary-publish-go.sh
+// Built offline from Debian's Go packages by tools/bench/clients/unary-publish-go.sh
 // (which generates the client into a scratch GOPATH), or with modules as the
 // Go consumer example is (docs/clients.md, "Go").
 package main

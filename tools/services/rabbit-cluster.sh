@@ -6,22 +6,22 @@
 #   apt-get install -y rabbitmq-server
 #
 # Usage:
-#   tools/rabbit-cluster.sh start DIR     start lbq1..lbq3@localhost, join lbq2 and lbq3
+#   tools/services/rabbit-cluster.sh start DIR     start lbq1..lbq3@localhost, join lbq2 and lbq3
 #                                         to lbq1, wait until lbq1 lists 3 running nodes
-#   tools/rabbit-cluster.sh url DIR       the AMQP URL of the first node
-#   tools/rabbit-cluster.sh status DIR    rabbitmqctl cluster_status (of lbq1)
-#   tools/rabbit-cluster.sh ctl DIR ARGS...     rabbitmqctl ARGS against lbq1
+#   tools/services/rabbit-cluster.sh url DIR       the AMQP URL of the first node
+#   tools/services/rabbit-cluster.sh status DIR    rabbitmqctl cluster_status (of lbq1)
+#   tools/services/rabbit-cluster.sh ctl DIR ARGS...     rabbitmqctl ARGS against lbq1
 #                                               (e.g. list_queues name type members)
-#   tools/rabbit-cluster.sh queues DIR ARGS...  rabbitmq-queues ARGS against lbq1
+#   tools/services/rabbit-cluster.sh queues DIR ARGS...  rabbitmq-queues ARGS against lbq1
 #                                               (e.g. quorum_status loadgen)
-#   tools/rabbit-cluster.sh pids DIR      the three beam.smp PIDs, one a line
-#   tools/rabbit-cluster.sh stop DIR      stop exactly what start recorded in DIR
+#   tools/services/rabbit-cluster.sh pids DIR      the three beam.smp PIDs, one a line
+#   tools/services/rabbit-cluster.sh stop DIR      stop exactly what start recorded in DIR
 #                                         (a second stop does nothing)
 #
 # Not system services: plain background processes, everything on
 # 127.0.0.1, all state under DIR (DIR/lbqN/{mnesia,log,*.pid}, one shared
 # Erlang cookie in DIR/home/.erlang.cookie, one epmd of its own). The
-# ports stay clear of scripts/start-peers.sh's single node (5672, 25672,
+# ports stay clear of start-peers.sh's single node (5672, 25672,
 # epmd 4369), so both can run at once:
 #
 # Env: RABBIT_CLUSTER_AMQP_PORT (5681: the nodes listen on 5681, 5682, 5683),
@@ -30,6 +30,7 @@
 # Durability settings are RabbitMQ's defaults: a quorum queue confirms a
 # publish once a majority of its members have it in their Ra WAL, fsynced.
 set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 
 cmd=${1:?usage: $0 start|url|status|ctl|queues|pids|stop DIR [ARGS...]}
 dir=${2:?give a scratch directory}
@@ -41,18 +42,6 @@ EPMD_PORT=${RABBIT_CLUSTER_EPMD_PORT:-4370}
 BIN=/usr/lib/rabbitmq/bin
 NODES=(1 2 3)
 
-alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
-
-port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-
-wait_port() { # port timeout_s
-  local end=$((SECONDS + $2))
-  while [ $SECONDS -lt $end ]; do
-    port_open "$1" && return 0
-    sleep 0.3
-  done
-  return 1
-}
 
 # The environment of node $1 (for its server and for the CLI tools that
 # talk to it); call it in a subshell.
@@ -89,9 +78,9 @@ running_nodes() {
 
 start() {
   local i n
-  if alive "$dir/lbq1/server.pid" || alive "$dir/lbq2/server.pid" || alive "$dir/lbq3/server.pid"; then
+  if pidfile_alive "$dir/lbq1/server.pid" || pidfile_alive "$dir/lbq2/server.pid" || pidfile_alive "$dir/lbq3/server.pid"; then
     for i in "${NODES[@]}"; do
-      alive "$dir/lbq$i/server.pid" || { echo "rabbit-cluster: $dir is partly running; stop it first" >&2; exit 1; }
+      pidfile_alive "$dir/lbq$i/server.pid" || { echo "rabbit-cluster: $dir is partly running; stop it first" >&2; exit 1; }
     done
     echo "rabbit-cluster: already running in $dir"
   else
@@ -108,7 +97,7 @@ start() {
       head -c 15 /dev/urandom | od -An -tx1 | tr -d ' \n' | tr a-f A-F > "$dir/home/.erlang.cookie"
       chmod 400 "$dir/home/.erlang.cookie"
     fi
-    if ! alive "$dir/epmd.pid"; then
+    if ! pidfile_alive "$dir/epmd.pid"; then
       if port_open "$EPMD_PORT"; then
         echo "note: an epmd is already listening on $EPMD_PORT; using it (not ours, will not stop it)"
       else
@@ -179,22 +168,9 @@ url() {
 pids() {
   local i
   for i in "${NODES[@]}"; do
-    alive "$dir/lbq$i/beam.pid" && echo "$(cat "$dir/lbq$i/beam.pid")"
+    pidfile_alive "$dir/lbq$i/beam.pid" && echo "$(cat "$dir/lbq$i/beam.pid")"
   done
   return 0
-}
-
-# Waits up to $1 tenths of a second for the pids that follow to exit.
-wait_gone() {
-  local tenths=$1 p alive
-  shift
-  for _ in $(seq "$tenths"); do
-    alive=0
-    for p in "$@"; do kill -0 "$p" 2>/dev/null && alive=1; done
-    [ $alive = 0 ] && return 0
-    sleep 0.1
-  done
-  return 1
 }
 
 # Signals the processes of these pid files (TERM, KILL after $1 tenths of a
@@ -206,7 +182,7 @@ stop_pidfiles() {
     [ -f "$f" ] || continue
     files+=("$f")
     pid=$(cat "$f")
-    kill -0 "$pid" 2>/dev/null && pids+=("$pid")
+    pid_alive "$pid" && pids+=("$pid")
   done
   if [ ${#pids[@]} -gt 0 ]; then
     kill -TERM "${pids[@]}" 2>/dev/null || true

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # A/B of server builds by the CPU they spend on one workload.
 #
-#   tools/cpu-ab.sh REPS BIN_A BIN_B [BIN ...] -- LOADGEN_RUN_ARGS...
-#   tools/cpu-ab.sh 3 /tmp/letterbox-before target/release/letterbox -- \
+#   tools/bench/cpu-ab.sh REPS BIN_A BIN_B [BIN ...] -- LOADGEN_RUN_ARGS...
+#   tools/bench/cpu-ab.sh 3 /tmp/letterbox-before target/release/letterbox -- \
 #       --workload publish-durable --window 1024 --batch 100 --count 150000
 #
 # For each repetition, each server binary in turn: start `BIN serve` on a
@@ -15,6 +15,7 @@
 # the machine's drift over both; CPU seconds are steadier than throughput
 # on a shared 2-core machine.
 set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 
 REPS=$1
 shift
@@ -25,40 +26,22 @@ while [ $# -gt 0 ] && [ "$1" != "--" ]; do
 done
 [ "${1:-}" = "--" ] || { echo "usage: $0 REPS BIN... -- LOADGEN_RUN_ARGS..." >&2; exit 2; }
 shift
-HERE=$(cd "$(dirname "$0")/.." && pwd)
-LOADGEN=${LOADGEN:-$HERE/target/release/loadgen}
-PORT=${PORT:-7412}
+LOADGEN=${LOADGEN:-$TARGET_DIR/release/loadgen}
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
+SERVE_WRAP=(/usr/bin/time -o "$WORK/time" -f "%U %S")
 
 for rep in $(seq "$REPS"); do
     for i in "${!BINS[@]}"; do
         bin=${BINS[$i]}
         dir=$WORK/data
         rm -rf "$dir"
-        /usr/bin/time -o "$WORK/time" -f "%U %S" "$bin" serve --data-dir "$dir" \
-            --listen "127.0.0.1:$PORT" > "$WORK/server.log" 2>&1 &
-        timer=$!
-        for _ in $(seq 100); do
-            grep -q "127.0.0.1:$PORT" "$WORK/server.log" 2>/dev/null && break
-            sleep 0.1
-        done
-        server=$(pgrep -f "^$bin serve --data-dir $dir" | head -1 || true)
-        if [ -z "$server" ]; then
-            echo "$bin did not start:" >&2
-            cat "$WORK/server.log" >&2
-            exit 1
-        fi
-        out=$("$LOADGEN" run --target letterbox --letterbox-url "http://127.0.0.1:$PORT" \
+        serve_letterbox "$WORK" "$bin" --data-dir "$dir" --listen 127.0.0.1:0
+        out=$("$LOADGEN" run --target letterbox --letterbox-url "$SERVER_URL" \
             --reps 1 "$@" 2>&1 | grep -v '^{' | grep 'msg/s' | sed 's/.*rep 1\] //')
-        apply=0
-        for t in /proc/"$server"/task/*; do
-            if grep -q letterbox-apply "$t/comm" 2>/dev/null; then
-                apply=$(awk -v hz="$(getconf CLK_TCK)" '{ printf "%.2f", ($14 + $15) / hz }' "$t/stat")
-            fi
-        done
-        kill -TERM "$server"
-        wait "$timer" || true
+        apply=$(thread_cpu_s "$SERVER_PID" letterbox-apply)
+        kill -TERM "$SERVER_PID"
+        wait "$SERVER_JOB" || true
         cpu=$(awk '{ printf "%.2f", $1 + $2 }' "$WORK/time")
         echo "rep $rep  build $((i + 1)) ($bin)  $out  applier ${apply} s  server ${cpu} s"
     done

@@ -35,13 +35,14 @@
 # put back at once, by the same `cargo build --workspace --bins` as
 # .ci/run's (nothing to compile when that has just run).
 #
-#   tools/chaos-controls.sh                 # as CI runs it
-#   CYCLES=40 SEED=9 tools/chaos-controls.sh
+#   tools/reliability/chaos-controls.sh                 # as CI runs it
+#   CYCLES=40 SEED=9 tools/reliability/chaos-controls.sh
 set -euo pipefail
-cd "$(dirname "$0")/.."
+. "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
+cd "$REPO_ROOT"
 CYCLES=${CYCLES:-15}
 SEED=${SEED:-1}
-target=${CARGO_TARGET_DIR:-target}
+target=$TARGET_DIR
 out=$target/faults
 faulty=$out/letterbox-faults
 mkdir -p "$out"

@@ -1,4 +1,5 @@
-# Shared by tools/pg-local.sh and tools/patroni-cluster.sh (sourced, not
+# shellcheck shell=bash
+# Shared by tools/services/pg-local.sh and tools/services/patroni-cluster.sh (sourced, not
 # run): where Debian's PostgreSQL binaries are, and running a command as
 # the `postgres` user under root (PostgreSQL refuses to run as root).
 

@@ -7,18 +7,18 @@
 # its own short retries).
 #
 #   cargo build --release --bin letterbox -p letterbox
-#   tools/ha-failover-time.sh                       # TTLS="10s 2s", 3 trials each
-#   PG_URL=postgres://... tools/ha-failover-time.sh # an existing PostgreSQL
+#   tools/bench/ha-failover-time.sh                       # TTLS="10s 2s", 3 trials each
+#   PG_URL=postgres://... tools/bench/ha-failover-time.sh # an existing PostgreSQL
 #
 # Env: TTLS ("10s 2s"), TRIALS (3), LETTERBOX (the binary,
 # $CARGO_TARGET_DIR/release/letterbox), PG_URL (default: a throwaway
-# tools/pg-local.sh PostgreSQL on PG_PORT (5449), stopped on the way out),
+# tools/services/pg-local.sh PostgreSQL on PG_PORT (5449), stopped on the way out),
 # PORT_A (50081), PORT_B (50082), DIR (scratch, a new temp directory).
 set -euo pipefail
-here=$(cd "$(dirname "$0")" && pwd)
+. "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 TTLS=${TTLS:-"10s 2s"}
 TRIALS=${TRIALS:-3}
-LETTERBOX=${LETTERBOX:-${CARGO_TARGET_DIR:-$here/../target}/release/letterbox}
+LETTERBOX=${LETTERBOX:-$TARGET_DIR/release/letterbox}
 PORT_A=${PORT_A:-50081}
 PORT_B=${PORT_B:-50082}
 PG_PORT=${PG_PORT:-5449}
@@ -28,31 +28,21 @@ mkdir -p "$DIR" && chmod 755 "$DIR"  # PostgreSQL runs as its own user
 pids=()
 own_pg=0
 cleanup() {
-    local p
-    for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
-    [ "$own_pg" = 1 ] && "$here/pg-local.sh" stop "$DIR/pg" > /dev/null 2>&1 || true
+    kill_pid "${pids[@]}"
+    [ "$own_pg" = 1 ] && "$TOOLS_DIR/services/pg-local.sh" stop "$DIR/pg" > /dev/null 2>&1 || true
     rm -rf "$DIR"
 }
 trap cleanup EXIT
 
 if [ -z "${PG_URL:-}" ]; then
-    PG_URL=$("$here/pg-local.sh" start "$DIR/pg" "$PG_PORT")
+    PG_URL=$("$TOOLS_DIR/services/pg-local.sh" start "$DIR/pg" "$PG_PORT")
     own_pg=1
 fi
 
-wait_port() { # port timeout_s
-    local end=$((SECONDS + $2))
-    while [ $SECONDS -lt $end ]; do
-        if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
-        sleep 0.05
-    done
-    return 1
-}
-
 node() { # name port ttl: a node on the store, standing by while another owns it (pid in $last)
-    setsid "$LETTERBOX" serve --store "$PG_URL" --node-name "$1" --lease-ttl "$3" --standby \
-        --listen "127.0.0.1:$2" > "$DIR/$1.log" 2>&1 < /dev/null &
-    last=$!
+    start_letterbox "$DIR/$1" "$LETTERBOX" --store "$PG_URL" --node-name "$1" --lease-ttl "$3" \
+        --standby --listen "127.0.0.1:$2"
+    last=$SERVER_JOB
     pids+=("$last")
 }
 
@@ -63,7 +53,7 @@ for ttl in $TTLS; do
     for trial in $(seq "$TRIALS"); do
         # A first (it takes the lease, once a lease left by an earlier trial lapses), then B
         node "a$trial-$ttl" "$PORT_A" "$ttl"; a=$last
-        wait_port "$PORT_A" 60 || { echo "node A did not open :$PORT_A" >&2; tail "$DIR"/a*.log >&2; exit 1; }
+        wait_letterbox "$DIR/a$trial-$ttl"
         node "b$trial-$ttl" "$PORT_B" "$ttl"; b=$last
         "$LETTERBOX" queue create --server "http://127.0.0.1:$PORT_A" ha-failover > /dev/null 2>&1 || true
         "$LETTERBOX" publish --server "$servers" ha-failover before > /dev/null
@@ -78,7 +68,6 @@ for ttl in $TTLS; do
         t1=$(now)
         echo "lease_ttl=$ttl trial=$trial failover_s=$(awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.2f", b - a}') failed_publishes=$tries"
         # B stops too (kill -9: its lease lapses after the TTL; the next A stands by until then)
-        kill -KILL "$b"
-        wait "$a" "$b" 2> /dev/null || true
+        kill_pid "$b" "$a"
     done
 done

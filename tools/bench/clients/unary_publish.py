@@ -7,7 +7,7 @@ unanswered. Prints one line: messages, seconds, msg/s.
 
     python -m grpc_tools.protoc -I proto --python_out=GEN \
         --grpc_python_out=GEN letterbox/v1/letterbox.proto
-    PYTHONPATH=GEN python tools/scripts/unary_publish.py \
+    PYTHONPATH=GEN python tools/bench/clients/unary_publish.py \
         --target 127.0.0.1:50051 --queue bench --window 64 --count 20000
 
 The queue must exist (`letterbox queue create bench`). Against

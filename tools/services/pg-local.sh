@@ -4,14 +4,14 @@
 # refuses to run as root: under root it runs as the `postgres` user.
 #
 # Usage:
-#   tools/pg-local.sh start DIR [PORT]  initdb in DIR, start on 127.0.0.1:PORT
+#   tools/services/pg-local.sh start DIR [PORT]  initdb in DIR, start on 127.0.0.1:PORT
 #                                       (default 5439), print the admin URL
-#   tools/pg-local.sh url DIR           the admin URL again
-#   tools/pg-local.sh stop DIR          stop it (immediate)
-#   tools/pg-local.sh up DIR            start it again after a stop, on
+#   tools/services/pg-local.sh url DIR           the admin URL again
+#   tools/services/pg-local.sh stop DIR          stop it (immediate)
+#   tools/services/pg-local.sh up DIR            start it again after a stop, on
 #                                       the same port, with its data (crash
 #                                       recovery after an immediate stop)
-#   tools/pg-local.sh run CMD [ARGS...] start one in a new temporary
+#   tools/services/pg-local.sh run CMD [ARGS...] start one in a new temporary
 #                                       directory on a free port, run CMD
 #                                       with its admin URL in PG_LOCAL_URL,
 #                                       then stop it and remove the
@@ -20,6 +20,7 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+. "$here/../lib.sh"
 . "$here/pg-common.sh"
 
 cmd=${1:?usage: $0 start|url|stop DIR [PORT] | run CMD [ARGS...]}
@@ -28,7 +29,7 @@ if [ "$cmd" = run ]; then
     [ $# -gt 0 ] || { echo "usage: $0 run CMD [ARGS...]" >&2; exit 2; }
     tmp=$(mktemp -d /tmp/letterbox-pg.XXXXXX)
     chmod 755 "$tmp"  # PostgreSQL runs as the postgres user under root
-    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+    port=$(free_port)
     trap '"$here/pg-local.sh" stop "$tmp/pg"; rm -rf "$tmp"' EXIT
     PG_LOCAL_URL=$("$here/pg-local.sh" start "$tmp/pg" "$port")
     PG_LOCAL_DIR=$tmp/pg

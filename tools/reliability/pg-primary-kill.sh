@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # kill -9 of the PostgreSQL primary under a serving Letterbox: starts a
 # 3-node Patroni + 3-member etcd cluster on loopback
-# (tools/patroni-cluster.sh), one Letterbox owner on it (`serve --store`,
+# (tools/services/patroni-cluster.sh), one Letterbox owner on it (`serve --store`,
 # lease LEASE), a publisher of numbered messages (one CLI call each, one
 # message, its own id), kills the leader's Patroni and postmaster KILL_AT
 # seconds in, and publishes until SECS. The owner is expected to stop with
@@ -15,47 +15,39 @@
 # the owner's exit. Exits non-zero when a check fails.
 #
 #   cargo build --bin letterbox
-#   tools/pg-primary-kill.sh
+#   tools/reliability/pg-primary-kill.sh
 #
 # Env: SECS (40), KILL_AT (8), LEASE (10s),
 # LETTERBOX (the binary, target/debug/letterbox), DIR (scratch).
 set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 
-here=$(cd "$(dirname "$0")" && pwd)
 SECS=${SECS:-40}
 KILL_AT=${KILL_AT:-8}
 LEASE=${LEASE:-10s}
-LB=${LETTERBOX:-${CARGO_TARGET_DIR:-$here/../target}/debug/letterbox}
+LB=${LETTERBOX:-$TARGET_DIR/debug/letterbox}
 DIR=${DIR:-$(mktemp -d /tmp/letterbox-pgkill.XXXXXX)}
+cluster=$TOOLS_DIR/services/patroni-cluster.sh
 server=
 
 cleanup() {
-    if [ -n "$server" ]; then
-        kill -9 "$server" 2> /dev/null || true
-        wait "$server" 2> /dev/null || true
-    fi
-    "$here/patroni-cluster.sh" stop "$DIR" || true
+    [ -z "$server" ] || kill_pid "$server"
+    "$cluster" stop "$DIR" || true
     rm -rf "$DIR"
 }
 trap cleanup EXIT
 
-"$here/patroni-cluster.sh" start "$DIR" > /dev/null
-url=$("$here/patroni-cluster.sh" url "$DIR")
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+"$cluster" start "$DIR" > /dev/null
+url=$("$cluster" url "$DIR")
+port=$(free_port)
 addr=http://127.0.0.1:$port
-serve() { # log file
-    "$LB" serve --store "$url" --node-name a --lease-ttl "$LEASE" \
-        --listen "127.0.0.1:$port" > "$1" 2>&1 &
-    server=$!
-    for _ in $(seq 300); do
-        grep -q "listening" "$1" && return
-        kill -0 "$server" 2> /dev/null || { cat "$1"; exit 1; }
-        sleep 0.1
-    done
-    echo "the server did not listen within 30 s" >&2
-    exit 1
+serve() { # directory of its output and log
+    start_letterbox "$1" "$LB" --store "$url" --node-name a --lease-ttl "$LEASE" \
+        --listen "127.0.0.1:$port"
+    server=$SERVER_JOB
+    wait_letterbox "$1" 30
 }
-serve "$DIR/server.log"
+serve "$DIR/server"
 export LETTERBOX_SERVER=$addr
 "$LB" queue create q > /dev/null
 
@@ -75,16 +67,16 @@ start=$(now)
 ) > "$DIR/publishes" &
 publisher=$!
 sleep "$KILL_AT"
-echo "kill -9 of the leader: $("$here/patroni-cluster.sh" kill-leader "$DIR")" >&2
+echo "kill -9 of the leader: $("$cluster" kill-leader "$DIR")" >&2
 wait $publisher
 
 alive=yes
-kill -0 "$server" 2> /dev/null || alive=no
+pid_alive "$server" || alive=no
 status=0
 if [ $alive = no ]; then
     wait "$server" || status=$?
     server=
-    serve "$DIR/server-again.log"
+    serve "$DIR/server-again"
 fi
 "$LB" consume q --json --wait 2s --max 100 > "$DIR/consumed" 2>> "$DIR/consume.err" || true
 
