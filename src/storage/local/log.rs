@@ -11,9 +11,9 @@ use bytes::Bytes;
 use tokio::sync::oneshot;
 
 use super::memtable::State;
-use super::rank::{RankedGuard, RankedMutex};
 use super::{Inner, Result, StorageError, Txn, lock, payloads, wal};
 use crate::faults::{self, Fault};
+use crate::storage::rank::{RankedGuard, RankedMutex};
 use wal::Mutation;
 
 /// A submitted transaction; [`Commit::wait`] resolves when it is durable.
@@ -31,7 +31,7 @@ pub struct Commit {
 impl Commit {
     /// A transaction `lsn` that another backend answers on `rx` (it needs
     /// none of the local backend's commits by the caller).
-    pub(super) fn pending(
+    pub(crate) fn pending(
         lsn: u64,
         rx: oneshot::Receiver<std::result::Result<(), String>>,
     ) -> Commit {
@@ -44,7 +44,7 @@ impl Commit {
     }
 
     /// A transaction refused at once, for `reason`.
-    pub(super) fn refused(reason: String) -> Commit {
+    pub(crate) fn refused(reason: String) -> Commit {
         Commit {
             lsn: 0,
             rx: Err(reason),

@@ -1,5 +1,6 @@
 use super::apply::{apply_once, checkpoint};
 use super::*;
+use crate::storage::{Space, encode_payload};
 use records::{CountersRecord, PayloadRecord};
 use std::time::Instant;
 

@@ -22,9 +22,9 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::error::{Result, StorageError};
-use super::rank::{Rank, RankedMutex};
 use super::wal;
+use crate::storage::error::{Result, StorageError};
+use crate::storage::rank::{Rank, RankedMutex};
 
 /// First byte of a pointer value (record values start with their version,
 /// 1).

@@ -12,16 +12,17 @@ use bytes::Bytes;
 use tokio::sync::watch;
 
 use super::apply::{applier, segment_sizes};
-use super::commit::{LogState, log_writer};
+use super::log::{LogState, log_writer};
 use super::memtable::{Memtable, State};
-use super::rank::{Rank, RankedCondvar, RankedMutex};
 use super::space::{self, Space};
-use super::stats::{Counters, StoreMetrics};
+use super::stats::Counters;
 use super::{
-    Database, Inner, Key, LocalBackend, OpenReport, OwnedKey, Result, Space as KeySpace,
-    StorageError, Store, StoreOptions, SysKey, fsutil, keys, lock, payloads, records, wal,
+    Database, Inner, Key, LocalBackend, OpenReport, OwnedKey, Result, StorageError, Store,
+    StoreOptions, SysKey, fsutil, keys, lock, payloads, records, wal,
 };
 use crate::faults::{self, Fault};
+use crate::storage::rank::{Rank, RankedCondvar, RankedMutex};
+use crate::storage::{Space as KeySpace, StoreMetrics};
 
 /// The database as the log's replay left it, read while a store opens
 /// ([`Store::open_with`]) or before its first submission.

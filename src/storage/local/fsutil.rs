@@ -6,7 +6,7 @@ use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use super::error::{Result, StorageError};
+use crate::storage::error::{Result, StorageError};
 
 /// The data format this build reads and writes.
 pub const FORMAT_VERSION: u32 = 1;

@@ -1,5 +1,5 @@
 //! [`PgBackend`]: the [`Backend`] over PostgreSQL, one shard of the key
-//! space per backend, on the state of [`super::pg`] (its module doc has
+//! space per backend, on the state of [`super::state`] (its module doc has
 //! the lease, the fence, unknown outcomes, the schema and chunks).
 //!
 //! ## How it works
@@ -74,10 +74,10 @@ use bytes::Bytes;
 use tokio::runtime::Handle;
 use tokio::sync::{Notify, oneshot, watch};
 
-use super::keys::{TAG_META, TAG_PAYLOAD};
-use super::pg::{self, Fence, Outcome, PgError, PgState};
-use super::stats::PgStoreMetrics;
-use super::{Backend, Commit, Result, StorageError, Txn};
+use super::state::{self as pg, Fence, Outcome, PgError, PgState};
+use crate::storage::keys::{TAG_META, TAG_PAYLOAD};
+use crate::storage::stats::PgStoreMetrics;
+use crate::storage::{Backend, Commit, Result, StorageError, Txn};
 
 /// How a [`PgBackend`] runs.
 #[derive(Debug, Clone)]

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use super::commit::Placed;
+use super::log::Placed;
 use super::memtable::{Memtable, Slot, overtaken};
 use super::{Inner, Key, Result, StorageError, SysKey, Txn, fsutil, lock, payloads, rewrite, wal};
 use crate::faults::{self, Fault};

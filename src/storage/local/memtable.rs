@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use bytes::Bytes;
 
-use super::commit::Pending;
+use super::log::Pending;
 use super::wal::Mutation;
 use super::{Inner, lock, payloads};
 

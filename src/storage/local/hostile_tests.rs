@@ -7,6 +7,7 @@ use proptest::prelude::*;
 
 use super::records::*;
 use super::*;
+use crate::storage::encode_payload;
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
