@@ -32,11 +32,11 @@ use bytes::Bytes;
 use tokio::sync::watch;
 
 pub use any::{AnyBackend, Location};
-pub use backend::Backend;
+
+pub use backend::{Backend, Commit, CommitError};
 pub use error::{Result, StorageError};
 pub use keys::{Key, OwnedKey, Space, SysKey};
 pub use load::{LOAD_PAGE, LoadSource, Paged, Pages, pages};
-pub use local::Commit;
 pub use local::{LocalBackend, OpenReport, Reader, StoreOptions};
 pub use local::{fsutil, wal};
 pub(crate) use local::{open_db, read_sys, replay_into};

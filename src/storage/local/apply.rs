@@ -39,7 +39,7 @@ pub(super) fn applier(inner: &Inner) {
             return;
         }
         if let Err(e) = apply_once(inner) {
-            inner.fail(&e);
+            inner.fail(e);
             return;
         }
         if closing && inner.abandon.load(Ordering::Relaxed) {
@@ -52,7 +52,7 @@ pub(super) fn applier(inner: &Inner) {
                 return;
             }
             if let Err(e) = apply_once(inner).and_then(|()| checkpoint(inner)) {
-                inner.fail(&e);
+                inner.fail(e);
             }
             return;
         }
@@ -65,7 +65,7 @@ pub(super) fn applier(inner: &Inner) {
             || log_bytes - log_bytes_at_checkpoint >= inner.opts.checkpoint_bytes
         {
             if let Err(e) = checkpoint(inner) {
-                inner.fail(&e);
+                inner.fail(e);
                 return;
             }
             last_checkpoint = Instant::now();

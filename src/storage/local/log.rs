@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::collections::VecDeque;
-use std::sync::Weak;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -11,135 +11,11 @@ use bytes::Bytes;
 use tokio::sync::oneshot;
 
 use super::memtable::State;
-use super::{Inner, Result, StorageError, Txn, lock, payloads, wal};
+use super::{Inner, Txn, lock, payloads, wal};
 use crate::faults::{self, Fault};
+use crate::storage::backend::{Answer, Commit, CommitError, Committer};
 use crate::storage::rank::{RankedGuard, RankedMutex};
 use wal::Mutation;
-
-/// A submitted transaction; [`Commit::wait`] resolves when it is durable.
-#[derive(Debug)]
-pub struct Commit {
-    pub(super) lsn: u64,
-    pub(super) rx: std::result::Result<oneshot::Receiver<std::result::Result<(), String>>, String>,
-    /// The store, for [`Commit::wait`] to commit the transaction itself.
-    pub(super) store: Weak<Inner>,
-    /// The log writer was not woken for it: waiting for it (or dropping
-    /// it) must either commit it or wake the log writer.
-    pub(super) unannounced: bool,
-}
-
-impl Commit {
-    /// A transaction `lsn` that another backend answers on `rx` (it needs
-    /// none of the local backend's commits by the caller).
-    pub(crate) fn pending(
-        lsn: u64,
-        rx: oneshot::Receiver<std::result::Result<(), String>>,
-    ) -> Commit {
-        Commit {
-            lsn,
-            rx: Ok(rx),
-            store: Weak::new(),
-            unannounced: false,
-        }
-    }
-
-    /// A transaction refused at once, for `reason`.
-    pub(crate) fn refused(reason: String) -> Commit {
-        Commit {
-            lsn: 0,
-            rx: Err(reason),
-            store: Weak::new(),
-            unannounced: false,
-        }
-    }
-
-    /// The transaction's log sequence number.
-    pub fn lsn(&self) -> u64 {
-        self.lsn
-    }
-
-    /// Has the transaction written without waiting for [`Commit::wait`]:
-    /// for a caller with work to do first (reading the payloads of the
-    /// messages it leased), which the write then overlaps.
-    pub fn start(&mut self) {
-        if self.unannounced {
-            self.unannounced = false;
-            if let Some(inner) = self.store.upgrade() {
-                inner.announce(self.lsn);
-            }
-        }
-    }
-
-    /// Waits until the transaction is durable. When it is the last one
-    /// waiting for the log (with at most one before it, see `alone_in`) and
-    /// callers have been coming one at a time, the caller writes and syncs
-    /// them itself instead of handing them to the log writer thread and
-    /// being woken by it (on tokio's multi-thread runtime with two workers
-    /// or more: it blocks its worker meanwhile).
-    pub async fn wait(mut self) -> Result<()> {
-        let rx = std::mem::replace(&mut self.rx, Err(String::new()));
-        if self.unannounced {
-            if let Some(inner) = self.store.upgrade() {
-                if inner.alone(self.lsn) {
-                    // Calls already received get their turn first (tokio
-                    // polls for I/O before resuming a task that yielded):
-                    // if they submit, this one is no longer alone.
-                    tokio::task::yield_now().await;
-                    inner.commit_alone(self.lsn);
-                }
-                inner.announce(self.lsn);
-            }
-            self.unannounced = false;
-        }
-        match rx {
-            Ok(rx) => match rx.await {
-                Ok(Ok(())) => Ok(()),
-                Ok(Err(reason)) => Err(StorageError::Stopped { reason }),
-                Err(_) => Err(StorageError::Stopped {
-                    reason: "the log writer stopped".into(),
-                }),
-            },
-            Err(reason) => Err(StorageError::Stopped { reason }),
-        }
-    }
-}
-
-impl Commit {
-    /// Blocks the calling thread until the transaction is durable; false
-    /// if it failed. For the negative controls only ([`Fault::DlqTwoSteps`],
-    /// [`Fault::ExchangeTwoSteps`]), which wait under the engine's lock,
-    /// on an async worker: the local backend's commit waits on the
-    /// durable lsn; any other answers through its channel, read on a
-    /// thread of its own (a channel cannot be waited for blocking on an
-    /// async worker).
-    pub(crate) fn wait_blocking(mut self) -> bool {
-        if let Some(inner) = self.store.upgrade() {
-            // `wait_durable` announces it.
-            self.unannounced = false;
-            return inner.wait_durable(self.lsn);
-        }
-        match std::mem::replace(&mut self.rx, Err(String::new())) {
-            Ok(rx) => std::thread::scope(|s| {
-                s.spawn(move || matches!(rx.blocking_recv(), Ok(Ok(()))))
-                    .join()
-                    .unwrap_or(false)
-            }),
-            Err(_) => false,
-        }
-    }
-}
-
-impl Drop for Commit {
-    /// A commit not waited for (or whose wait was cancelled) is the log
-    /// writer's to make.
-    fn drop(&mut self) {
-        if self.unannounced
-            && let Some(inner) = self.store.upgrade()
-        {
-            inner.announce(self.lsn);
-        }
-    }
-}
 
 /// Where the log writer put each payload value: key → (lsn, place). One
 /// insert per published message, by the log writer; hashed like the
@@ -150,7 +26,7 @@ pub(super) struct Pending {
     pub(super) lsn: u64,
     pub(super) submitted: Instant,
     pub(super) muts: Vec<Mutation>,
-    pub(super) done: oneshot::Sender<std::result::Result<(), String>>,
+    pub(super) done: Answer,
     /// Submitted after a quiet commit, without waking the log writer.
     pub(super) unannounced: bool,
 }
@@ -173,8 +49,8 @@ pub(super) struct LogState {
     pub(super) recent_bytes: usize,
     /// The memtable generation `recent` belongs to.
     pub(super) generation: u64,
-    /// A write failed: nothing more is written.
-    pub(super) stopped: bool,
+    /// A write failed (with this error): nothing more is written.
+    pub(super) stopped: Option<CommitError>,
 }
 
 impl Inner {
@@ -185,13 +61,8 @@ impl Inner {
     pub(super) fn submit(&self, txn: Txn, waited: bool) -> Commit {
         let (tx, rx) = oneshot::channel();
         let mut st = lock(&self.state);
-        if let Some(reason) = &st.closed {
-            return Commit {
-                lsn: 0,
-                rx: Err(reason.clone()),
-                store: Weak::new(),
-                unannounced: false,
-            };
+        if let Some(why) = &st.closed {
+            return Commit::refused(Arc::clone(why));
         }
         let lsn = st.next_lsn;
         st.next_lsn += 1;
@@ -220,12 +91,7 @@ impl Inner {
         if full {
             self.apply_cv.notify_one();
         }
-        Commit {
-            lsn,
-            rx: Ok(rx),
-            store: Weak::new(),
-            unannounced,
-        }
+        Commit::pending(lsn, rx, unannounced)
     }
 
     /// Waits until everything up to `lsn` is durable; false on failure.
@@ -239,6 +105,26 @@ impl Inner {
             d = self.durable_cv.wait_timeout(d, Duration::from_millis(100));
         }
         true
+    }
+}
+
+/// The local backend's part in the commits its callers wait for: a
+/// caller alone commits its own transaction.
+impl Committer for Inner {
+    fn start(&self, lsn: u64) {
+        self.announce(lsn);
+    }
+
+    fn alone(&self, lsn: u64) -> bool {
+        Inner::alone(self, lsn)
+    }
+
+    fn commit_alone(&self, lsn: u64) {
+        Inner::commit_alone(self, lsn);
+    }
+
+    fn wait_durable(&self, lsn: u64) -> bool {
+        Inner::wait_durable(self, lsn)
     }
 }
 
@@ -359,13 +245,8 @@ impl Inner {
 /// Writes one group of transactions to the log, makes it durable and
 /// answers each; false once the log has failed (every caller told).
 pub(super) fn commit_batch(inner: &Inner, log: &mut LogState, batch: Vec<Pending>) -> bool {
-    if log.stopped {
-        let reason = inner
-            .failure
-            .borrow()
-            .clone()
-            .unwrap_or_else(|| "the log writer stopped".into());
-        refuse(batch, &reason);
+    if let Some(why) = &log.stopped {
+        refuse(batch, why);
         return false;
     }
     let keep = inner.opts.recent_payload_bytes;
@@ -385,9 +266,10 @@ pub(super) fn commit_batch(inner: &Inner, log: &mut LogState, batch: Vec<Pending
     let placed = match written {
         Ok(placed) => placed,
         Err(e) => {
-            refuse(batch, &e.to_string());
-            log.stopped = true;
-            inner.fail(&e);
+            let why = Arc::new(e);
+            refuse(batch, &why);
+            log.stopped = Some(Arc::clone(&why));
+            inner.fail(why);
             return false;
         }
     };
@@ -422,9 +304,9 @@ pub(super) fn commit_batch(inner: &Inner, log: &mut LogState, batch: Vec<Pending
 }
 
 /// Answers every transaction of `batch` with an error.
-fn refuse(batch: Vec<Pending>, reason: &str) {
+pub(super) fn refuse(batch: Vec<Pending>, why: &CommitError) {
     for p in batch {
-        let _ = p.done.send(Err(reason.to_string()));
+        let _ = p.done.send(Err(Arc::clone(why)));
     }
 }
 
@@ -517,43 +399,5 @@ impl LogState {
             places.push(place);
         }
         places
-    }
-}
-
-#[cfg(test)]
-mod wait_blocking_tests {
-    use super::*;
-
-    /// A commit of a backend other than the local one (no store to wait
-    /// on) is waited for through its channel, from an async worker too.
-    #[tokio::test]
-    async fn a_commit_without_the_local_store_is_waited_for_through_its_channel() {
-        let commit = |answer: std::result::Result<(), String>| {
-            let (tx, rx) = oneshot::channel();
-            let sending = std::thread::spawn(move || {
-                std::thread::sleep(Duration::from_millis(20));
-                let _ = tx.send(answer);
-            });
-            let c = Commit {
-                lsn: 1,
-                rx: Ok(rx),
-                store: Weak::new(),
-                unannounced: false,
-            };
-            (c, sending)
-        };
-        let (c, sending) = commit(Ok(()));
-        assert!(c.wait_blocking(), "durable");
-        sending.join().expect("sender");
-        let (c, sending) = commit(Err("stopped".into()));
-        assert!(!c.wait_blocking(), "failed");
-        sending.join().expect("sender");
-        let stopped = Commit {
-            lsn: 2,
-            rx: Err("stopped".into()),
-            store: Weak::new(),
-            unannounced: false,
-        };
-        assert!(!stopped.wait_blocking(), "refused at submission");
     }
 }

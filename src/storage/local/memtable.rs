@@ -13,6 +13,7 @@ use bytes::Bytes;
 use super::log::Pending;
 use super::wal::Mutation;
 use super::{Inner, lock, payloads};
+use crate::storage::backend::CommitError;
 
 /// A memtable slot: the latest value of a key (`None`: deleted), the lsn
 /// of the record that wrote it, whether the key did not exist before this
@@ -55,7 +56,7 @@ pub(super) struct State {
     /// Transactions waiting for the log writer.
     pub(super) pending: Vec<Pending>,
     /// Set on close or failure: no more submissions.
-    pub(super) closed: Option<String>,
+    pub(super) closed: Option<CommitError>,
 }
 
 impl State {

@@ -91,18 +91,18 @@ pub mod wal;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, RwLock, Weak};
 use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::sync::watch;
 
-pub use log::Commit;
 use log::{LogState, Placed};
 use memtable::State;
 pub use open::Reader;
 pub(crate) use open::{open_db, read_sys, replay_into};
 
+use super::backend::{Commit, CommitError, Committer};
 use super::{Backend, Key, OwnedKey, Result, StorageError, Store, StoreMetrics, SysKey, Txn};
 use super::{keys, records};
 use crate::faults::{self, Fault};
@@ -271,6 +271,13 @@ impl std::fmt::Debug for LocalBackend {
     }
 }
 
+/// Why transactions are refused once the store is closed.
+fn closed(reason: &str) -> CommitError {
+    Arc::new(StorageError::Stopped {
+        reason: reason.into(),
+    })
+}
+
 /// Takes a ranked mutex (see [`RankedMutex::lock`]).
 fn lock<T>(m: &RankedMutex<T>) -> RankedGuard<'_, T> {
     m.lock()
@@ -399,9 +406,8 @@ impl Store {
 
 impl Backend for LocalBackend {
     fn submit(&self, txn: Txn) -> Commit {
-        let mut commit = self.inner.submit(txn, true);
-        commit.store = Arc::downgrade(&self.inner);
-        commit
+        let committer: Weak<dyn Committer> = Arc::downgrade(&self.inner) as Weak<Inner>;
+        self.inner.submit(txn, true).with_committer(committer)
     }
 
     fn get(&self, k: &[u8]) -> Result<Option<Bytes>> {
@@ -435,7 +441,7 @@ impl Backend for LocalBackend {
         {
             let mut st = lock(&self.inner.state);
             if st.closed.is_none() {
-                st.closed = Some("store closed".into());
+                st.closed = Some(closed("store closed"));
             }
         }
         self.inner.commit_cv.notify_all();
@@ -455,7 +461,7 @@ impl Drop for LocalBackend {
     fn drop(&mut self) {
         let mut st = lock(&self.inner.state);
         if st.closed.is_none() {
-            st.closed = Some("store dropped".into());
+            st.closed = Some(closed("store dropped"));
         }
         drop(st);
         self.inner.commit_cv.notify_all();
@@ -574,17 +580,16 @@ impl Inner {
     }
 
     /// Stops the store for good after an I/O error.
-    fn fail(&self, err: &StorageError) {
+    fn fail(&self, err: impl Into<CommitError>) {
+        let err = err.into();
         let reason = err.to_string();
         tracing::error!(error = %reason, "storage failed; no further writes are accepted");
         let pending = {
             let mut st = lock(&self.state);
-            st.closed = Some(reason.clone());
+            st.closed = Some(Arc::clone(&err));
             std::mem::take(&mut st.pending)
         };
-        for p in pending {
-            let _ = p.done.send(Err(reason.clone()));
-        }
+        log::refuse(pending, &err);
         self.failure.send_replace(Some(reason));
         self.commit_cv.notify_all();
         self.apply_cv.notify_all();

@@ -443,7 +443,7 @@ impl Inner {
                     recent: VecDeque::new(),
                     recent_bytes: 0,
                     generation: 0,
-                    stopped: false,
+                    stopped: None,
                 },
             ),
             apply_cv: RankedCondvar::new(),

@@ -452,7 +452,7 @@ async fn a_second_open_of_the_same_directory_is_refused() {
 async fn submissions_after_close_fail() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (store, _) = Store::open(dir.path(), small_opts()).expect("open");
-    store.backend.inner.fail(&StorageError::Stopped {
+    store.backend.inner.fail(StorageError::Stopped {
         reason: "test".into(),
     });
     let mut t = Txn::new();
@@ -774,7 +774,7 @@ async fn payloads_logged_while_a_generation_is_applied_keep_their_places() {
     let mut t = Txn::new();
     t.put_payload(2, payload(2));
     let c = store.submit(t);
-    let lsn2 = c.lsn;
+    let lsn2 = c.lsn();
     c.wait().await.expect("durable");
     release.send(()).expect("release");
     let deadline = Instant::now() + Duration::from_secs(10);

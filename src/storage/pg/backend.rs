@@ -75,9 +75,10 @@ use tokio::runtime::Handle;
 use tokio::sync::{Notify, oneshot, watch};
 
 use super::state::{self as pg, Fence, Outcome, PgError, PgState};
+use crate::storage::backend::{Answer, Commit, CommitError};
 use crate::storage::keys::{TAG_META, TAG_PAYLOAD};
 use crate::storage::stats::PgStoreMetrics;
-use crate::storage::{Backend, Commit, Result, StorageError, Txn};
+use crate::storage::{Backend, Result, StorageError, Txn};
 
 /// How a [`PgBackend`] runs.
 #[derive(Debug, Clone)]
@@ -125,8 +126,6 @@ fn default_node() -> String {
         .unwrap_or_else(|| "letterbox".into());
     format!("{host}/{}", std::process::id())
 }
-
-type Answer = oneshot::Sender<std::result::Result<(), String>>;
 
 /// Absolute changes: a put with its value, a deletion without.
 type Changes = Vec<(Bytes, Option<Bytes>)>;
@@ -634,9 +633,17 @@ fn kept_when_committed(key: &[u8]) -> bool {
 }
 
 fn refuse(batch: impl IntoIterator<Item = Queued>, reason: &str) {
+    let why = stopped_for(reason);
     for q in batch {
-        let _ = q.done.send(Err(reason.to_string()));
+        let _ = q.done.send(Err(Arc::clone(&why)));
     }
+}
+
+/// Why transactions are refused once the backend stopped for `reason`.
+fn stopped_for(reason: &str) -> CommitError {
+    Arc::new(StorageError::Stopped {
+        reason: reason.to_string(),
+    })
 }
 
 /// The committer task (see the module doc).
@@ -768,10 +775,10 @@ impl Backend for PgBackend {
     fn submit(&self, txn: Txn) -> Commit {
         let (changes, mut front) = match self.absolute(txn) {
             Ok(x) => x,
-            Err(e) => return Commit::refused(e.to_string()),
+            Err(e) => return Commit::refused(Arc::new(e)),
         };
         if let Some(reason) = &front.closed {
-            return Commit::refused(reason.clone());
+            return Commit::refused(stopped_for(reason));
         }
         let lsn = front.next_lsn;
         front.next_lsn += 1;
@@ -791,7 +798,7 @@ impl Backend for PgBackend {
         });
         drop(front);
         self.shared.wake.notify_one();
-        Commit::pending(lsn, rx)
+        Commit::pending(lsn, rx, false)
     }
 
     fn get(&self, key: &[u8]) -> Result<Option<Bytes>> {
