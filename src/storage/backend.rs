@@ -130,7 +130,7 @@ pub(crate) trait Committer: Send + Sync {
 ///
 /// Backend-neutral: a backend answers it on a channel, with a
 /// [`CommitError`] if it cannot make it durable, and may take part in
-/// the wait (a [`Committer`]).
+/// the wait (the local backend does, for its commits by a caller alone).
 pub struct Commit {
     lsn: u64,
     /// The channel of the backend's answer, or why it refused the
@@ -206,9 +206,9 @@ impl Commit {
     }
 
     /// Waits until the transaction is durable. When the backend lets the
-    /// caller make it durable itself ([`Committer::alone`]: for the local
-    /// backend, when it is the last one waiting for the log, with at most
-    /// one before it, and callers have been coming one at a time), the
+    /// caller make it durable itself (the local backend, when it is the
+    /// last one waiting for the log, with at most one before it, and
+    /// callers have been coming one at a time), the
     /// caller writes and syncs it instead of handing it over and being
     /// woken (on tokio's multi-thread runtime with two workers or more: it
     /// blocks its worker meanwhile).
@@ -243,8 +243,8 @@ impl Commit {
     /// ([`Fault::DlqTwoSteps`](crate::faults::Fault::DlqTwoSteps),
     /// [`Fault::ExchangeTwoSteps`](crate::faults::Fault::ExchangeTwoSteps)),
     /// which wait under the engine's lock, on an async worker: a backend
-    /// that takes part in the wait waits on its own
-    /// ([`Committer::wait_durable`]); any other answers through its
+    /// that takes part in the wait waits on its own (the local one on its
+    /// durable lsn); any other answers through its
     /// channel, read on a thread of its own (a channel cannot be waited
     /// for blocking on an async worker).
     pub(crate) fn wait_blocking(mut self) -> bool {

@@ -38,7 +38,7 @@ pub use error::{Result, StorageError};
 pub use keys::{Key, OwnedKey, Space, SysKey};
 pub use load::{LOAD_PAGE, LoadSource, Paged, Pages, pages};
 pub use local::{LocalBackend, OpenReport, Reader, StoreOptions};
-pub use local::{fsutil, wal};
+pub use local::{checkpoint, fsutil, wal};
 pub(crate) use local::{open_db, read_sys, replay_into};
 pub use pg::{PgBackend, PgBackendOptions};
 use records::{MetaRecord, PayloadRecord};

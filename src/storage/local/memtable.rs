@@ -1,19 +1,19 @@
-//! The memtable: every submitted change, durable or not, readable at
-//! once, until the applier has put it into the database. One generation is
-//! active (submissions go into it); the applier freezes it, and reads look
-//! in the frozen one next, then in the database.
-
-use std::sync::Arc;
+//! The memtable, as data: every submitted change, durable or not,
+//! readable at once, until the applier has put it into the database. One
+//! generation is active (submissions go into it); the applier freezes it,
+//! and reads look in the frozen one next, then in the database.
+//!
+//! It holds no lock of its own: it lives inside the submission state
+//! (`submit::Submission`, under `STATE`), which every access goes through.
 
 use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::log::Pending;
+use super::payloads;
 use super::wal::Mutation;
-use super::{Inner, lock, payloads};
-use crate::storage::backend::CommitError;
 
 /// A memtable slot: the latest value of a key (`None`: deleted), the lsn
 /// of the record that wrote it, whether the key did not exist before this
@@ -21,10 +21,11 @@ use crate::storage::backend::CommitError;
 /// exists then (a payload relocation), and whether `value` is no longer
 /// the payload itself but its place in the log ([`payloads::Loc`]): the
 /// log writer keeps the most recent durable payloads whole (up to
-/// [`StoreOptions::recent_payload_bytes`], for consumers close behind) and
-/// swaps older ones for their places, so their memory goes back long
-/// before the applier has taken the generation; reads of them take the
-/// body from the log, as they do once the database holds the place.
+/// [`StoreOptions::recent_payload_bytes`](super::StoreOptions::recent_payload_bytes),
+/// for consumers close behind) and swaps older ones for their places, so
+/// their memory goes back long before the applier has taken the
+/// generation; reads of them take the body from the log, as they do once
+/// the database holds the place.
 #[derive(Debug, Clone)]
 pub(super) struct Slot {
     pub(super) value: Option<Bytes>,
@@ -39,29 +40,26 @@ pub(super) struct Slot {
 /// change is hashed here, and with SipHash, inserting into this table
 /// (hashing, growing) was about 7 % of the server's CPU samples during
 /// batched publishing.
-pub(super) type Memtable = HashMap<Bytes, Slot, foldhash::fast::RandomState>;
+pub(super) type Table = HashMap<Bytes, Slot, foldhash::fast::RandomState>;
 
-pub(super) struct State {
-    pub(super) next_lsn: u64,
+/// The active generation and the frozen one.
+#[derive(Default)]
+pub(super) struct Memtable {
     /// Submitted changes not yet frozen for application.
-    pub(super) active: Memtable,
-    pub(super) active_bytes: usize,
+    active: Table,
+    active_bytes: usize,
     /// A delete was submitted since the freeze (the applier looks for
-    /// puts it overtook only then, see [`overtaken`]).
-    pub(super) active_deletes: bool,
+    /// puts it overtook only then, see [`Memtable::overtaken`]).
+    active_deletes: bool,
     /// Changes being applied to sled; still read until they are.
-    pub(super) frozen: Option<Arc<Memtable>>,
-    /// `active_bytes` of the frozen memtable when it was frozen.
-    pub(super) frozen_bytes: usize,
-    /// Transactions waiting for the log writer.
-    pub(super) pending: Vec<Pending>,
-    /// Set on close or failure: no more submissions.
-    pub(super) closed: Option<CommitError>,
+    frozen: Option<Arc<Table>>,
+    /// `active_bytes` of the frozen generation when it was frozen.
+    frozen_bytes: usize,
 }
 
-impl State {
-    /// Adds the changes of transaction `lsn` to the active memtable;
-    /// returns the bytes they count for (see `Inner::unapplied`).
+impl Memtable {
+    /// Adds the changes of transaction `lsn` to the active generation;
+    /// returns the bytes they count for (see `Submission::unapplied`).
     pub(super) fn add(&mut self, muts: &[Mutation], lsn: u64) -> usize {
         let mut added = 0;
         for m in muts {
@@ -96,6 +94,11 @@ impl State {
         added
     }
 
+    /// The bytes the active generation counts for.
+    pub(super) fn active_bytes(&self) -> usize {
+        self.active_bytes
+    }
+
     /// The latest submitted value of a key, if the memtable holds one
     /// (active generation first, then the frozen one): the value (`None`:
     /// deleted) and whether it is a payload's place in the log.
@@ -106,18 +109,23 @@ impl State {
             .map(|slot| (slot.value.clone(), slot.placed))
     }
 
-    /// Freezes the active generation for the applier; the next one
-    /// starts empty.
-    pub(super) fn freeze(&mut self) -> Arc<Memtable> {
+    /// Freezes the active generation for the applier; the next one starts
+    /// empty. When the active generation holds nothing (everything in it
+    /// was created and deleted in between), nothing is frozen, and the
+    /// bytes it counted for are given back instead (`Err`).
+    pub(super) fn freeze(&mut self) -> std::result::Result<Arc<Table>, usize> {
+        if self.active.is_empty() {
+            return Err(std::mem::take(&mut self.active_bytes));
+        }
         // The next generation starts at this one's size rather than
         // growing (and rehashing) its way there again; a quiet generation
         // shrinks it back at the next apply.
-        let next = Memtable::with_capacity_and_hasher(self.active.len(), Default::default());
+        let next = Table::with_capacity_and_hasher(self.active.len(), Default::default());
         let frozen = Arc::new(std::mem::replace(&mut self.active, next));
         self.active_deletes = false;
         self.frozen_bytes = std::mem::take(&mut self.active_bytes);
         self.frozen = Some(Arc::clone(&frozen));
-        frozen
+        Ok(frozen)
     }
 
     /// Marks the deletes of `keys` (key, lsn of the delete) as deleting
@@ -140,77 +148,85 @@ impl State {
         self.frozen = None;
         std::mem::take(&mut self.frozen_bytes)
     }
-}
 
-/// The memtable's changes to keys from `start` (inclusive) to `end`
-/// (exclusive), in key order: the active generation's over the frozen
-/// one's; the value (`None`: deleted) and whether it is a payload's
-/// place in the log. Every slot is looked at (the memtable is hashed):
-/// for scans, which are rare (a start, a takeover, tests), not for the
-/// paths of a message.
-pub(super) fn changes_in(
-    st: &State,
-    start: &[u8],
-    end: Option<&[u8]>,
-) -> BTreeMap<Bytes, (Option<Bytes>, bool)> {
-    let inside = |k: &Bytes| k.as_ref() >= start && end.is_none_or(|e| k.as_ref() < e);
-    let mut over = BTreeMap::new();
-    for table in st.frozen.as_deref().into_iter().chain([&st.active]) {
-        for (k, slot) in table.iter().filter(|(k, _)| inside(k)) {
-            over.insert(k.clone(), (slot.value.clone(), slot.placed));
+    /// The memtable's changes to keys from `start` (inclusive) to `end`
+    /// (exclusive), in key order: the active generation's over the frozen
+    /// one's; the value (`None`: deleted) and whether it is a payload's
+    /// place in the log. Every slot is looked at (the memtable is hashed):
+    /// for scans, which are rare (a start, a takeover, tests), not for the
+    /// paths of a message.
+    pub(super) fn changes_in(
+        &self,
+        start: &[u8],
+        end: Option<&[u8]>,
+    ) -> BTreeMap<Bytes, (Option<Bytes>, bool)> {
+        let inside = |k: &Bytes| k.as_ref() >= start && end.is_none_or(|e| k.as_ref() < e);
+        let mut over = BTreeMap::new();
+        for table in self.frozen.as_deref().into_iter().chain([&self.active]) {
+            for (k, slot) in table.iter().filter(|(k, _)| inside(k)) {
+                over.insert(k.clone(), (slot.value.clone(), slot.placed));
+            }
         }
+        over
     }
-    over
-}
 
-/// Replaces each payload of `places` (key, lsn, place) that is still the
-/// active memtable's latest value of its key by its place in the log, and
-/// returns the bodies it took out (to be dropped outside the lock). A key
-/// written again, deleted or frozen since keeps its slot as it is: a frozen
-/// generation is shared with the applier and goes whole soon anyway.
-pub(super) fn swap_for_places(inner: &Inner, places: &[(Bytes, u64, payloads::Loc)]) -> Vec<Bytes> {
-    let mut bodies = Vec::with_capacity(places.len());
-    if places.is_empty() {
-        return bodies;
-    }
-    let mut st = lock(&inner.state);
-    for (key, lsn, loc) in places {
-        if let Some(slot) = st.active.get_mut(key)
-            && slot.lsn == *lsn
-            && !slot.placed
-            && let Some(body) = slot.value.take()
-        {
-            slot.value = Some(Bytes::copy_from_slice(&loc.encode()));
-            slot.placed = true;
-            bodies.push(body);
+    /// Replaces each payload of `places` (key, lsn, place) that is still
+    /// the active generation's latest value of its key by its place in the
+    /// log, and returns the bodies it took out (to be dropped outside the
+    /// lock). A key written again, deleted or frozen since keeps its slot
+    /// as it is: a frozen generation is shared with the applier and goes
+    /// whole soon anyway.
+    pub(super) fn swap_for_places(&mut self, places: &[(Bytes, u64, payloads::Loc)]) -> Vec<Bytes> {
+        let mut bodies = Vec::with_capacity(places.len());
+        for (key, lsn, loc) in places {
+            if let Some(slot) = self.active.get_mut(key)
+                && slot.lsn == *lsn
+                && !slot.placed
+                && let Some(body) = slot.value.take()
+            {
+                slot.value = Some(Bytes::copy_from_slice(&loc.encode()));
+                slot.placed = true;
+                bodies.push(body);
+            }
         }
+        bodies
     }
-    bodies
-}
 
-/// For each entry of a chunk of the frozen generation, the lsn of the
-/// delete that overtook it, if any: a put whose key's latest change, in the
-/// active memtable, is a delete that is already durable. Such a put need
-/// not reach the database (a backlog acked or its queue deleted while the
-/// applier works through it): readers see the delete above the database,
-/// and a crash before that delete is applied replays it, as it is newer
-/// than anything this generation records as applied. A delete not yet
-/// durable could still be lost to a crash, and the put with it, so it
-/// overtakes nothing.
-pub(super) fn overtaken(inner: &Inner, chunk: &[(&Bytes, &Slot)]) -> Vec<Option<u64>> {
-    let durable = *lock(&inner.durable);
-    let st = lock(&inner.state);
-    if !st.active_deletes {
-        return vec![None; chunk.len()];
+    /// For each entry of a chunk of the frozen generation, the lsn of the
+    /// delete that overtook it, if any: a put whose key's latest change,
+    /// in the active generation, is a delete that is already durable
+    /// (`durable`: the durable lsn, read before). Such a put need not
+    /// reach the database (a backlog acked or its queue deleted while the
+    /// applier works through it): readers see the delete above the
+    /// database, and a crash before that delete is applied replays it, as
+    /// it is newer than anything this generation records as applied. A
+    /// delete not yet durable could still be lost to a crash, and the put
+    /// with it, so it overtakes nothing.
+    pub(super) fn overtaken(&self, chunk: &[(&Bytes, &Slot)], durable: u64) -> Vec<Option<u64>> {
+        if !self.active_deletes {
+            return vec![None; chunk.len()];
+        }
+        chunk
+            .iter()
+            .map(|&(k, slot)| {
+                slot.value.as_ref()?;
+                self.active
+                    .get(k)
+                    .filter(|a| a.value.is_none() && a.lsn <= durable)
+                    .map(|a| a.lsn)
+            })
+            .collect()
     }
-    chunk
-        .iter()
-        .map(|&(k, slot)| {
-            slot.value.as_ref()?;
-            st.active
-                .get(k)
-                .filter(|a| a.value.is_none() && a.lsn <= durable)
-                .map(|a| a.lsn)
-        })
-        .collect()
+
+    /// Tests: the active generation's slot of a key.
+    #[cfg(test)]
+    pub(super) fn active_slot(&self, k: &[u8]) -> Option<Slot> {
+        self.active.get(k).cloned()
+    }
+
+    /// Tests: the number of keys in the active generation.
+    #[cfg(test)]
+    pub(super) fn active_len(&self) -> usize {
+        self.active.len()
+    }
 }
