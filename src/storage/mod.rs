@@ -37,14 +37,13 @@ pub use backend::{Backend, Commit, CommitError};
 pub use error::{Result, StorageError};
 pub use keys::{Key, OwnedKey, Space, SysKey};
 pub use load::{LOAD_PAGE, LoadSource, Paged, Pages, pages};
-pub use local::{LocalBackend, OpenReport, Reader, StoreOptions};
+pub use local::{LocalBackend, OpenReport, Reader, StoreOptions, txn_log_size};
 pub use local::{checkpoint, fsutil, wal};
 pub(crate) use local::{open_db, read_sys, replay_into};
 pub use pg::{PgBackend, PgBackendOptions};
 use records::{MetaRecord, PayloadRecord};
 pub use stats::{PgStoreMetrics, StoreMetrics, StoreStats};
-pub use txn::{Txn, encode_payload, txn_log_size};
-pub use wal::Mutation;
+pub use txn::{Mutation, Txn, encode_payload};
 
 use crate::faults;
 

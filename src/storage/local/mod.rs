@@ -315,6 +315,11 @@ impl std::fmt::Debug for LocalBackend {
     }
 }
 
+/// Size in bytes of the log record of a transaction.
+pub fn txn_log_size(txn: &Txn) -> usize {
+    wal::HEADER + wal::encoded_len(&txn.muts)
+}
+
 /// Why transactions are refused once the store is closed.
 fn closed(reason: &str) -> CommitError {
     Arc::new(StorageError::Stopped {

@@ -21,7 +21,7 @@ use crate::faults::{self, Fault};
 use crate::storage::error::{Result, StorageError};
 use crate::storage::keys::{self, Key, OwnedKey, SysKey};
 use crate::storage::rank::{Rank, RankedMutex};
-use crate::storage::{Space as KeySpace, Store, StoreMetrics, records};
+use crate::storage::{LoadSource, Space as KeySpace, Store, StoreMetrics, records};
 
 /// The database as the log's replay left it, read while a store opens
 /// ([`Store::open_with`]) or before its first submission.
@@ -64,6 +64,19 @@ impl Reader {
     /// Reads a system value.
     pub fn get_sys(&self, key: SysKey) -> Result<Option<u64>> {
         read_sys(&self.db, key, &self.path)
+    }
+}
+
+impl LoadSource for Reader {
+    fn scan<T: records::Record>(
+        &self,
+        space: KeySpace,
+    ) -> impl Iterator<Item = Result<(OwnedKey, T)>> + '_ {
+        Reader::scan(self, space)
+    }
+
+    fn get_sys(&self, key: SysKey) -> Result<Option<u64>> {
+        Reader::get_sys(self, key)
     }
 }
 
