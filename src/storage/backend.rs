@@ -17,7 +17,7 @@
 //!
 //! * [`LocalBackend`](super::LocalBackend): the write-ahead log in front of
 //!   sled, with its memtable, in one data directory (the module doc of
-//!   `storage` has its durability contract). The server runs on it by
+//!   `local` has its durability contract). The server runs on it by
 //!   default.
 //! * [`PgBackend`](super::PgBackend): one shard of the key space in
 //!   PostgreSQL ([`super::pg`]: fenced batch commits under an ownership

@@ -1,19 +1,30 @@
-//! Durable storage: our write-ahead log in front of sled.
+//! Durable storage: the engine's typed front ([`Store`]) over a
+//! [`Backend`], and the backends.
 //!
 //! The engine uses [`Store`], a typed front over a [`Backend`] (the
-//! boundary, see `backend`), as a `Store<AnyBackend>`: the backend chosen
-//! at start ([`AnyBackend`], with what only some backends can do made
-//! explicit), loaded at start from a [`LoadSource`]. This module's own
-//! backend, [`LocalBackend`], is the log in front of sled described
-//! below, and `Store` alone means `Store<LocalBackend>`.
+//! boundary and its backend-neutral [`Commit`], see `backend`), as a
+//! `Store<AnyBackend>`: the backend chosen at start ([`AnyBackend`], with
+//! what only some backends can do made explicit), loaded at start from a
+//! [`LoadSource`]. `Store` alone means `Store<LocalBackend>`.
 //!
 //! The only module that names `sled`. It makes no policy decision and
 //! reads no clock: it stores what the queue engine tells it to, in the
 //! order it is told, and says when each change is durable.
 //!
+//! ## Layout
 //!
-//! The local backend's durability contract and lock order are in the
-//! module doc of `local`.
+//! * This level is backend-neutral: `backend` (the trait, [`Commit`]),
+//!   `any`, `load`, `txn`, `keys`, `records`, `error`, `stats`, `rank`
+//!   (mutexes with a rank in their backend's lock order), and `verify`
+//!   (the offline check of a data directory).
+//! * `local`: [`LocalBackend`], our write-ahead log in front of sled, as
+//!   parts that each own their state and locks (its module doc has the
+//!   durability contract and the lock order, part by part).
+//! * [`pg`]: [`PgBackend`], one shard in PostgreSQL (its module doc has
+//!   its lock order).
+//!
+//! Each backend's lock order is checked at run time in debug builds
+//! (`rank::RankedMutex`).
 
 mod any;
 pub mod backend;
