@@ -45,12 +45,12 @@ pub const ENV: &str = "LETTERBOX_FAULT";
 pub enum Fault {
     /// `ack-before-fsync`: a group commit answers after its log write but
     /// without its fdatasync, which is left to the next group commit
-    /// (`storage/wal/writer.rs`).
+    /// (`storage/local/wal/writer.rs`).
     AckBeforeFsync,
     /// `no-delivery-count`: the delivery count raised by a lease (and the
     /// lease) is kept in memory only, until something else writes the
     /// message's record (`queue/receive.rs`, `storage/txn.rs`,
-    /// `storage/commit.rs`, `storage/mod.rs`).
+    /// `storage/local/submit.rs`, `storage/local/read.rs`).
     NoDeliveryCount,
     /// `dlq-two-steps`: a dead-letter move writes the DLQ copy, waits for
     /// it to be durable, and removes the source 100 ms later in another
@@ -67,18 +67,18 @@ pub enum Fault {
     NoFifoRelease,
     /// `no-log-continuity`: the start does not check that the log goes on
     /// where the last checkpoint says (a missing, zeroed or truncated
-    /// segment is not refused; `storage/open.rs`).
+    /// segment is not refused; `storage/local/open.rs`).
     NoLogContinuity,
     /// `no-later-write-scan`: replay takes the first place the log's
     /// records stop as its end without looking past it for records of
     /// later writes (a zeroed page or damaged records in the middle of the
-    /// log are taken as a torn tail; `storage/wal/replay.rs`).
+    /// log are taken as a torn tail; `storage/local/wal/replay.rs`).
     NoLaterWriteScan,
     /// `no-segment-notes`: the log writer answers records written into a
     /// segment before `CHECKPOINT` lists it, and no checkpoint lists a
     /// segment's first record (a segment the log moved into since the
     /// last checkpoint can be truncated or zeroed unnoticed;
-    /// `storage/commit.rs`, `storage/apply.rs`).
+    /// `storage/local/checkpoint.rs`).
     NoSegmentNotes,
 }
 

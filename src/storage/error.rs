@@ -105,6 +105,18 @@ impl StorageError {
         }
     }
 
+    /// What the waiter of a transaction refused for `cause` gets:
+    /// [`StorageError::Stopped`] naming the cause (a `Stopped` cause as
+    /// it is).
+    pub(crate) fn stopped_by(cause: &StorageError) -> StorageError {
+        StorageError::Stopped {
+            reason: match cause {
+                StorageError::Stopped { reason } => reason.clone(),
+                other => other.to_string(),
+            },
+        }
+    }
+
     /// True when stored bytes were found damaged (they do not decode, or
     /// fail their checksum): the data is bad, not the disk's access to it.
     pub fn is_corrupt(&self) -> bool {

@@ -1,13 +1,14 @@
 //! What the engine's load at start reads: [`LoadSource`], the typed scan
 //! of one key space and the system values, from either the local
-//! database as the log's replay left it ([`Reader`], overlapping the load
-//! with the local store's own scan) or any [`Backend`], read in key order
-//! in pages of [`Backend::scan`] ([`Paged`]).
+//! database as the log's replay left it ([`Reader`](super::Reader),
+//! overlapping the load with the local store's own scan) or any
+//! [`Backend`], read in key order in pages of [`Backend::scan`]
+//! ([`Paged`]).
 
 use bytes::Bytes;
 
 use super::backend::prefix_end;
-use super::{Backend, Key, OwnedKey, Reader, Result, Space, StorageError, SysKey, records};
+use super::{Backend, Key, OwnedKey, Result, Space, StorageError, SysKey, records};
 
 /// A store's state as the engine loads it at start.
 pub trait LoadSource {
@@ -19,19 +20,6 @@ pub trait LoadSource {
 
     /// A system value.
     fn get_sys(&self, key: SysKey) -> Result<Option<u64>>;
-}
-
-impl LoadSource for Reader {
-    fn scan<T: records::Record>(
-        &self,
-        space: Space,
-    ) -> impl Iterator<Item = Result<(OwnedKey, T)>> + '_ {
-        Reader::scan(self, space)
-    }
-
-    fn get_sys(&self, key: SysKey) -> Result<Option<u64>> {
-        Reader::get_sys(self, key)
-    }
 }
 
 /// Entries read from a backend per [`Backend::scan`] when the engine loads.

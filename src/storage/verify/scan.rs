@@ -14,11 +14,11 @@ use crate::storage::keys::{
     OwnedKey, TAG_COUNTERS, TAG_DEDUP, TAG_EXCHANGE, TAG_GROUP, TAG_META, TAG_PAYLOAD, TAG_QUEUE,
     TAG_SYS,
 };
+use crate::storage::local::{payloads, wal};
 use crate::storage::records::{
     self, CountersRecord, DedupRecord, ExchangeRecord, GroupRecord, MetaRecord, PayloadRecord,
     QueueRecord,
 };
-use crate::storage::{payloads, wal};
 
 /// The records read, as the relations' checks need them.
 #[derive(Default)]

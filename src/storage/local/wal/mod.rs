@@ -41,8 +41,6 @@
 //! ahead of the writer), `writer` (the writing end), `replay` (reading
 //! back: a segment's frames, the continuity check, replay).
 
-use bytes::Bytes;
-
 mod frame;
 mod prealloc;
 mod replay;
@@ -58,44 +56,9 @@ pub use replay::{ReplayEnd, check_continuity, replay};
 pub use segment::{Pool, Segment, list_segments, segment_path};
 pub use writer::{Writer, Wrote};
 
-/// One change to the materialised state: a put or a delete of a key.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Mutation {
-    /// The key bytes (see `keys.rs`).
-    pub key: Bytes,
-    /// The new value, `None` to delete.
-    pub value: Option<Bytes>,
-    /// The key never existed before this put (a new position or payload
-    /// number). Not logged: it only lets the memtable drop a put and a
-    /// later delete of the same key that meet before reaching the
-    /// database.
-    pub fresh: bool,
-    /// Put only if the key exists when the change is applied (moving a
-    /// payload to a newer log segment; logged as tag 2).
-    pub if_exists: bool,
-}
-
-impl Mutation {
-    /// A put.
-    pub fn put(key: Bytes, value: Bytes) -> Mutation {
-        Mutation {
-            key,
-            value: Some(value),
-            fresh: false,
-            if_exists: false,
-        }
-    }
-
-    /// A delete.
-    pub fn delete(key: Bytes) -> Mutation {
-        Mutation {
-            key,
-            value: None,
-            fresh: false,
-            if_exists: false,
-        }
-    }
-}
+/// The changes a log record holds (defined with the transactions that
+/// carry them).
+pub use crate::storage::txn::Mutation;
 
 #[cfg(test)]
 mod tests;

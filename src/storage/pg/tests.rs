@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::{MIGRATION_1, Outcome, PgError, PgState, SCHEMA_VERSION};
+use super::harness::{LocalPg, session_waiting, set_sync_standby};
+use super::state::{MIGRATION_1, Outcome, PgError, PgState, SCHEMA_VERSION};
 use crate::storage::keys::{Key, Space, SysKey};
-use crate::storage::pg_harness::{LocalPg, session_waiting, set_sync_standby};
 
 fn b(s: &[u8]) -> Bytes {
     Bytes::copy_from_slice(s)

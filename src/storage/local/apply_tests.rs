@@ -1,358 +1,17 @@
-use super::apply::{apply_once, checkpoint};
-use super::*;
-use records::{CountersRecord, PayloadRecord};
+//! Tests of what the applier does with what is durable: generations
+//! applied, payloads kept in the log and compacted, checkpoints retiring
+//! segments, the database rewritten, room for publishers.
+
 use std::time::Instant;
 
-fn small_opts() -> StoreOptions {
-    StoreOptions {
-        segment_size: 64 << 10,
-        apply_interval: Duration::from_millis(20),
-        checkpoint_interval: Duration::from_millis(50),
-        checkpoint_bytes: 32 << 10,
-        min_free_bytes: 0,
-        ..StoreOptions::default()
-    }
-}
+use bytes::Bytes;
 
-/// [`small_opts`] with neither the applier nor checkpoints on a timer
-/// (an hour): what is applied and checkpointed is up to the test (and to
-/// `apply_bytes` and `checkpoint_bytes`).
-fn unapplied_opts() -> StoreOptions {
-    StoreOptions {
-        apply_interval: Duration::from_secs(3600),
-        checkpoint_interval: Duration::from_secs(3600),
-        ..small_opts()
-    }
-}
-
-fn payload(i: u64) -> Bytes {
-    encode_payload(&PayloadRecord::new(
-        i,
-        vec![],
-        Bytes::from(format!("body-{i}")),
-    ))
-}
-
-/// Whether the database (not the memtable) holds the payload.
-fn in_database(store: &Store, pid: u64) -> bool {
-    store
-        .backend
-        .inner
-        .db()
-        .get(Key::Payload(pid).encode())
-        .expect("get")
-        .is_some()
-}
-
-fn body(store: &Store, pid: u64) -> Option<String> {
-    store
-        .get_payload(pid)
-        .expect("read")
-        .map(|p| String::from_utf8(p.body.to_vec()).expect("utf8"))
-}
-
-#[tokio::test]
-async fn submitted_changes_are_visible_at_once_and_after_reopen() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let (store, _) = Store::open(dir.path(), small_opts()).expect("open");
-    let mut t = Txn::new();
-    t.put_payload(1, payload(1));
-    t.put_payload(2, payload(2));
-    let c = store.submit(t);
-    assert_eq!(
-        body(&store, 1).as_deref(),
-        Some("body-1"),
-        "memtable serves reads"
-    );
-    c.wait().await.expect("durable");
-    let mut t = Txn::new();
-    t.delete(Key::Payload(1));
-    store.submit(t).wait().await.expect("durable");
-    assert_eq!(body(&store, 1), None);
-    store.close().expect("close");
-
-    let (store, report) = Store::open(dir.path(), small_opts()).expect("reopen");
-    assert_eq!(report.replayed, 0, "a clean close leaves nothing to replay");
-    assert_eq!(body(&store, 1), None);
-    assert_eq!(body(&store, 2).as_deref(), Some("body-2"));
-}
-
-#[tokio::test]
-async fn a_crash_is_recovered_from_the_log() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let opts = unapplied_opts();
-    let (store, _) = Store::open(dir.path(), opts.clone()).expect("open");
-    let mut commits = Vec::new();
-    for i in 0..200u64 {
-        let mut t = Txn::new();
-        t.put_payload(i, payload(i));
-        if i % 2 == 1 {
-            t.delete(Key::Payload(i - 1));
-        }
-        t.put_counters(
-            1,
-            &CountersRecord {
-                published: i + 1,
-                ..CountersRecord::default()
-            },
-        );
-        commits.push(store.submit(t));
-    }
-    for c in commits {
-        c.wait().await.expect("durable");
-    }
-    assert_eq!(
-        store.stats().applied_lsn,
-        0,
-        "nothing applied before the crash"
-    );
-    store.crash();
-
-    // What a rebuild reads while the store opens is the replayed state.
-    let (store, report, counters) = Store::open_with(dir.path(), opts, |r| {
-        r.scan::<CountersRecord>(Space::Counters)
-            .map(|c| c.expect("decodes").1.published)
-            .collect::<Vec<_>>()
-    })
-    .expect("reopen");
-    assert_eq!(report.replayed, 200);
-    assert_eq!(counters, vec![200]);
-    for i in 0..200u64 {
-        let expect = (i % 2 == 1).then(|| format!("body-{i}"));
-        assert_eq!(body(&store, i), expect, "pid {i}");
-    }
-    let counters: Vec<_> = store
-        .reader()
-        .scan::<CountersRecord>(Space::Counters)
-        .collect();
-    assert_eq!(counters.len(), 1);
-    assert_eq!(counters[0].as_ref().expect("decodes").1.published, 200);
-}
-
-/// An empty transaction (the engine's wait for changes of other calls):
-/// durable once every transaction before it is, and the log with it
-/// replays after a crash, the transactions after it too.
-#[tokio::test]
-async fn an_empty_transaction_waits_for_those_before_it_and_replays() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let opts = unapplied_opts();
-    let (store, _) = Store::open(dir.path(), opts.clone()).expect("open");
-    let mut t = Txn::new();
-    t.put_payload(1, payload(1));
-    let first = store.submit(t);
-    let empty = store.submit(Txn::new());
-    assert!(empty.lsn() > first.lsn());
-    empty.wait().await.expect("durable");
-    assert!(
-        durable_within(&store, first.lsn(), Duration::ZERO),
-        "the transaction before it is durable"
-    );
-    first.wait().await.expect("durable");
-    let mut t = Txn::new();
-    t.put_payload(2, payload(2));
-    store.submit(t).wait().await.expect("durable");
-    store.crash();
-    let (store, report) = Store::open(dir.path(), opts).expect("reopen");
-    assert_eq!(report.replayed, 3);
-    assert_eq!(body(&store, 1).as_deref(), Some("body-1"));
-    assert_eq!(body(&store, 2).as_deref(), Some("body-2"));
-}
-
-/// Eight tasks at once, each submitting 50 transactions one after the
-/// other and waiting for each: every one is durable and readable, and
-/// they shared `fdatasync`s.
-async fn eight_writers_share_fsyncs(store: Store) {
-    let store = Arc::new(store);
-    let mut tasks = Vec::new();
-    for w in 0..8u64 {
-        let store = Arc::clone(&store);
-        tasks.push(tokio::spawn(async move {
-            for i in 0..50u64 {
-                store
-                    .submit(one_payload(w * 1000 + i))
-                    .wait()
-                    .await
-                    .expect("durable");
-            }
-        }));
-    }
-    for t in tasks {
-        t.await.expect("task");
-    }
-    let stats = store.stats();
-    assert_eq!(stats.records, 400);
-    assert!(stats.log_syncs < stats.records, "{stats:?}");
-    for w in 0..8u64 {
-        let pid = w * 1000 + 49;
-        assert_eq!(body(&store, pid), Some(format!("body-{pid}")));
-    }
-}
-
-#[tokio::test]
-async fn concurrent_submissions_share_fsyncs() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let (store, _) = Store::open(dir.path(), small_opts()).expect("open");
-    eight_writers_share_fsyncs(store).await;
-}
-
-/// Waits up to `limit` for `lsn` to be durable, without waking the log
-/// writer (unlike [`Inner::wait_durable`]).
-fn durable_within(store: &Store, lsn: u64, limit: Duration) -> bool {
-    let d = lock(&store.backend.inner.durable);
-    let d = store
-        .backend
-        .inner
-        .durable_cv
-        .wait_timeout_while(d, limit, |d| *d < lsn);
-    *d >= lsn
-}
-
-fn one_payload(i: u64) -> Txn {
-    let mut t = Txn::new();
-    t.put_payload(i, payload(i));
-    t
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_caller_alone_commits_its_own_transaction() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let (store, _) = Store::open(dir.path(), small_opts()).expect("open");
-    for i in 0..20u64 {
-        writer_asleep(&store).await;
-        store.submit(one_payload(i)).wait().await.expect("durable");
-    }
-    let stats = store.stats();
-    assert_eq!((stats.records, stats.log_syncs), (20, 20), "{stats:?}");
-    // The first goes to the log writer; once callers are seen to come one
-    // at a time, each commits its own (the log writer could only take one
-    // on a spurious wake-up).
-    assert!(stats.caller_commits >= 15, "{stats:?}");
-    store.close().expect("close");
-    let (store, _) = Store::open(dir.path(), small_opts()).expect("reopen");
-    for i in 0..20u64 {
-        assert_eq!(body(&store, i), Some(format!("body-{i}")));
-    }
-}
-
-/// Waits until the log writer thread sleeps: one that is still awake
-/// after its last commit takes whatever is queued, so a test counting the
-/// commits callers make waits for it before each submission.
-async fn writer_asleep(store: &Store) {
-    let until = Instant::now() + Duration::from_secs(10);
-    while !store.backend.inner.writer_waiting.load(Ordering::Relaxed) {
-        assert!(Instant::now() < until, "the log writer never went to sleep");
-        tokio::time::sleep(Duration::from_micros(200)).await;
-    }
-}
-
-/// A store that applies nothing meanwhile (the applier's wait for
-/// durability would wake the log writer too), after three callers one at a
-/// time: quiet, so the next submissions do not wake the log writer
-/// themselves.
-async fn quiet_store(dir: &std::path::Path) -> Store {
-    let opts = StoreOptions {
-        apply_interval: Duration::from_secs(3600),
-        ..small_opts()
-    };
-    let (store, _) = Store::open(dir, opts).expect("open");
-    for i in 0..3u64 {
-        writer_asleep(&store).await;
-        store.submit(one_payload(i)).wait().await.expect("durable");
-    }
-    assert!(store.backend.inner.quiet.load(Ordering::Relaxed));
-    store
-}
-
-/// A caller that holds one transaction while it submits and waits for a
-/// second (a subscription's ack, then the lease its credit let go) commits
-/// both itself, in one `fdatasync`, and callers stay one at a time.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_caller_alone_commits_the_pair_it_submitted() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let store = quiet_store(dir.path()).await;
-    let before = store.stats();
-    for i in 0..10u64 {
-        writer_asleep(&store).await;
-        let held = store.submit(one_payload(100 + 2 * i));
-        store
-            .submit(one_payload(101 + 2 * i))
-            .wait()
-            .await
-            .expect("durable");
-        assert!(durable_within(&store, held.lsn(), Duration::ZERO));
-        held.wait().await.expect("durable");
-    }
-    let after = store.stats();
-    assert_eq!(after.records - before.records, 20, "{after:?}");
-    assert_eq!(after.log_syncs - before.log_syncs, 10, "{after:?}");
-    assert!(
-        after.caller_commits - before.caller_commits >= 9,
-        "{after:?}"
-    );
-    assert!(store.backend.inner.quiet.load(Ordering::Relaxed));
-    // Three at once are more than a caller takes on: the log writer groups
-    // them.
-    let (a, b) = (
-        store.submit(one_payload(200)),
-        store.submit(one_payload(201)),
-    );
-    let commits = store.stats().caller_commits;
-    store
-        .submit(one_payload(202))
-        .wait()
-        .await
-        .expect("durable");
-    assert_eq!(store.stats().caller_commits, commits);
-    a.wait().await.expect("durable");
-    b.wait().await.expect("durable");
-    for i in (100..120).chain(200..203) {
-        assert_eq!(body(&store, i), Some(format!("body-{i}")));
-    }
-}
-
-/// Where callers may commit alone (tokio's multi-thread runtime), callers
-/// arriving together are still grouped by the log writer.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn callers_arriving_together_are_grouped_by_the_log_writer() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let (store, _) = Store::open(dir.path(), small_opts()).expect("open");
-    eight_writers_share_fsyncs(store).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn commits_not_waited_for_are_made_durable() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let store = quiet_store(dir.path()).await;
-    // Dropped without waiting.
-    let lsn = store.submit(one_payload(10)).lsn();
-    assert!(durable_within(&store, lsn, Duration::from_secs(10)));
-    // Held while another is waited for: both go in one group.
-    writer_asleep(&store).await;
-    let held = store.submit(one_payload(11));
-    let syncs = store.stats().log_syncs;
-    store.submit(one_payload(12)).wait().await.expect("durable");
-    assert!(durable_within(&store, held.lsn(), Duration::ZERO));
-    assert_eq!(store.stats().log_syncs, syncs + 1);
-    held.wait().await.expect("durable");
-    // A wait cancelled before it committed (at its yield), callers one at
-    // a time again first.
-    for i in 20..22u64 {
-        store.submit(one_payload(i)).wait().await.expect("durable");
-    }
-    assert!(store.backend.inner.quiet.load(Ordering::Relaxed));
-    let lsn = {
-        let c = store.submit(one_payload(13));
-        let lsn = c.lsn();
-        let mut wait = std::pin::pin!(c.wait());
-        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-        assert!(std::future::Future::poll(wait.as_mut(), &mut cx).is_pending());
-        lsn
-    };
-    assert!(durable_within(&store, lsn, Duration::from_secs(10)));
-    for i in [10, 11, 12, 13] {
-        assert_eq!(body(&store, i), Some(format!("body-{i}")));
-    }
-}
+use super::apply::apply_once;
+use super::checkpoint::checkpoint;
+use super::tests::{body, in_database, payload, small_opts, unapplied_opts};
+use super::*;
+use crate::storage::records::PayloadRecord;
+use crate::storage::{Key, Result, SysKey, Txn, encode_payload};
 
 fn big(i: u64) -> Bytes {
     encode_payload(&PayloadRecord::new(
@@ -440,30 +99,6 @@ async fn sparse_old_segments_are_compacted_and_their_payloads_survive() {
 }
 
 #[tokio::test]
-async fn a_second_open_of_the_same_directory_is_refused() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let (_store, _) = Store::open(dir.path(), small_opts()).expect("open");
-    let err = Store::open(dir.path(), small_opts()).expect_err("locked");
-    assert!(matches!(err, StorageError::Locked { .. }), "{err}");
-}
-
-#[tokio::test]
-async fn submissions_after_close_fail() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let (store, _) = Store::open(dir.path(), small_opts()).expect("open");
-    store.backend.inner.fail(&StorageError::Stopped {
-        reason: "test".into(),
-    });
-    let mut t = Txn::new();
-    t.put_payload(1, payload(1));
-    assert!(store.submit(t).wait().await.is_err());
-    assert_eq!(
-        store.failure().borrow().as_deref(),
-        Some("storage stopped: test")
-    );
-}
-
-#[tokio::test]
 async fn fresh_keys_created_and_deleted_between_applies_never_reach_the_database() {
     let dir = tempfile::tempdir().expect("tempdir");
     let opts = StoreOptions {
@@ -480,18 +115,18 @@ async fn fresh_keys_created_and_deleted_between_applies_never_reach_the_database
     store.submit(t).wait().await.expect("durable");
     assert_eq!(body(&store, 1), None);
     assert_eq!(
-        lock(&store.backend.inner.state).active.len(),
+        store.backend.shared.submission.active_len(),
         1,
         "only pid 2 is left to apply"
     );
-    apply_once(&store.backend.inner).expect("apply");
+    apply_once(&store.backend.shared).expect("apply");
     assert!(!in_database(&store, 1));
     assert!(in_database(&store, 2));
     // Deleting a key that reached the database deletes it there.
     let mut t = Txn::new();
     t.delete(Key::Payload(2));
     store.submit(t).wait().await.expect("durable");
-    apply_once(&store.backend.inner).expect("apply");
+    apply_once(&store.backend.shared).expect("apply");
     assert!(!in_database(&store, 2));
     store.crash();
     let (store, _) = Store::open(dir.path(), small_opts()).expect("reopen");
@@ -507,10 +142,10 @@ async fn a_payload_deleted_while_its_relocation_is_pending_stays_deleted() {
     };
     let (store, _) = Store::open(dir.path(), opts.clone()).expect("open");
     put_payloads(&store, 0..400).await;
-    apply_once(&store.backend.inner).expect("apply");
+    apply_once(&store.backend.shared).expect("apply");
     delete_payloads(&store, (0..400).filter(|i| i % 10 != 0)).await;
-    apply_once(&store.backend.inner).expect("apply");
-    checkpoint(&store.backend.inner).expect("checkpoint and compact");
+    apply_once(&store.backend.shared).expect("apply");
+    checkpoint(&store.backend.shared).expect("checkpoint and compact");
     assert!(store.stats().relocated > 0);
     // Deleted after its relocation was logged, before it was applied.
     delete_payloads(&store, [0u64, 10].into_iter()).await;
@@ -532,7 +167,7 @@ async fn a_payload_deleted_while_its_relocation_is_pending_stays_deleted() {
     );
     // The same, applied before the crash.
     delete_payloads(&store, [20u64].into_iter()).await;
-    apply_once(&store.backend.inner).expect("apply");
+    apply_once(&store.backend.shared).expect("apply");
     store.crash();
     let (store, _) = Store::open(dir.path(), opts).expect("reopen");
     assert!(store.get_payload(20).expect("read").is_none());
@@ -553,7 +188,7 @@ async fn put_states(store: &Store, range: std::ops::Range<u64>) {
         }
         store.submit(t).wait().await.expect("durable");
     }
-    apply_once(&store.backend.inner).expect("apply");
+    apply_once(&store.backend.shared).expect("apply");
 }
 
 fn rewrite_opts() -> StoreOptions {
@@ -566,7 +201,13 @@ fn rewrite_opts() -> StoreOptions {
 }
 
 fn db_size(store: &Store) -> u64 {
-    store.backend.inner.db().size_on_disk().expect("size")
+    store
+        .backend
+        .shared
+        .db
+        .handle()
+        .size_on_disk()
+        .expect("size")
 }
 
 #[tokio::test]
@@ -574,7 +215,7 @@ async fn a_drained_database_is_rewritten_and_gives_its_space_back() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (store, _) = Store::open(dir.path(), rewrite_opts()).expect("open");
     put_states(&store, 0..32_000).await;
-    checkpoint(&store.backend.inner).expect("checkpoint");
+    checkpoint(&store.backend.shared).expect("checkpoint");
     let full = db_size(&store);
     assert_eq!(store.stats().rewrites, 0, "all of it is live ({full} B)");
     assert!(full > 16 << 20, "{full}");
@@ -585,8 +226,8 @@ async fn a_drained_database_is_rewritten_and_gives_its_space_back() {
         t.delete(Key::Payload(i));
     }
     store.submit(t).wait().await.expect("durable");
-    apply_once(&store.backend.inner).expect("apply");
-    checkpoint(&store.backend.inner).expect("checkpoint");
+    apply_once(&store.backend.shared).expect("apply");
+    checkpoint(&store.backend.shared).expect("checkpoint");
     assert_eq!(store.stats().rewrites, 1);
     let after = db_size(&store);
     assert!(after * 4 < full, "{after} after, {full} before");
@@ -599,7 +240,7 @@ async fn a_drained_database_is_rewritten_and_gives_its_space_back() {
         dir.path().join("db-1")
     );
     // Nothing to give back now: no second rewrite.
-    checkpoint(&store.backend.inner).expect("checkpoint");
+    checkpoint(&store.backend.shared).expect("checkpoint");
     assert_eq!(store.stats().rewrites, 1);
     // Reads and writes go to the new database, before and after a crash.
     let meta = |store: &Store, i| store.get(&Key::Meta(1, i)).expect("read");
@@ -626,7 +267,7 @@ async fn a_rewrite_interrupted_before_or_after_its_switch_is_cleaned_up_at_open(
     assert!(!dir.path().join("db-1").exists());
     assert!(store.get(&Key::Meta(1, 9)).expect("read").is_some());
     // After the switch: the old database not yet removed.
-    rewrite::rewrite(&store.backend.inner, 0).expect("rewrite");
+    rewrite::rewrite(&store.backend.shared, 0).expect("rewrite");
     store.close().expect("close");
     assert!(!dir.path().join("db").exists());
     let copy = |from: &Path, to: &Path| {
@@ -747,8 +388,9 @@ async fn room_is_given_back_when_everything_held_was_created_and_deleted() {
 fn stored_pointer(store: &Store, pid: u64) -> Option<payloads::Loc> {
     let raw = store
         .backend
-        .inner
-        .db()
+        .shared
+        .db
+        .handle()
         .get(Key::Payload(pid).encode())
         .expect("read")?;
     payloads::Loc::decode(&raw)
@@ -773,11 +415,11 @@ async fn payloads_logged_while_a_generation_is_applied_keep_their_places() {
     let mut t = Txn::new();
     t.put_payload(2, payload(2));
     let c = store.submit(t);
-    let lsn2 = c.lsn;
+    let lsn2 = c.lsn();
     c.wait().await.expect("durable");
     release.send(()).expect("release");
     let deadline = Instant::now() + Duration::from_secs(10);
-    while store.backend.inner.applied.load(Ordering::Relaxed) < lsn2 {
+    while store.backend.shared.applier.applied_lsn() < lsn2 {
         assert!(Instant::now() < deadline, "payload 2 never applied");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
@@ -806,10 +448,11 @@ fn manual_apply_opts() -> StoreOptions {
 /// Whether the memtable holds the payload's place in the log rather than
 /// the payload itself.
 fn is_placed(store: &Store, pid: u64) -> bool {
-    let st = lock(&store.backend.inner.state);
-    let slot = st
-        .active
-        .get(&Key::Payload(pid).encode())
+    let slot = store
+        .backend
+        .shared
+        .submission
+        .active_slot(&Key::Payload(pid).encode())
         .expect("in the memtable");
     slot.placed
         && slot
@@ -858,9 +501,9 @@ async fn durable_payloads_leave_the_memtable_for_their_places() {
     // deleted in one generation still never reaches the database.
     delete_payloads(&store, [2].into_iter()).await;
     assert_eq!(body(&store, 2), None);
-    apply_once(&store.backend.inner).expect("apply");
+    apply_once(&store.backend.shared).expect("apply");
     let loc = stored_pointer(&store, 1).expect("payload 1 applied as a pointer");
-    assert_eq!(lock(&store.backend.inner.live).count(loc.seg), 1);
+    assert_eq!(store.backend.shared.payloads.count_in(loc.seg), 1);
     assert!(!in_database(&store, 2));
     assert_eq!(body(&store, 1), want(1));
     store.close().expect("close");
@@ -882,8 +525,8 @@ fn held_apply(
     let (frozen_tx, frozen) = std::sync::mpsc::channel();
     let (release, release_rx) = std::sync::mpsc::channel();
     store.hold_applier(frozen_tx, release_rx);
-    let inner = Arc::clone(&store.backend.inner);
-    let first = std::thread::spawn(move || apply_once(&inner));
+    let shared = Arc::clone(&store.backend.shared);
+    let first = std::thread::spawn(move || apply_once(&shared));
     frozen
         .recv_timeout(Duration::from_secs(10))
         .expect("the apply froze a generation");
@@ -910,21 +553,19 @@ async fn a_swapped_payload_logged_again_during_its_apply_is_counted_once() {
     // relocation is applied, its segment must not look empty.
     let older = stored_pointer(&store, 1).expect("payload 1 stored as a pointer");
     assert_eq!(
-        lock(&store.backend.inner.live).count(older.seg),
+        store.backend.shared.payloads.count_in(older.seg),
         1,
         "{older:?}"
     );
-    apply_once(&store.backend.inner).expect("apply the relocation");
+    apply_once(&store.backend.shared).expect("apply the relocation");
     let loc = stored_pointer(&store, 1).expect("payload 1 stored as a pointer");
-    let live = lock(&store.backend.inner.live);
+    let counts = store.backend.shared.payloads.counts();
     assert_eq!(
-        live.counts.values().sum::<u64>(),
+        counts.values().sum::<u64>(),
         1,
-        "one payload, one live pointer: {:?} (newest place {loc:?})",
-        live.counts
+        "one payload, one live pointer: {counts:?} (newest place {loc:?})"
     );
-    assert_eq!(live.count(loc.seg), 1);
-    drop(live);
+    assert_eq!(counts.get(&loc.seg), Some(&1));
     assert_eq!(body(&store, 1), Some(format!("{:0>900}", 1)));
 }
 
@@ -934,7 +575,7 @@ async fn puts_overtaken_by_a_durable_delete_are_left_out_of_the_database() {
     let (store, _) = Store::open(dir.path(), manual_apply_opts()).expect("open");
     // Payload 3 reaches the database first.
     put_payloads(&store, 3..4).await;
-    apply_once(&store.backend.inner).expect("apply");
+    apply_once(&store.backend.shared).expect("apply");
     let older = stored_pointer(&store, 3).expect("payload 3 stored as a pointer");
     // The next generation creates payloads 1 and 2 and writes payload 3
     // again (a compaction's relocation: a put of a key the database
@@ -962,10 +603,12 @@ async fn puts_overtaken_by_a_durable_delete_are_left_out_of_the_database() {
     {
         // The delete of payload 1 now concerns a key the database never
         // held; that of payload 3 still has its older pointer to remove.
-        let st = lock(&store.backend.inner.state);
         let slot = |pid: u64| {
-            st.active
-                .get(&Key::Payload(pid).encode())
+            store
+                .backend
+                .shared
+                .submission
+                .active_slot(&Key::Payload(pid).encode())
                 .expect("the delete")
         };
         assert!(slot(1).fresh && slot(1).value.is_none());
@@ -978,14 +621,13 @@ async fn puts_overtaken_by_a_durable_delete_are_left_out_of_the_database() {
         (body(&store, 1), body(&store, 2), body(&store, 3)),
         (None, Some(format!("{:0>900}", 2)), None)
     );
-    apply_once(&store.backend.inner).expect("apply the deletes");
+    apply_once(&store.backend.shared).expect("apply the deletes");
     assert!(!in_database(&store, 1) && !in_database(&store, 3));
-    let live = lock(&store.backend.inner.live);
+    let counts = store.backend.shared.payloads.counts();
     assert_eq!(
-        live.counts.values().sum::<u64>(),
+        counts.values().sum::<u64>(),
         1,
-        "one payload left, one live pointer: {:?}",
-        live.counts
+        "one payload left, one live pointer: {counts:?}"
     );
 }
 
@@ -998,7 +640,7 @@ async fn a_delete_not_yet_durable_overtakes_no_put() {
     // The test holds the log, so the delete of payload 1 is submitted
     // (readers see it) but neither written nor durable while the held
     // apply goes on.
-    let log = lock(&store.backend.inner.log);
+    let log = store.backend.shared.log.hold();
     let mut t = Txn::new();
     t.delete(Key::Payload(1));
     let delete = store.submit(t);
@@ -1007,16 +649,17 @@ async fn a_delete_not_yet_durable_overtakes_no_put() {
     let overtaken = store.stats().overtaken;
     let stored = in_database(&store, 1);
     let fresh = {
-        let st = lock(&store.backend.inner.state);
-        let slot = st
-            .active
-            .get(&Key::Payload(1).encode())
+        let slot = store
+            .backend
+            .shared
+            .submission
+            .active_slot(&Key::Payload(1).encode())
             .expect("the delete");
         assert!(slot.value.is_none());
         slot.fresh
     };
     drop(log);
-    store.backend.inner.commit_cv.notify_one();
+    store.backend.shared.submission.wake_log_writer();
     // A crash now would lose the delete: the put must be in the database.
     assert_eq!(overtaken, 0, "{:?}", store.stats());
     assert!(
@@ -1030,138 +673,7 @@ async fn a_delete_not_yet_durable_overtakes_no_put() {
     );
     assert_eq!(body(&store, 1), None);
     delete.wait().await.expect("durable");
-    apply_once(&store.backend.inner).expect("apply the delete");
+    apply_once(&store.backend.shared).expect("apply the delete");
     assert!(!in_database(&store, 1));
     assert_eq!(body(&store, 1), None);
-}
-
-mod sled_scans {
-    //! sled's iterator (patched: a forward step reads the next key of its
-    //! leaf by index, vendor/sled/PATCHED.md) against a `BTreeMap`: the
-    //! same keys in the same order, forward, backward and both ways,
-    //! within prefixes and ranges, over trees whose leaves have split and
-    //! merged.
-
-    use std::collections::BTreeMap;
-    use std::ops::Bound;
-
-    use proptest::prelude::*;
-
-    fn key(prefix: u8, n: u16) -> Vec<u8> {
-        let mut k = vec![prefix];
-        k.extend_from_slice(&n.to_be_bytes());
-        k
-    }
-
-    #[derive(Debug, Clone)]
-    enum Step {
-        Next,
-        Back,
-    }
-
-    proptest! {
-        #![proptest_config(ProptestConfig::with_cases(48))]
-        #[test]
-        fn scans_see_what_a_sorted_map_holds(
-            puts in proptest::collection::vec((0u8..3, 0u16..600), 0..400),
-            deletes in proptest::collection::vec((0u8..3, 0u16..600), 0..300),
-            prefix in 0u8..3,
-            lo in 0u16..600,
-            span in 0u16..600,
-            steps in proptest::collection::vec(prop_oneof![3 => Just(Step::Next), 1 => Just(Step::Back)], 0..300),
-        ) {
-            let db = sled::Config::new().temporary(true).open().expect("open");
-            let mut model = BTreeMap::new();
-            for (p, n) in &puts {
-                let k = key(*p, *n);
-                db.insert(&k, k.repeat(3)).expect("insert");
-                model.insert(k.clone(), k.repeat(3));
-            }
-            for (p, n) in &deletes {
-                let k = key(*p, *n);
-                db.remove(&k).expect("remove");
-                model.remove(&k);
-            }
-            // A whole prefix, forward and backward.
-            let got: Vec<_> = db
-                .scan_prefix([prefix])
-                .map(|r| r.expect("item"))
-                .map(|(k, v)| (k.to_vec(), v.to_vec()))
-                .collect();
-            let want: Vec<_> = model
-                .range(key(prefix, 0)..=key(prefix, u16::MAX))
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect();
-            prop_assert_eq!(&got, &want);
-            let back: Vec<_> = db
-                .scan_prefix([prefix])
-                .rev()
-                .map(|r| r.expect("item").0.to_vec())
-                .collect();
-            let want_back: Vec<_> = want.iter().rev().map(|(k, _)| k.clone()).collect();
-            prop_assert_eq!(back, want_back);
-            // A range with bounds inside the keys, walked both ways at
-            // once: every key once, in order from each end.
-            let (a, b) = (key(prefix, lo), key(prefix, lo.saturating_add(span)));
-            let mut iter = db.range(a.clone()..b.clone());
-            let mut window: std::collections::VecDeque<Vec<u8>> = model
-                .range::<Vec<u8>, _>((Bound::Included(a), Bound::Excluded(b)))
-                .map(|(k, _)| k.clone())
-                .collect();
-            for step in &steps {
-                let (got, want) = match step {
-                    Step::Next => (iter.next(), window.pop_front()),
-                    Step::Back => (iter.next_back(), window.pop_back()),
-                };
-                prop_assert_eq!(got.map(|r| r.expect("item").0.to_vec()), want);
-            }
-            let rest: Vec<_> = iter.map(|r| r.expect("item").0.to_vec()).collect();
-            prop_assert_eq!(rest, Vec::from(window));
-        }
-    }
-}
-
-/// A segment's place in the log is durable before any record in it is
-/// answered: by the time a commit into a segment resolves, `CHECKPOINT`
-/// lists that segment with the lsn of its first record.
-#[tokio::test]
-async fn a_segment_is_listed_with_its_first_record_before_its_records_are_answered() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let (store, _) = Store::open(dir.path(), unapplied_opts()).expect("open");
-    let listed = || {
-        fsutil::read_checkpoint(dir.path())
-            .expect("checkpoint")
-            .sizes
-            .into_iter()
-            .map(|s| (s.number, s.first))
-            .collect::<Vec<_>>()
-    };
-    let start = listed();
-    assert_eq!(start.len(), 1, "{start:?}");
-    assert_eq!(start[0].1, None, "no record yet: {start:?}");
-    let first = store.submit(one_payload(1));
-    let lsn = first.lsn();
-    first.wait().await.expect("durable");
-    assert_eq!(listed(), vec![(start[0].0, Some(lsn))]);
-    // Payloads larger than a 64 KiB segment's room move the log on: each
-    // new segment is listed once its commit resolves.
-    for i in 2..12u64 {
-        let mut t = Txn::new();
-        t.put_payload(
-            i,
-            encode_payload(&PayloadRecord::new(
-                i,
-                vec![],
-                Bytes::from(vec![7u8; 40 << 10]),
-            )),
-        );
-        let c = store.submit(t);
-        let lsn = c.lsn();
-        c.wait().await.expect("durable");
-        let now = listed();
-        let (_, first) = *now.last().expect("listed");
-        assert!(first.is_some_and(|f| f <= lsn), "{now:?} after lsn {lsn}");
-    }
-    assert!(listed().len() >= 5, "{:?}", listed());
-    store.close().expect("close");
 }

@@ -1,33 +1,75 @@
-//! Free space on the data directory's file system: the minimum under
-//! which publishes are refused, and the hard floor under which every
-//! write is.
+//! Free space on the data directory's file system ([`Space`]): the
+//! minimum under which publishes are refused, and the hard floor under
+//! which every write is. No lock: what the last look found is kept in
+//! atomics.
 
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use super::{Inner, LocalBackend, Result, StorageError, Store, fsutil};
+use super::{LocalBackend, fsutil, wal};
+use crate::storage::Store;
+use crate::storage::error::{Result, StorageError};
 
 /// What the last look at free space found.
 #[derive(Debug)]
 pub(super) struct Space {
-    pub(super) space_ok: AtomicBool,
+    dir: PathBuf,
+    /// The publish minimum (`StoreOptions::min_free_bytes`).
+    min_free: u64,
+    /// The log's segment size.
+    segment_size: u64,
+    space_ok: AtomicBool,
     /// False while free space is below the hard floor (a quarter of the
     /// minimum): then acks, nacks and receives are refused too.
-    pub(super) floor_ok: AtomicBool,
+    floor_ok: AtomicBool,
     /// `log_bytes` when free space was last checked from the publish path.
-    pub(super) space_checked_bytes: AtomicU64,
+    space_checked_bytes: AtomicU64,
     /// Free bytes on the data directory's file system at the last check
     /// (`u64::MAX` until one succeeded).
-    pub(super) free_bytes: AtomicU64,
+    free_bytes: AtomicU64,
 }
 
 impl Space {
-    pub(super) fn new() -> Space {
+    /// The free space of `dir`'s file system, for a publish minimum of
+    /// `min_free` bytes and log segments of `segment_size`; not looked at
+    /// yet.
+    pub(super) fn new(dir: &Path, min_free: u64, segment_size: u64) -> Space {
         Space {
+            dir: dir.to_path_buf(),
+            min_free,
+            segment_size,
             space_ok: AtomicBool::new(true),
             floor_ok: AtomicBool::new(true),
             space_checked_bytes: AtomicU64::new(0),
             free_bytes: AtomicU64::new(u64::MAX),
         }
+    }
+
+    /// See [`LocalBackend::has_space`]; `written` is the log's bytes
+    /// written so far.
+    pub(super) fn has_space(&self, written: u64, pool: &wal::Pool) -> bool {
+        let checked = self.space_checked_bytes.load(Ordering::Relaxed);
+        if written.saturating_sub(checked) >= SPACE_CHECK_BYTES
+            && self
+                .space_checked_bytes
+                .compare_exchange(checked, written, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            self.refresh(pool);
+        }
+        self.space_ok.load(Ordering::Relaxed)
+    }
+
+    /// See [`LocalBackend::above_floor`] (after a look at free space as
+    /// [`Space::has_space`] makes).
+    pub(super) fn above_floor(&self) -> bool {
+        self.floor_ok.load(Ordering::Relaxed)
+    }
+
+    /// See [`LocalBackend::free_bytes`].
+    pub(super) fn free_bytes(&self) -> Option<u64> {
+        let f = self.free_bytes.load(Ordering::Relaxed);
+        (f != u64::MAX).then_some(f)
     }
 }
 
@@ -41,37 +83,39 @@ pub(super) fn hard_floor(min_free: u64) -> u64 {
     min_free / 4
 }
 
-impl Inner {
-    pub(super) fn refresh_space(&self) {
+impl Space {
+    /// Looks at free space again; `pool` says whether the log's next
+    /// segment takes new space.
+    pub(super) fn refresh(&self, pool: &wal::Pool) {
         let free = fsutil::free_bytes(&self.dir).ok();
         if let Some(f) = free {
-            self.space.free_bytes.store(f, Ordering::Relaxed);
+            self.free_bytes.store(f, Ordering::Relaxed);
         }
-        let min = self.opts.min_free_bytes;
+        let min = self.min_free;
         // The log's next segment takes its size from the free space when
         // it is prepared (unless a retired one is reused): it counts
         // against the minimum, or publishes would run the disk down to
         // the minimum less a segment.
-        let next_segment = if min == 0 || self.pool.spare_count() > 0 {
+        let next_segment = if min == 0 || pool.spare_count() > 0 {
             0
         } else {
-            self.opts.segment_size
+            self.segment_size
         };
         let ok = free.is_none_or(|f| f >= min.saturating_add(next_segment));
         let floor = hard_floor(min);
         let floor_ok = free.is_none_or(|f| f >= floor);
-        if self.space.floor_ok.swap(floor_ok, Ordering::Relaxed) != floor_ok {
+        if self.floor_ok.swap(floor_ok, Ordering::Relaxed) != floor_ok {
             if floor_ok {
                 tracing::info!(dir = %self.dir.display(), "free disk space is back above the hard floor; acks and receives resume");
             } else {
                 tracing::error!(dir = %self.dir.display(), floor, "free disk space is below the hard floor; acks, nacks and receives are refused too");
             }
         }
-        if self.space.space_ok.swap(ok, Ordering::Relaxed) != ok {
+        if self.space_ok.swap(ok, Ordering::Relaxed) != ok {
             if ok {
                 tracing::info!(dir = %self.dir.display(), "free disk space is back above the minimum; publishes resume");
             } else {
-                tracing::warn!(dir = %self.dir.display(), min_free = self.opts.min_free_bytes, "free disk space is below the minimum; publishes are refused");
+                tracing::warn!(dir = %self.dir.display(), min_free = self.min_free, "free disk space is below the minimum; publishes are refused");
             }
         }
     }
@@ -157,7 +201,7 @@ fn fitting(total: u64) -> (u64, u64) {
 /// Judges, at start, how the file system holding `dir` fits the log's
 /// settings ([`fit`]): refuses settings it can never hold, and warns when
 /// they leave little room for messages.
-pub(super) fn check_fit(dir: &std::path::Path, segment: u64, min_free: u64) -> Result<()> {
+pub(super) fn check_fit(dir: &Path, segment: u64, min_free: u64) -> Result<()> {
     if min_free == 0 {
         return Ok(());
     }
@@ -186,7 +230,7 @@ impl LocalBackend {
     /// [`LocalBackend::has_space`].
     pub fn above_floor(&self) -> bool {
         let _ = self.has_space();
-        self.inner.space.floor_ok.load(Ordering::Relaxed)
+        self.shared.space.above_floor()
     }
 
     /// False while free space on the data directory's file system is below
@@ -197,33 +241,21 @@ impl LocalBackend {
     /// written, not only by the applier's periodic check: a fast publisher
     /// must not run through the headroom between two periodic checks.
     pub fn has_space(&self) -> bool {
-        let written = self.inner.counters.log_bytes.load(Ordering::Relaxed);
-        let checked = self.inner.space.space_checked_bytes.load(Ordering::Relaxed);
-        if written.saturating_sub(checked) >= SPACE_CHECK_BYTES
-            && self
-                .inner
-                .space
-                .space_checked_bytes
-                .compare_exchange(checked, written, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
-            self.inner.refresh_space();
-        }
-        self.inner.space.space_ok.load(Ordering::Relaxed)
+        let written = self.shared.counters.log_bytes.load(Ordering::Relaxed);
+        self.shared.space.has_space(written, &self.shared.pool)
     }
 
     /// Free bytes on the data directory's file system as last measured
     /// for the publish floor (by the applier every 500 ms and after every
     /// MiB of log written); `None` if it could not be measured.
     pub fn free_bytes(&self) -> Option<u64> {
-        let f = self.inner.space.free_bytes.load(Ordering::Relaxed);
-        (f != u64::MAX).then_some(f)
+        self.shared.space.free_bytes()
     }
 
     /// The configured minimum of free bytes under which publishes are
     /// refused.
     pub fn min_free_bytes(&self) -> u64 {
-        self.inner.opts.min_free_bytes
+        self.shared.opts.min_free_bytes
     }
 }
 

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use super::segment::{Pool, Segment, segment_path};
 use crate::storage::error::{Result, StorageError};
-use crate::storage::fsutil;
+use crate::storage::local::fsutil;
 use crate::storage::rank::{Rank, RankedCondvar, RankedMutex};
 
 /// Bytes of zeros a preallocation writes and flushes at a time. The log

@@ -7,8 +7,7 @@ use super::prealloc::Preallocator;
 use super::segment::{Pool, Segment};
 use crate::faults::{self, Fault};
 use crate::storage::error::{Result, StorageError};
-use crate::storage::fsutil::LoggedSegment;
-use crate::storage::rank::{Rank, RankedMutex};
+use crate::storage::local::LoggedSegment;
 
 /// What [`Writer::write`] did.
 #[derive(Debug)]
@@ -27,9 +26,6 @@ pub struct Writer {
     /// fdatasync, left to the next one. Never set without that fault.
     unsynced: bool,
     prealloc: Preallocator,
-    /// (segment number, lsn of its first record) of every segment written
-    /// since start, oldest first.
-    pub(crate) written: Arc<RankedMutex<Vec<(u64, u64)>>>,
 }
 
 impl Writer {
@@ -42,7 +38,6 @@ impl Writer {
             offset: 0,
             unsynced: false,
             prealloc,
-            written: Arc::new(RankedMutex::new(Rank::SEGMENTS, "segments", Vec::new())),
         })
     }
 
@@ -106,10 +101,9 @@ impl Writer {
                     .sync_data()
                     .map_err(|e| StorageError::io("fdatasync", &self.current.path, e))?;
             }
-            // Noted once durable: a checkpoint lists the segment with
-            // this first lsn, which a start then requires.
+            // Noted once durable: the caller has a checkpoint list the
+            // segment with this first lsn, which a start then requires.
             if self.offset == 0 {
-                self.written.lock().push((self.current.number, bounds[i].1));
                 entered.push(LoggedSegment {
                     number: self.current.number,
                     size: self.current.size,

@@ -6,7 +6,7 @@
 //! PostgreSQL (a Patroni cluster or a managed one): the server stays the
 //! only writer of its shard's keys and decides everything in memory, as
 //! with the local log; what it commits here is the same transactions of
-//! absolute puts and deletes over the key space of [`super::keys`].
+//! absolute puts and deletes over the key space of [`crate::storage::keys`].
 //!
 //! ## Safety
 //!
@@ -86,8 +86,8 @@ use bytes::Bytes;
 use futures_util::future::{BoxFuture, MaybeDone, maybe_done};
 use tokio_postgres::{Client, NoTls, Statement};
 
-use super::backend::prefix_end;
-use super::keys::{TAG_META, TAG_PAYLOAD};
+use crate::storage::backend::prefix_end;
+use crate::storage::keys::{TAG_META, TAG_PAYLOAD};
 
 /// The schema version this server writes and reads.
 pub const SCHEMA_VERSION: i32 = 2;
@@ -409,7 +409,7 @@ pub fn describe(url: &str) -> String {
     }
 }
 
-const MIGRATION_1: &str = "
+pub(super) const MIGRATION_1: &str = "
 CREATE TABLE lb_owner (shard int PRIMARY KEY, epoch bigint NOT NULL, node text NOT NULL,
                        expires timestamptz NOT NULL);
 CREATE TABLE lb_marker (shard int PRIMARY KEY, committed_lsn bigint NOT NULL);
@@ -949,7 +949,3 @@ fn hex(b: &[u8]) -> String {
 fn millis(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
-
-#[cfg(test)]
-#[path = "pg_tests.rs"]
-mod tests;

@@ -10,7 +10,7 @@ use super::frame::{HEADER, RawFrame, decode_txn, frame_len_hint, parse_frame};
 use super::segment::{list_segments, segment_path};
 use crate::faults::{self, Fault};
 use crate::storage::error::{Result, StorageError};
-use crate::storage::fsutil::LoggedSegment;
+use crate::storage::local::LoggedSegment;
 
 /// Bytes read at a time by [`read_frames`].
 pub(super) const READ_STEP: usize = 1 << 20;

@@ -2,36 +2,36 @@
 //! the database, payload pointers counted, and the log writer and the
 //! applier started (recovery).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
-use std::sync::{Arc, RwLock};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Instant;
 
 use bytes::Bytes;
 use tokio::sync::watch;
 
-use super::apply::{applier, segment_sizes};
-use super::commit::{LogState, log_writer};
-use super::memtable::{Memtable, State};
-use super::rank::{Rank, RankedCondvar, RankedMutex};
+use super::checkpoint::{self, Checkpoints, segment_sizes};
+use super::db::{self, Database, open_db, read_sys};
+use super::log::LogWriter;
+use super::payloads::Payloads;
 use super::space::{self, Space};
-use super::stats::{Counters, StoreMetrics};
-use super::{
-    Database, Inner, Key, LocalBackend, OpenReport, OwnedKey, Result, Space as KeySpace,
-    StorageError, Store, StoreOptions, SysKey, fsutil, keys, lock, payloads, records, wal,
-};
+use super::submit::Submission;
+use super::{LocalBackend, OpenReport, Shared, StoreOptions, apply, fsutil, log, payloads, wal};
 use crate::faults::{self, Fault};
+use crate::storage::error::{Result, StorageError};
+use crate::storage::keys::{self, Key, OwnedKey, SysKey};
+use crate::storage::rank::{Rank, RankedMutex};
+use crate::storage::{LoadSource, Space as KeySpace, Store, StoreMetrics, records};
 
 /// The database as the log's replay left it, read while a store opens
 /// ([`Store::open_with`]) or before its first submission.
 ///
-/// Recovery reads sled directly, not through [`Backend`](super::Backend):
+/// Recovery reads sled directly, not through [`Backend`](crate::storage::Backend):
 /// the replay, the payload pointer count, and the engine's load through
-/// this reader (a [`LoadSource`](super::LoadSource), read while the store
+/// this reader (a [`LoadSource`](crate::storage::LoadSource), read while the store
 /// counts its payload pointers). A backend of another kind feeds that load
-/// with [`Backend::scan`](super::Backend::scan) pages instead
-/// ([`Paged`](super::Paged)).
+/// with [`Backend::scan`](crate::storage::Backend::scan) pages instead
+/// ([`Paged`](crate::storage::Paged)).
 pub struct Reader {
     db: sled::Db,
     path: PathBuf,
@@ -50,7 +50,7 @@ impl Reader {
             let (k, v) = item.map_err(StorageError::db(&self.path))?;
             n = n.wrapping_add(1);
             if n.is_multiple_of(WARM_STEP) {
-                let mut reached = lock(&self.reached);
+                let mut reached = self.reached.lock();
                 reached.clear();
                 reached.extend_from_slice(&k);
             }
@@ -67,6 +67,19 @@ impl Reader {
     }
 }
 
+impl LoadSource for Reader {
+    fn scan<T: records::Record>(
+        &self,
+        space: KeySpace,
+    ) -> impl Iterator<Item = Result<(OwnedKey, T)>> + '_ {
+        Reader::scan(self, space)
+    }
+
+    fn get_sys(&self, key: SysKey) -> Result<Option<u64>> {
+        Reader::get_sys(self, key)
+    }
+}
+
 /// Items between two looks at the other thread's progress.
 pub(super) const WARM_STEP: u32 = 256;
 
@@ -79,7 +92,7 @@ pub(super) fn warm_metas(reader: &Reader) {
     for item in reader.db.scan_prefix([keys::TAG_META]).rev() {
         let Ok((k, _)) = item else { return };
         n = n.wrapping_add(1);
-        if n.is_multiple_of(WARM_STEP) && lock(&reader.reached).as_slice() >= k.as_ref() {
+        if n.is_multiple_of(WARM_STEP) && reader.reached.lock().as_slice() >= k.as_ref() {
             return;
         }
     }
@@ -152,9 +165,9 @@ impl Store {
             pool,
             live,
         };
-        let inner = Arc::new(Inner::new(dir, opts, recovered));
-        inner.refresh_space();
-        let threads = start_threads(&inner)?;
+        let shared = Arc::new(running(dir, opts, recovered));
+        shared.space.refresh(&shared.pool);
+        let threads = start_threads(&shared)?;
         let report = OpenReport {
             applied_lsn: applied,
             replayed,
@@ -162,7 +175,7 @@ impl Store {
         };
         Ok((
             Store::with_backend(LocalBackend {
-                inner,
+                shared,
                 threads: RankedMutex::new(Rank::THREADS, "threads", threads),
                 _lock: dir_lock,
             }),
@@ -183,8 +196,8 @@ impl LocalBackend {
     /// valid before the first submission).
     pub fn reader(&self) -> Reader {
         Reader {
-            db: self.inner.db(),
-            path: self.inner.db_path(),
+            db: self.shared.db.handle(),
+            path: self.shared.db.path(),
             reached: RankedMutex::default_with(Rank::REACHED, "reached"),
         }
     }
@@ -232,7 +245,7 @@ fn prepare_dir(dir: &Path, cache_bytes: u64) -> Result<(sled::Db, PathBuf)> {
     // The entries of `wal/` and `db/` (created by sled) in the data
     // directory must be durable before anything in them counts.
     fsutil::sync_dir(dir)?;
-    check_db_format(&db, &db_dir, fresh)?;
+    db::check_format(&db, &db_dir, fresh)?;
     Ok((db, db_dir))
 }
 
@@ -243,7 +256,7 @@ fn recover(dir: &Path, db: &sled::Db, db_dir: &Path) -> Result<(u64, wal::Replay
     let wal_dir = dir.join("wal");
     let dbe = StorageError::db(db_dir);
     let applied = read_sys(db, SysKey::AppliedLsn, db_dir)?.unwrap_or(0);
-    let checkpoint = fsutil::read_checkpoint(dir)?;
+    let checkpoint = checkpoint::read(dir)?;
     // Negative control: the check skipped.
     if !faults::on(Fault::NoLogContinuity)
         && let Some(log) = checkpoint.log
@@ -267,11 +280,11 @@ fn recover(dir: &Path, db: &sled::Db, db_dir: &Path) -> Result<(u64, wal::Replay
     fsutil::sync_tree(db_dir)?;
     // No log position yet: the segments replayed are retired below and
     // the log starts again in a new one, named once it exists.
-    fsutil::write_checkpoint(
+    checkpoint::write(
         dir,
-        &fsutil::Checkpoint {
+        &checkpoint::Checkpoint {
             applied: end.last_lsn,
-            ..fsutil::Checkpoint::default()
+            ..checkpoint::Checkpoint::default()
         },
     )?;
     Ok((applied, end))
@@ -368,17 +381,17 @@ fn start_log(
     wal_dir: &Path,
     pool: &Arc<wal::Pool>,
     end: &wal::ReplayEnd,
-) -> Result<(wal::Writer, fsutil::Checkpoint)> {
+) -> Result<(wal::Writer, checkpoint::Checkpoint)> {
     let writer = wal::Writer::start(Arc::clone(pool), end.last_segment)?;
     let start_segment = writer.current_number();
     // The new segment exists (created, directory fsynced): from now on
     // a start checks that the log goes on there.
-    let recorded = fsutil::Checkpoint {
+    let recorded = checkpoint::Checkpoint {
         applied: end.last_lsn,
         log: Some((start_segment, end.last_lsn + 1)),
         sizes: segment_sizes(wal_dir, [(start_segment, None)])?,
     };
-    fsutil::write_checkpoint(dir, &recorded)?;
+    checkpoint::write(dir, &recorded)?;
     Ok((writer, recorded))
 }
 
@@ -388,150 +401,49 @@ struct Recovered {
     db_dir: PathBuf,
     end: wal::ReplayEnd,
     writer: wal::Writer,
-    recorded: fsutil::Checkpoint,
+    recorded: checkpoint::Checkpoint,
     pool: Arc<wal::Pool>,
     live: payloads::Live,
 }
 
-impl Inner {
-    /// The shared state of a store that recovery left as `r`.
-    fn new(dir: &Path, opts: StoreOptions, r: Recovered) -> Inner {
-        let Recovered {
-            db,
-            db_dir,
-            end,
-            writer,
-            recorded,
-            pool,
-            live,
-        } = r;
-        let wal_dir = dir.join("wal");
-        let start_segment = writer.current_number();
-        let written = Arc::clone(&writer.written);
-        let (failure, _) = watch::channel(None);
-        Inner {
-            dir: dir.to_path_buf(),
-            db: RwLock::new(Database { db, path: db_dir }),
-            rewritten_bytes: AtomicU64::new(0),
-            opts,
-            state: RankedMutex::new(
-                Rank::STATE,
-                "state",
-                State {
-                    next_lsn: end.last_lsn + 1,
-                    active: Memtable::default(),
-                    active_bytes: 0,
-                    active_deletes: false,
-                    frozen: None,
-                    frozen_bytes: 0,
-                    pending: Vec::new(),
-                    closed: None,
-                },
-            ),
-            commit_cv: RankedCondvar::new(),
-            quiet: AtomicBool::new(false),
-            #[cfg(test)]
-            writer_waiting: AtomicBool::new(false),
-            log: RankedMutex::new(
-                Rank::LOG,
-                "log",
-                LogState {
-                    writer,
-                    frames: Vec::with_capacity(1 << 20),
-                    bounds: Vec::new(),
-                    recent: VecDeque::new(),
-                    recent_bytes: 0,
-                    generation: 0,
-                    stopped: false,
-                },
-            ),
-            apply_cv: RankedCondvar::new(),
-            unapplied: AtomicUsize::new(0),
-            room: tokio::sync::Notify::new(),
-            durable: RankedMutex::new(Rank::DURABLE, "durable", end.last_lsn),
-            durable_cv: RankedCondvar::new(),
-            failure,
-            abandon: AtomicBool::new(false),
-            applied: AtomicU64::new(end.last_lsn),
-            generations: AtomicU64::new(0),
-            segments: written,
-            start_segment,
-            recorded: RankedMutex::new(Rank::RECORDED, "recorded", recorded),
-            pool,
-            placed: RankedMutex::default_with(Rank::PLACED, "placed"),
-            live: RankedMutex::new(Rank::LIVE, "live", live),
-            files: payloads::Files::new(&wal_dir),
-            space: Space::new(),
-            counters: Counters::default(),
-            metrics: StoreMetrics::new(),
-            volatile: RankedMutex::default_with(Rank::VOLATILE, "volatile"),
-            #[cfg(test)]
-            after_freeze: RankedMutex::default_with(Rank::HOOK, "after_freeze"),
-        }
+/// The parts of a running store that recovery left as `r`.
+fn running(dir: &Path, opts: StoreOptions, r: Recovered) -> Shared {
+    let Recovered {
+        db,
+        db_dir,
+        end,
+        writer,
+        recorded,
+        pool,
+        live,
+    } = r;
+    let start_segment = writer.current_number();
+    let (failure, _) = watch::channel(None);
+    Shared {
+        dir: dir.to_path_buf(),
+        db: Database::new(db, db_dir),
+        submission: Submission::new(end.last_lsn, opts.apply_bytes, opts.max_unapplied_bytes),
+        log: LogWriter::new(writer, end.last_lsn, opts.recent_payload_bytes),
+        applier: apply::Applier::new(end.last_lsn),
+        checkpoints: Checkpoints::new(dir, start_segment, recorded),
+        payloads: Payloads::new(live, &dir.join("wal")),
+        pool,
+        space: Space::new(dir, opts.min_free_bytes, opts.segment_size),
+        failure,
+        counters: super::stats::Counters::default(),
+        metrics: StoreMetrics::new(),
+        opts,
     }
 }
 
 /// Starts the log writer and the applier.
-fn start_threads(inner: &Arc<Inner>) -> Result<Vec<std::thread::JoinHandle<()>>> {
+fn start_threads(shared: &Arc<Shared>) -> Result<Vec<std::thread::JoinHandle<()>>> {
     let mut threads = Vec::new();
-    let i = Arc::clone(inner);
-    threads.push(spawn("letterbox-log", move || log_writer(&i))?);
-    let i = Arc::clone(inner);
-    threads.push(spawn("letterbox-apply", move || applier(&i))?);
+    let s = Arc::clone(shared);
+    threads.push(spawn("letterbox-log", move || log::run(&s))?);
+    let s = Arc::clone(shared);
+    threads.push(spawn("letterbox-apply", move || apply::run(&s))?);
     Ok(threads)
-}
-
-/// Opens sled on `db_dir` as the store does. sled panics on some damage
-/// instead of returning an error: that is turned into an error naming the
-/// directory.
-pub(crate) fn open_db(db_dir: &Path, cache_bytes: u64) -> Result<sled::Db> {
-    let open = || {
-        std::panic::catch_unwind(|| {
-            sled::Config::new()
-                .path(db_dir)
-                .flush_every_ms(None)
-                .cache_capacity(cache_bytes)
-                .mode(sled::Mode::HighThroughput)
-                .open()
-        })
-    };
-    let mut opened = open();
-    // sled's file lock outlives the last handle for as long as its
-    // background threads finish writes they were given; within one process
-    // (the data directory's own lock keeps other processes out) a reopen
-    // right after a close can find it still held for a moment.
-    let deadline = Instant::now() + Duration::from_secs(2);
-    while let Ok(Err(sled::Error::Io(e))) = &opened {
-        if e.kind() != std::io::ErrorKind::Other
-            || !e.to_string().contains("could not acquire lock")
-            || Instant::now() >= deadline
-        {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-        opened = open();
-    }
-    match opened {
-        Ok(r) => r.map_err(StorageError::db(db_dir)),
-        Err(panic) => Err(StorageError::corrupt(
-            db_dir.display().to_string(),
-            format!(
-                "the database cannot be read (it is damaged: {})",
-                panic_text(panic.as_ref())
-            ),
-        )),
-    }
-}
-
-/// The message of a caught panic.
-pub(crate) fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = p.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = p.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "a panic".to_string()
-    }
 }
 
 /// Replays the log records newer than `applied` into `db` (payload puts
@@ -596,57 +508,9 @@ pub(crate) fn replay_into(
     Ok((end, batch))
 }
 
-pub(super) fn spawn(
-    name: &str,
-    f: impl FnOnce() + Send + 'static,
-) -> Result<std::thread::JoinHandle<()>> {
+fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> Result<std::thread::JoinHandle<()>> {
     std::thread::Builder::new()
         .name(name.into())
         .spawn(f)
         .map_err(|e| StorageError::io("spawn thread", name, e))
-}
-
-pub(crate) fn read_sys(db: &sled::Db, key: SysKey, path: &Path) -> Result<Option<u64>> {
-    let v = db
-        .get(Key::Sys(key).encode())
-        .map_err(StorageError::db(path))?;
-    match v {
-        None => Ok(None),
-        Some(iv) => Ok(Some(u64::from_be_bytes(iv.as_ref().try_into().map_err(
-            |_| {
-                StorageError::corrupt(
-                    format!("{} system key {key:?}", path.display()),
-                    "not 8 bytes",
-                )
-            },
-        )?))),
-    }
-}
-
-/// Checks the database's format version; a new directory's database gets
-/// it. An existing directory whose database lacks it lost its database
-/// (deleted, truncated, or replaced by an empty one): refused, rather than
-/// started empty.
-pub(super) fn check_db_format(db: &sled::Db, path: &Path, fresh: bool) -> Result<()> {
-    let supported = fsutil::FORMAT_VERSION;
-    match read_sys(db, SysKey::FormatVersion, path)? {
-        Some(v) if v == u64::from(supported) => Ok(()),
-        Some(v) => Err(StorageError::FormatVersion {
-            path: path.to_path_buf(),
-            found: v.to_string(),
-            supported,
-        }),
-        None if !fresh => Err(StorageError::corrupt(
-            path.display().to_string(),
-            "the database is empty or lost its records, but FORMAT says this directory holds data: refusing to start empty",
-        )),
-        None => {
-            db.insert(
-                Key::Sys(SysKey::FormatVersion).encode(),
-                &u64::from(supported).to_be_bytes(),
-            )
-            .map_err(StorageError::db(path))?;
-            Ok(())
-        }
-    }
 }

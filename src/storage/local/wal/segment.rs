@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use super::prealloc::preallocate;
 use crate::storage::error::{Result, StorageError};
-use crate::storage::fsutil;
+use crate::storage::local::fsutil;
 use crate::storage::rank::{Rank, RankedMutex};
 
 /// The path of segment `number`.

@@ -1,5 +1,5 @@
 //! [`PgBackend`]: the [`Backend`] over PostgreSQL, one shard of the key
-//! space per backend, on the state of [`super::pg`] (its module doc has
+//! space per backend, on the state of [`super::state`] (its module doc has
 //! the lease, the fence, unknown outcomes, the schema and chunks).
 //!
 //! ## How it works
@@ -67,17 +67,20 @@ use std::future::Future;
 use std::ops::Bound;
 #[cfg(test)]
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, mpsc};
+use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use tokio::runtime::Handle;
 use tokio::sync::{Notify, oneshot, watch};
 
-use super::keys::{TAG_META, TAG_PAYLOAD};
-use super::pg::{self, Fence, Outcome, PgError, PgState};
-use super::stats::PgStoreMetrics;
-use super::{Backend, Commit, Result, StorageError, Txn};
+use super::committer::{Changes, Front, Queued, Shared, committer, renewer, stopped_for};
+use super::recent::Recent;
+use super::state::{self as pg, Fence, PgError, PgState};
+use crate::storage::backend::Commit;
+use crate::storage::rank::{Rank, RankedGuard, RankedMutex};
+use crate::storage::stats::PgStoreMetrics;
+use crate::storage::{Backend, Result, StorageError, Txn};
 
 /// How a [`PgBackend`] runs.
 #[derive(Debug, Clone)]
@@ -126,114 +129,6 @@ fn default_node() -> String {
     format!("{host}/{}", std::process::id())
 }
 
-type Answer = oneshot::Sender<std::result::Result<(), String>>;
-
-/// Absolute changes: a put with its value, a deletion without.
-type Changes = Vec<(Bytes, Option<Bytes>)>;
-
-/// A transaction waiting for the committer.
-struct Queued {
-    lsn: u64,
-    /// When it was submitted.
-    submitted: Instant,
-    changes: Changes,
-    bytes: usize,
-    done: Answer,
-}
-
-/// What submitters, readers and the committer share.
-struct Front {
-    /// Changes not yet known to be committed: key → (value or deletion,
-    /// lsn of the latest change).
-    overlay: BTreeMap<Bytes, (Option<Bytes>, u64)>,
-    next_lsn: u64,
-    queue: VecDeque<Queued>,
-    /// Set on close or failure: no more submissions.
-    closed: Option<String>,
-    /// Set on failure.
-    failed: Option<String>,
-    /// Message bodies and records committed lately and not changed since.
-    recent: Recent,
-}
-
-/// Recently committed message bodies and records: what PostgreSQL holds
-/// for their keys, kept while they fit in the budget, the oldest evicted
-/// first. A key leaves as soon as a transaction changes it (the overlay
-/// then answers for it).
-#[derive(Default)]
-struct Recent {
-    /// Each body with the number of the `keep` that put it here.
-    values: HashMap<Bytes, (Bytes, u64)>,
-    /// Keys by insertion, oldest first, with the number of their `keep`
-    /// (an entry whose key was forgotten or kept again since is stale).
-    order: VecDeque<(Bytes, u64)>,
-    bytes: usize,
-    budget: usize,
-    kept: u64,
-}
-
-impl Recent {
-    fn get(&self, key: &[u8]) -> Option<&Bytes> {
-        self.values.get(key).map(|(v, _)| v)
-    }
-
-    fn forget(&mut self, key: &[u8]) {
-        if let Some((v, _)) = self.values.remove(key) {
-            self.bytes -= key.len() + v.len();
-        }
-    }
-
-    fn keep(&mut self, key: Bytes, value: Bytes) {
-        let size = key.len() + value.len();
-        if size > self.budget {
-            return;
-        }
-        self.forget(&key);
-        self.kept += 1;
-        self.bytes += size;
-        self.order.push_back((key.clone(), self.kept));
-        self.values.insert(key, (value, self.kept));
-        while self.bytes > self.budget {
-            let Some((old, n)) = self.order.pop_front() else {
-                break;
-            };
-            if self.is_current(&old, n) {
-                self.forget(&old);
-            }
-        }
-        // Stale entries (keys forgotten or kept again since) are dropped
-        // when they outnumber the live ones, never by evicting live values
-        // for them: the stale entries of values acknowledged lately sit
-        // behind older live ones.
-        if self.order.len() > 2 * self.values.len() + 16 {
-            let values = &self.values;
-            self.order
-                .retain(|(k, n)| values.get(k).is_some_and(|(_, m)| m == n));
-        }
-    }
-
-    /// Whether the entry `(key, n)` of `order` is the key's current one.
-    fn is_current(&self, key: &[u8], n: u64) -> bool {
-        self.values.get(key).is_some_and(|(_, m)| *m == n)
-    }
-}
-
-struct Shared {
-    front: Mutex<Front>,
-    /// Wakes the committer.
-    wake: Notify,
-    failure: watch::Sender<Option<String>>,
-    fence: Mutex<Fence>,
-    /// The connection for reads and lease renewals.
-    reader: Mutex<Arc<PgState>>,
-    handle: Handle,
-    url: String,
-    opts: PgBackendOptions,
-    metrics: PgStoreMetrics,
-    #[cfg(test)]
-    renewal_paused: AtomicBool,
-}
-
 /// The runtime and its tasks, until [`Backend::close`].
 struct Running {
     stop: oneshot::Sender<()>,
@@ -245,9 +140,9 @@ struct Running {
 /// The PostgreSQL backend (see the module doc).
 pub struct PgBackend {
     shared: Arc<Shared>,
-    running: Mutex<Option<Running>>,
+    running: RankedMutex<Option<Running>>,
     /// What the first [`Backend::close`] returned.
-    closed: Mutex<Option<std::result::Result<(), String>>>,
+    closed: RankedMutex<Option<std::result::Result<(), String>>>,
 }
 
 impl std::fmt::Debug for PgBackend {
@@ -258,10 +153,6 @@ impl std::fmt::Debug for PgBackend {
             .field("node", &self.shared.opts.node)
             .finish_non_exhaustive()
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Runs `fut` on the backend's runtime and waits for its output on this
@@ -328,21 +219,22 @@ impl PgBackend {
         );
         let (failure, _) = watch::channel(None);
         let shared = Arc::new(Shared {
-            front: Mutex::new(Front {
-                overlay: BTreeMap::new(),
-                next_lsn: committed + 1,
-                queue: VecDeque::new(),
-                closed: None,
-                failed: None,
-                recent: Recent {
-                    budget: opts.recent_bytes,
-                    ..Recent::default()
+            front: RankedMutex::new(
+                Rank::FRONT,
+                "front",
+                Front {
+                    overlay: BTreeMap::new(),
+                    next_lsn: committed + 1,
+                    queue: VecDeque::new(),
+                    closed: None,
+                    failed: None,
+                    recent: Recent::new(opts.recent_bytes),
                 },
-            }),
+            ),
             wake: Notify::new(),
             failure,
-            fence: Mutex::new(fence),
-            reader: Mutex::new(Arc::new(reader)),
+            fence: RankedMutex::new(Rank::FENCE, "fence", fence),
+            reader: RankedMutex::new(Rank::READER, "reader", Arc::new(reader)),
             handle: handle.clone(),
             url: url.to_string(),
             opts,
@@ -354,13 +246,17 @@ impl PgBackend {
         let renewer = handle.spawn(renewer(Arc::clone(&shared)));
         Ok(PgBackend {
             shared,
-            running: Mutex::new(Some(Running {
-                stop,
-                thread,
-                committer,
-                renewer,
-            })),
-            closed: Mutex::new(None),
+            running: RankedMutex::new(
+                Rank::RUNNING,
+                "running",
+                Some(Running {
+                    stop,
+                    thread,
+                    committer,
+                    renewer,
+                }),
+            ),
+            closed: RankedMutex::new(Rank::CLOSED, "closed", None),
         })
     }
 
@@ -381,7 +277,7 @@ impl PgBackend {
 
     /// The lease's epoch this backend writes under.
     pub fn epoch(&self) -> i64 {
-        lock(&self.shared.fence).epoch
+        self.shared.fence.lock().epoch
     }
 
     /// Stops renewing the lease (tests: a node that stalls).
@@ -452,17 +348,17 @@ impl PgBackend {
                     Err(e) if e.is_connection() => e,
                     done => return done,
                 };
-                if let Some(reason) = lock(&shared.front).failed.clone() {
+                if let Some(reason) = shared.front.lock().failed.clone() {
                     return Err(PgError::Db(reason));
                 }
-                let until = *deadline.get_or_insert_with(|| lock(&shared.fence).valid_until);
+                let until = *deadline.get_or_insert_with(|| shared.fence.lock().valid_until);
                 let why = if Instant::now() >= until {
                     e.to_string()
                 } else {
                     tracing::warn!(error = %e, "PostgreSQL: the reading connection was lost; connecting again");
                     match shared.connect(until).await {
                         Ok(fresh) => {
-                            *lock(&shared.reader) = Arc::new(fresh);
+                            *shared.reader.lock() = Arc::new(fresh);
                             continue;
                         }
                         Err(c) => format!("{e}; connecting again: {c}"),
@@ -482,11 +378,11 @@ impl PgBackend {
     /// The transaction's changes as absolute puts and deletes, with its
     /// puts "only if the key exists" decided (see the module doc), and the
     /// front locked with no submission since they were decided.
-    fn absolute(&self, txn: Txn) -> Result<(Changes, MutexGuard<'_, Front>)> {
+    fn absolute(&self, txn: Txn) -> Result<(Changes, RankedGuard<'_, Front>)> {
         let conditional = txn.muts.iter().any(|m| m.if_exists && m.value.is_some());
         if !conditional {
             let changes = txn.muts.into_iter().map(|m| (m.key, m.value)).collect();
-            return Ok((changes, lock(&self.shared.front)));
+            return Ok((changes, self.shared.front.lock()));
         }
         loop {
             // Looked up in the overlay first; the keys it does not hold are
@@ -495,7 +391,7 @@ impl PgBackend {
             // meanwhile: a key absent from the overlay has no change on its
             // way to PostgreSQL.
             let (mark, mut unknown) = {
-                let front = lock(&self.shared.front);
+                let front = self.shared.front.lock();
                 let unknown: Vec<Bytes> = txn
                     .muts
                     .iter()
@@ -510,7 +406,7 @@ impl PgBackend {
                 let exists = self.read_exists(&k)?;
                 in_pg.insert(k, exists);
             }
-            let front = lock(&self.shared.front);
+            let front = self.shared.front.lock();
             if front.next_lsn != mark {
                 continue;
             }
@@ -559,219 +455,14 @@ async fn start(
     Ok((writer, reader, fence, committed))
 }
 
-impl Shared {
-    fn reader(&self) -> Arc<PgState> {
-        Arc::clone(&lock(&self.reader))
-    }
-
-    /// A new connection, tried until `deadline` (once at least).
-    async fn connect(&self, deadline: Instant) -> std::result::Result<PgState, PgError> {
-        loop {
-            match PgState::connect(&self.url, self.opts.shard).await {
-                Ok(mut s) => {
-                    s.set_chunk_size(self.opts.chunk_size);
-                    return Ok(s);
-                }
-                Err(e) if Instant::now() >= deadline => return Err(e),
-                Err(e) => {
-                    tracing::warn!(error = %e, "PostgreSQL: connecting again");
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
-            }
-        }
-    }
-
-    /// Stops the backend for good (see the module doc).
-    fn fail(&self, reason: &str) {
-        let queued = {
-            let mut front = lock(&self.front);
-            if front.failed.is_some() {
-                return;
-            }
-            front.failed = Some(reason.to_string());
-            front.closed = Some(reason.to_string());
-            std::mem::take(&mut front.queue)
-        };
-        tracing::error!(reason, "PostgreSQL backend stopped");
-        refuse(queued, reason);
-        self.failure.send_replace(Some(reason.to_string()));
-        self.wake.notify_one();
-    }
-
-    /// Answers a committed batch and drops its changes from the overlay
-    /// unless a later transaction changed the key again.
-    fn done(&self, batch: VecDeque<Queued>) {
-        let Some(last) = batch.back().map(|q| q.lsn) else {
-            return;
-        };
-        {
-            let mut front = lock(&self.front);
-            for q in &batch {
-                for (k, _) in &q.changes {
-                    if front.overlay.get(k).is_some_and(|(_, lsn)| *lsn <= last)
-                        && let Some((Some(v), _)) = front.overlay.remove(k)
-                        && kept_when_committed(k)
-                    {
-                        front.recent.keep(k.clone(), v);
-                    }
-                }
-            }
-        }
-        for q in batch {
-            self.metrics
-                .commit_seconds
-                .observe(q.submitted.elapsed().as_secs_f64());
-            let _ = q.done.send(Ok(()));
-        }
-    }
-}
-
-/// Whether a committed value of `key` is kept among the recent values:
-/// message bodies and message records (read by a delivery and its lease
-/// close behind the transaction that wrote them).
-fn kept_when_committed(key: &[u8]) -> bool {
-    matches!(key.first(), Some(&(TAG_PAYLOAD | TAG_META)))
-}
-
-fn refuse(batch: impl IntoIterator<Item = Queued>, reason: &str) {
-    for q in batch {
-        let _ = q.done.send(Err(reason.to_string()));
-    }
-}
-
-/// The committer task (see the module doc).
-async fn committer(shared: Arc<Shared>, mut writer: PgState) {
-    loop {
-        let batch = loop {
-            {
-                let mut front = lock(&shared.front);
-                if !front.queue.is_empty() {
-                    break take_batch(&mut front.queue, shared.opts.max_batch_bytes);
-                }
-                if front.closed.is_some() {
-                    return;
-                }
-            }
-            shared.wake.notified().await;
-        };
-        let started = Instant::now();
-        match commit_batch(&shared, &mut writer, &batch).await {
-            Ok(()) => {
-                let m = &shared.metrics;
-                m.transaction_seconds
-                    .observe(started.elapsed().as_secs_f64());
-                m.batch_records.observe(batch.len() as f64);
-                shared.done(batch);
-            }
-            Err(reason) => {
-                shared.fail(&reason);
-                refuse(batch, &reason);
-                return;
-            }
-        }
-    }
-}
-
-/// The oldest queued transactions, whole, up to `max` bytes (one at least).
-fn take_batch(queue: &mut VecDeque<Queued>, max: usize) -> VecDeque<Queued> {
-    let mut batch = VecDeque::new();
-    let mut bytes = 0usize;
-    while let Some(q) = queue.front() {
-        if !batch.is_empty() && bytes.saturating_add(q.bytes) > max {
-            break;
-        }
-        bytes = bytes.saturating_add(q.bytes);
-        batch.extend(queue.pop_front());
-    }
-    batch
-}
-
-/// Commits one batch; the reason to stop if it cannot be.
-async fn commit_batch(
-    shared: &Shared,
-    writer: &mut PgState,
-    batch: &VecDeque<Queued>,
-) -> std::result::Result<(), String> {
-    let Some(last) = batch.back().map(|q| q.lsn) else {
-        return Ok(());
-    };
-    let changes: Changes = batch
-        .iter()
-        .flat_map(|q| q.changes.iter().cloned())
-        .collect();
-    let fence = *lock(&shared.fence);
-    let detail = match writer.commit(&fence, &changes, last).await {
-        Ok(()) => return Ok(()),
-        Err(PgError::Unknown { detail, .. }) => detail,
-        Err(e) => return Err(format!("commit up to lsn {last}: {e}")),
-    };
-    tracing::warn!(lsn = last, %detail, "PostgreSQL: commit outcome unknown, settling it");
-    let unsettled = |e: PgError| {
-        format!(
-            "the outcome of the commit up to lsn {last} is unknown ({detail}) and could not be settled: {e}"
-        )
-    };
-    let deadline = fence.valid_until;
-    let mut fresh = shared.connect(deadline).await.map_err(unsettled)?;
-    let outcome = fresh.resolve(last).await.map_err(unsettled)?;
-    *writer = fresh;
-    match outcome {
-        Outcome::Committed => Ok(()),
-        Outcome::NotCommitted => writer.commit(&fence, &changes, last).await.map_err(|e| {
-            format!("commit up to lsn {last}, sent again after its first outcome was unknown ({detail}): {e}")
-        }),
-    }
-}
-
-/// The lease renewal task (see the module doc).
-async fn renewer(shared: Arc<Shared>) {
-    let ttl = shared.opts.lease_ttl;
-    let period = (ttl / 3).max(Duration::from_millis(10));
-    loop {
-        tokio::time::sleep(period).await;
-        if lock(&shared.front).failed.is_some() {
-            return;
-        }
-        #[cfg(test)]
-        if shared.renewal_paused.load(Ordering::Relaxed) {
-            continue;
-        }
-        let fence = *lock(&shared.fence);
-        let reader = shared.reader();
-        let why = match tokio::time::timeout(period, reader.renew(&fence, ttl)).await {
-            Ok(Ok(renewed)) => {
-                *lock(&shared.fence) = renewed;
-                continue;
-            }
-            Ok(Err(e @ PgError::Fenced { .. })) => {
-                shared.fail(&format!("lease renewal: {e}"));
-                return;
-            }
-            Ok(Err(e)) => e.to_string(),
-            Err(_) => format!("no answer within {} ms", period.as_millis()),
-        };
-        if Instant::now() >= fence.valid_until {
-            shared.fail(&format!(
-                "shard {}: the lease of epoch {} ran out unrenewed ({why}): another node may own the shard now",
-                shared.opts.shard, fence.epoch
-            ));
-            return;
-        }
-        tracing::warn!(%why, "PostgreSQL: lease renewal failed, trying a new connection");
-        if let Ok(Ok(s)) = tokio::time::timeout(period, shared.connect(Instant::now())).await {
-            *lock(&shared.reader) = Arc::new(s);
-        }
-    }
-}
-
 impl Backend for PgBackend {
     fn submit(&self, txn: Txn) -> Commit {
         let (changes, mut front) = match self.absolute(txn) {
             Ok(x) => x,
-            Err(e) => return Commit::refused(e.to_string()),
+            Err(e) => return Commit::refused(Arc::new(e)),
         };
         if let Some(reason) = &front.closed {
-            return Commit::refused(reason.clone());
+            return Commit::refused(stopped_for(reason));
         }
         let lsn = front.next_lsn;
         front.next_lsn += 1;
@@ -791,12 +482,12 @@ impl Backend for PgBackend {
         });
         drop(front);
         self.shared.wake.notify_one();
-        Commit::pending(lsn, rx)
+        Commit::pending(lsn, rx, false)
     }
 
     fn get(&self, key: &[u8]) -> Result<Option<Bytes>> {
         {
-            let front = lock(&self.shared.front);
+            let front = self.shared.front.lock();
             if let Some((v, _)) = front.overlay.get(key) {
                 return Ok(v.clone());
             }
@@ -814,7 +505,7 @@ impl Backend for PgBackend {
         let mut missing: Vec<usize> = Vec::new();
         let mut wanted: Vec<Vec<u8>> = Vec::new();
         {
-            let front = lock(&self.shared.front);
+            let front = self.shared.front.lock();
             let mut seen: HashSet<&[u8]> = HashSet::new();
             for (i, key) in keys.iter().enumerate() {
                 if let Some((v, _)) = front.overlay.get(*key) {
@@ -858,7 +549,10 @@ impl Backend for PgBackend {
         // The overlay first: what PostgreSQL holds now is at least as new
         // for every key the overlay no longer holds.
         let upper = end.map_or(Bound::Unbounded, Bound::Excluded);
-        let overlay: Vec<(Bytes, Option<Bytes>)> = lock(&self.shared.front)
+        let overlay: Vec<(Bytes, Option<Bytes>)> = self
+            .shared
+            .front
+            .lock()
             .overlay
             .range::<[u8], _>((Bound::Included(start), upper))
             .map(|(k, (v, _))| (k.clone(), v.clone()))
@@ -908,16 +602,16 @@ impl Backend for PgBackend {
     }
 
     fn close(&self) -> Result<()> {
-        let mut closed = lock(&self.closed);
+        let mut closed = self.closed.lock();
         if closed.is_none() {
             {
-                let mut front = lock(&self.shared.front);
+                let mut front = self.shared.front.lock();
                 if front.closed.is_none() {
                     front.closed = Some("the PostgreSQL backend is closed".into());
                 }
             }
             self.shared.wake.notify_one();
-            if let Some(running) = lock(&self.running).take() {
+            if let Some(running) = self.running.lock().take() {
                 let shared = Arc::clone(&self.shared);
                 let committer = running.committer;
                 let renewer = running.renewer;
@@ -925,9 +619,9 @@ impl Backend for PgBackend {
                     let _ = committer.await;
                     renewer.abort();
                     let _ = renewer.await;
-                    let failed = lock(&shared.front).failed.is_some();
+                    let failed = shared.front.lock().failed.is_some();
                     if !failed {
-                        let fence = *lock(&shared.fence);
+                        let fence = *shared.fence.lock();
                         if let Err(e) = shared.reader().release(&fence).await {
                             tracing::warn!(error = %e, "PostgreSQL: releasing the lease");
                         }
@@ -936,7 +630,7 @@ impl Backend for PgBackend {
                 let _ = running.stop.send(());
                 let _ = running.thread.join();
             }
-            *closed = Some(match lock(&self.shared.front).failed.clone() {
+            *closed = Some(match self.shared.front.lock().failed.clone() {
                 Some(reason) => Err(reason),
                 None => Ok(()),
             });
@@ -951,99 +645,5 @@ impl Backend for PgBackend {
 impl Drop for PgBackend {
     fn drop(&mut self) {
         let _ = self.close();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn queued(lsn: u64, bytes: usize) -> Queued {
-        Queued {
-            lsn,
-            submitted: Instant::now(),
-            changes: Vec::new(),
-            bytes,
-            done: oneshot::channel().0,
-        }
-    }
-
-    fn lsns(batch: &VecDeque<Queued>) -> Vec<u64> {
-        batch.iter().map(|q| q.lsn).collect()
-    }
-
-    #[test]
-    fn recent_bodies_stay_within_their_budget_oldest_out_first() {
-        let k = |i: u8| Bytes::from(vec![TAG_PAYLOAD, i]);
-        let v = |n: usize| Bytes::from(vec![0u8; n]);
-        let mut r = Recent {
-            budget: 30,
-            ..Recent::default()
-        };
-        r.keep(k(1), v(8));
-        r.keep(k(2), v(8));
-        r.keep(k(3), v(8));
-        assert_eq!(r.bytes, 30);
-        // A fourth pushes the oldest out.
-        r.keep(k(4), v(8));
-        assert!(!r.values.contains_key(&k(1)));
-        assert_eq!(r.bytes, 30);
-        // Forgotten (changed): its bytes are given back; kept again, it is
-        // the newest.
-        r.forget(&k(2));
-        assert_eq!(r.bytes, 20);
-        r.keep(k(2), v(8));
-        r.keep(k(5), v(8));
-        assert!(!r.values.contains_key(&k(3)));
-        assert!(r.values.contains_key(&k(2)));
-        // Larger than the whole budget: not kept, nothing evicted for it.
-        r.keep(k(6), v(40));
-        assert!(!r.values.contains_key(&k(6)));
-        assert_eq!(r.bytes, 30);
-        assert_eq!(r.values.len(), 3);
-    }
-
-    #[test]
-    fn forgotten_values_do_not_push_live_ones_out() {
-        // As a consumer acknowledges behind a publisher: values kept in
-        // order, each one kept again (its lease), then forgotten (its ack).
-        let k = |i: u32| Bytes::from([&[TAG_META][..], &i.to_be_bytes()].concat());
-        let mut r = Recent {
-            budget: 1 << 20,
-            ..Recent::default()
-        };
-        for i in 0..1000 {
-            r.keep(k(i), Bytes::from_static(b"record"));
-        }
-        for i in 0..900 {
-            r.keep(k(i), Bytes::from_static(b"leased"));
-            r.forget(&k(i));
-        }
-        // Within the budget, every value not forgotten is still there.
-        for i in 900..1000 {
-            assert!(r.values.contains_key(&k(i)), "value {i} evicted");
-        }
-        assert_eq!(r.values.len(), 100);
-        // And the order's stale entries stay bounded.
-        assert!(
-            r.order.len() <= 2 * r.values.len() + 18,
-            "{}",
-            r.order.len()
-        );
-    }
-
-    #[test]
-    fn batches_take_whole_transactions_up_to_the_byte_bound() {
-        let mut queue: VecDeque<Queued> = [(1, 10), (2, 30), (3, 100), (4, 5), (5, 5), (6, 45)]
-            .into_iter()
-            .map(|(lsn, bytes)| queued(lsn, bytes))
-            .collect();
-        // 10 + 30 fit in 50; 100 is over the bound alone, a batch of its
-        // own; 5 + 5 + 45 would pass it.
-        assert_eq!(lsns(&take_batch(&mut queue, 50)), vec![1, 2]);
-        assert_eq!(lsns(&take_batch(&mut queue, 50)), vec![3]);
-        assert_eq!(lsns(&take_batch(&mut queue, 50)), vec![4, 5]);
-        assert_eq!(lsns(&take_batch(&mut queue, 50)), vec![6]);
-        assert!(take_batch(&mut queue, 50).is_empty());
     }
 }

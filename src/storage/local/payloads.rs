@@ -13,18 +13,24 @@
 //!
 //! A pointed-to value is the encoded payload record, with its own CRC of
 //! the body, checked on every read like an inline one.
+//!
+//! [`Payloads`] owns the pointer counts (`LIVE`) and the segment files
+//! open for reads (`FILES`, in [`Files`]); it calls nothing holding them.
 
 use std::collections::{BTreeSet, HashMap};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
 
-use super::error::{Result, StorageError};
-use super::rank::{Rank, RankedMutex};
-use super::wal;
+use super::{Shared, wal};
+use crate::storage::Txn;
+use crate::storage::error::{Result, StorageError};
+use crate::storage::keys;
+use crate::storage::rank::{Rank, RankedMutex};
 
 /// First byte of a pointer value (record values start with their version,
 /// 1).
@@ -70,7 +76,7 @@ impl Loc {
 
 /// True for keys whose values are kept in the log (payloads).
 pub(crate) fn located(key: &[u8]) -> bool {
-    key.first() == Some(&super::keys::TAG_PAYLOAD)
+    key.first() == Some(&keys::TAG_PAYLOAD)
 }
 
 /// Pointer counts per segment, and the segments kept only for them.
@@ -127,15 +133,160 @@ impl Live {
     }
 }
 
+/// Payload pointers per segment and the files read through them (see
+/// the module doc).
+#[derive(Debug)]
+pub(super) struct Payloads {
+    /// Payload pointers per segment; pinned segments.
+    live: RankedMutex<Live>,
+    /// Segment files open for payload reads.
+    files: Files,
+}
+
+impl Payloads {
+    /// The payloads of a store whose recovery counted `live` in the
+    /// segments of `wal_dir`.
+    pub(super) fn new(live: Live, wal_dir: &Path) -> Payloads {
+        Payloads {
+            live: RankedMutex::new(Rank::LIVE, "live", live),
+            files: Files::new(wal_dir),
+        }
+    }
+
+    /// Reads the value a pointer refers to.
+    pub(super) fn read(&self, loc: Loc) -> Result<Bytes> {
+        self.files.read(loc)
+    }
+
+    /// Counts the pointers a generation put into the database (`added`,
+    /// one segment per pointer) and took out of it (`removed`).
+    pub(super) fn count(&self, added: Vec<u64>, removed: Vec<u64>) {
+        let mut live = self.live.lock();
+        for seg in added {
+            live.add(seg);
+        }
+        for seg in removed {
+            live.remove(seg);
+        }
+    }
+
+    /// Sorts the segments whose records are all applied up to `applied`
+    /// (`passed`, oldest first) into those kept for their payloads
+    /// (pinned) and those that go, with the pinned segments emptied since;
+    /// ends a compaction whose relocations are applied. Returns the
+    /// segments to retire. Called holding `SEGMENTS` (a checkpoint).
+    pub(super) fn sort_out(&self, passed: Vec<u64>, applied: u64) -> Vec<u64> {
+        let mut retire = Vec::new();
+        let mut live = self.live.lock();
+        for number in passed {
+            if live.count(number) > 0 {
+                live.pinned.insert(number);
+            } else {
+                retire.push(number);
+            }
+        }
+        let emptied: Vec<u64> = live
+            .pinned
+            .iter()
+            .copied()
+            .filter(|s| live.count(*s) == 0)
+            .collect();
+        for seg in emptied {
+            live.pinned.remove(&seg);
+            retire.push(seg);
+        }
+        // A compaction whose relocations are applied is over (what is
+        // still live there, if anything, is compacted again later).
+        if let Some((seg, lsn)) = live.compacting
+            && (lsn <= applied || !live.pinned.contains(&seg))
+        {
+            live.compacting = None;
+        }
+        retire
+    }
+
+    /// Forgets a segment's file (it is being retired).
+    pub(super) fn close(&self, seg: u64) {
+        self.files.close(seg);
+    }
+
+    /// Live payload pointers in all.
+    pub(super) fn live(&self) -> u64 {
+        self.live.lock().counts.values().sum()
+    }
+
+    /// Segments kept only for their payloads.
+    pub(super) fn pinned(&self) -> usize {
+        self.live.lock().pinned.len()
+    }
+
+    /// Tests: live pointers into segment `seg`.
+    #[cfg(test)]
+    pub(super) fn count_in(&self, seg: u64) -> u64 {
+        self.live.lock().count(seg)
+    }
+
+    /// Tests: live pointers per segment.
+    #[cfg(test)]
+    pub(super) fn counts(&self) -> HashMap<u64, u64> {
+        self.live.lock().counts.clone()
+    }
+}
+
+/// Segments kept for their payloads before compaction starts.
+pub(super) const KEEP_PINNED: usize = 2;
+/// Relocations per transaction.
+pub(super) const RELOCATE_BATCH: usize = 256;
+
+/// Moves the live payloads of the pinned segment most worth it to the
+/// current segment, so that it can be retired. The relocations are
+/// conditional puts: a payload deleted meanwhile stays deleted.
+pub(super) fn compact(shared: &Shared) -> Result<()> {
+    let Some(seg) = shared.payloads.live.lock().to_compact(KEEP_PINNED) else {
+        return Ok(());
+    };
+    let wal_dir = shared.dir.join("wal");
+    let mut moved = 0u64;
+    let mut txn = Txn::new();
+    let mut last_lsn = 0u64;
+    // Not waited for: the relocations are applied with everything else.
+    let submit = |txn: Txn| -> u64 { shared.submission.submit(txn, false).lsn() };
+    for (key, value, loc) in payloads_in(&wal_dir, seg)? {
+        let current = shared
+            .db
+            .handle()
+            .get(&key)
+            .map_err(|e| shared.db.error(e))?;
+        if current.and_then(|v| Loc::decode(&v)) != Some(loc) {
+            continue; // deleted, or already somewhere else
+        }
+        txn.relocate(key, value);
+        moved += 1;
+        if txn.muts.len() >= RELOCATE_BATCH {
+            last_lsn = submit(std::mem::take(&mut txn));
+        }
+    }
+    if !txn.is_empty() {
+        last_lsn = submit(txn);
+    }
+    shared
+        .counters
+        .relocated
+        .fetch_add(moved, Ordering::Relaxed);
+    shared.payloads.live.lock().compacting = Some((seg, last_lsn));
+    tracing::debug!(segment = seg, moved, "compacting a log segment");
+    Ok(())
+}
+
 /// Open segment files for reading payloads.
 #[derive(Debug)]
-pub(crate) struct Files {
+struct Files {
     dir: PathBuf,
     open: RankedMutex<HashMap<u64, Arc<File>>>,
 }
 
 impl Files {
-    pub(crate) fn new(dir: &Path) -> Files {
+    fn new(dir: &Path) -> Files {
         Files {
             dir: dir.to_path_buf(),
             open: RankedMutex::default_with(Rank::FILES, "files"),
@@ -154,7 +305,7 @@ impl Files {
     }
 
     /// Reads the value a pointer refers to.
-    pub(crate) fn read(&self, loc: Loc) -> Result<Bytes> {
+    fn read(&self, loc: Loc) -> Result<Bytes> {
         let f = self.file(loc.seg)?;
         let mut buf = vec![0u8; usize::try_from(loc.len).unwrap_or(0)];
         f.read_exact_at(&mut buf, loc.off).map_err(|e| {
@@ -164,7 +315,7 @@ impl Files {
     }
 
     /// Forgets a segment's file (it is being retired).
-    pub(crate) fn close(&self, seg: u64) {
+    fn close(&self, seg: u64) {
         self.open.lock().remove(&seg);
     }
 }

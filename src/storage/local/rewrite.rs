@@ -23,7 +23,9 @@
 
 use std::sync::atomic::Ordering;
 
-use super::{Database, Inner, Result, StorageError, fsutil, lock, open_db};
+use super::db::open_db;
+use super::{Shared, fsutil};
+use crate::storage::error::{Result, StorageError};
 
 /// Writes per sled batch while copying.
 const COPY_CHUNK: usize = 4096;
@@ -40,15 +42,19 @@ const MAX_LIVE_MESSAGES: u64 = 200_000;
 
 /// Rewrites the database if its files are mostly slack (see the module).
 /// Returns whether it did.
-pub(super) fn maybe_rewrite(inner: &Inner) -> Result<bool> {
-    let min = inner.opts.rewrite_min_bytes;
+pub(super) fn maybe_rewrite(shared: &Shared) -> Result<bool> {
+    let min = shared.opts.rewrite_min_bytes;
     if min == 0 {
         return Ok(false);
     }
-    let size = inner.db().size_on_disk().map_err(|e| inner.db_error(e))?;
-    let live: u64 = lock(&inner.live).counts.values().sum();
+    let size = shared
+        .db
+        .handle()
+        .size_on_disk()
+        .map_err(|e| shared.db.error(e))?;
+    let live = shared.payloads.live();
     let estimate = live * BYTES_PER_MESSAGE;
-    let last = inner.rewritten_bytes.load(Ordering::Relaxed);
+    let last = shared.db.rewritten_bytes();
     if size < min
         || size < SLACK_FACTOR * estimate
         || size < SLACK_FACTOR * last
@@ -56,14 +62,14 @@ pub(super) fn maybe_rewrite(inner: &Inner) -> Result<bool> {
     {
         return Ok(false);
     }
-    rewrite(inner, size)?;
+    rewrite(shared, size)?;
     Ok(true)
 }
 
 /// Copies the database into the next generation and makes it current.
-pub(super) fn rewrite(inner: &Inner, size_before: u64) -> Result<()> {
+pub(super) fn rewrite(shared: &Shared, size_before: u64) -> Result<()> {
     let started = std::time::Instant::now();
-    let old_path = inner.db_path();
+    let old_path = shared.db.path();
     let generation = old_path
         .file_name()
         .and_then(|n| n.to_str())
@@ -75,18 +81,18 @@ pub(super) fn rewrite(inner: &Inner, size_before: u64) -> Result<()> {
             )
         })?;
     let name = fsutil::database_name(generation + 1);
-    let new_path = inner.dir.join(&name);
+    let new_path = shared.dir.join(&name);
     if new_path.exists() {
         std::fs::remove_dir_all(&new_path).map_err(|e| StorageError::io("remove", &new_path, e))?;
     }
     let new_err = StorageError::db(&new_path);
-    let old = inner.db();
-    let new = open_db(&new_path, inner.opts.cache_bytes)?;
+    let old = shared.db.handle();
+    let new = open_db(&new_path, shared.opts.cache_bytes)?;
     let mut batch = sled::Batch::default();
     let mut in_batch = 0usize;
     let mut copied = 0u64;
     for item in old.iter() {
-        let (k, v) = item.map_err(|e| inner.db_error(e))?;
+        let (k, v) = item.map_err(|e| shared.db.error(e))?;
         batch.insert(k, v);
         in_batch += 1;
         copied += 1;
@@ -99,21 +105,18 @@ pub(super) fn rewrite(inner: &Inner, size_before: u64) -> Result<()> {
     new.apply_batch(batch).map_err(new_err)?;
     new.flush().map_err(new_err)?;
     fsutil::sync_tree(&new_path)?;
-    fsutil::sync_dir(&inner.dir)?;
-    fsutil::set_current_database(&inner.dir, &name)?;
+    fsutil::sync_dir(&shared.dir)?;
+    fsutil::set_current_database(&shared.dir, &name)?;
     let size_after = new.size_on_disk().map_err(new_err)?;
-    *inner.db.write().unwrap_or_else(|e| e.into_inner()) = Database {
-        db: new,
-        path: new_path,
-    };
+    shared.db.switch(new, new_path);
     // Readers that took the old handle before the switch may still read
     // it; the files stay readable until they drop it (sled flushes on the
     // last drop, and there is nothing left to flush).
     drop(old);
     std::fs::remove_dir_all(&old_path).map_err(|e| StorageError::io("remove", &old_path, e))?;
-    fsutil::sync_dir(&inner.dir)?;
-    inner.rewritten_bytes.store(size_after, Ordering::Relaxed);
-    inner.counters.rewrites.fetch_add(1, Ordering::Relaxed);
+    fsutil::sync_dir(&shared.dir)?;
+    shared.db.rewritten(size_after);
+    shared.counters.rewrites.fetch_add(1, Ordering::Relaxed);
     tracing::info!(
         records = copied,
         bytes_before = size_before,

@@ -9,7 +9,7 @@ use std::process::Command;
 use std::time::Duration;
 
 /// A PostgreSQL server of its own, stopped (immediately) on drop.
-pub(super) struct LocalPg {
+pub(crate) struct LocalPg {
     bin: PathBuf,
     data: PathBuf,
     port: u16,
@@ -45,7 +45,7 @@ fn free_port() -> u16 {
 }
 
 impl LocalPg {
-    pub(super) fn start(test: &str) -> Option<LocalPg> {
+    pub(crate) fn start(test: &str) -> Option<LocalPg> {
         let Some(bin) = pg_bin() else {
             let why =
                 "no PostgreSQL programs under /usr/lib/postgresql (apt-get install postgresql)";
@@ -134,7 +134,7 @@ impl LocalPg {
         );
     }
 
-    pub(super) fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
     }
 
@@ -161,7 +161,7 @@ impl Drop for LocalPg {
 
 /// The pid of the session running a statement that starts with `sql`,
 /// once it waits for `event` (or fails after 20 s).
-pub(super) async fn session_waiting(c: &tokio_postgres::Client, sql: &str, event: &str) -> i32 {
+pub(crate) async fn session_waiting(c: &tokio_postgres::Client, sql: &str, event: &str) -> i32 {
     for _ in 0..400 {
         let row = c
             .query_opt(
@@ -180,7 +180,7 @@ pub(super) async fn session_waiting(c: &tokio_postgres::Client, sql: &str, event
 }
 
 /// Sets `synchronous_standby_names` and reloads the configuration.
-pub(super) async fn set_sync_standby(c: &tokio_postgres::Client, url: &str, names: &str) {
+pub(crate) async fn set_sync_standby(c: &tokio_postgres::Client, url: &str, names: &str) {
     c.batch_execute(&format!(
         "ALTER SYSTEM SET synchronous_standby_names = {names}"
     ))

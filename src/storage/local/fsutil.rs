@@ -6,15 +6,15 @@ use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use super::error::{Result, StorageError};
+use crate::storage::error::{Result, StorageError};
 
 /// The data format this build reads and writes.
 pub const FORMAT_VERSION: u32 = 1;
 
 const FORMAT_FILE: &str = "FORMAT";
 const FORMAT_TMP_FILE: &str = "FORMAT.tmp";
-const CHECKPOINT_FILE: &str = "CHECKPOINT";
-const CHECKPOINT_HEADER: &str = "letterbox checkpoint";
+/// The checkpoint record (see `checkpoint`).
+pub(crate) const CHECKPOINT_FILE: &str = "CHECKPOINT";
 const LOCK_FILE: &str = "LOCK";
 const FORMAT_HEADER: &str = "letterbox data directory";
 const DATABASE_FILE: &str = "DATABASE";
@@ -231,96 +231,10 @@ fn write_format(dir: &Path, path: &PathBuf) -> Result<()> {
     sync_dir(dir)
 }
 
-/// Records, outside the database, the lsn up to which the database was
-/// made durable by a checkpoint (written to a temporary file, fsynced,
-/// renamed, directory fsynced). A start whose database comes back older
-/// than this (damaged or truncated, with the log that fed it retired) is
-/// refused instead of serving less than was acknowledged.
-pub fn write_checkpoint(dir: &Path, cp: &Checkpoint) -> Result<()> {
-    let mut log = cp
-        .log
-        .map(|(segment, first)| format!("log {segment} {first}\n"))
-        .unwrap_or_default();
-    if !cp.sizes.is_empty() {
-        let sizes: Vec<String> = cp.sizes.iter().map(LoggedSegment::to_string).collect();
-        log.push_str(&format!("sizes {}\n", sizes.join(" ")));
-    }
-    replace_file(
-        dir,
-        CHECKPOINT_FILE,
-        &format!("{CHECKPOINT_HEADER}\napplied {}\n{log}", cp.applied),
-    )
-}
-
-/// What a checkpoint recorded.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Checkpoint {
-    /// Every change up to this lsn is durable in the database.
-    pub applied: u64,
-    /// Where the log goes on: the segment that holds the record after
-    /// `applied` (or will hold it), as (its number, the lsn of its first
-    /// record). The log is written into consecutive segments from there.
-    /// Absent when a start had not yet begun its log, and in checkpoints
-    /// of earlier builds.
-    pub log: Option<(u64, u64)>,
-    /// Every log segment from that one on: its number, its size (none may
-    /// be shorter at the next start) and, once a record in it was durable,
-    /// the lsn of its first record (which must still be there). The log
-    /// writer adds a segment here before it acknowledges any record
-    /// written into it.
-    pub sizes: Vec<LoggedSegment>,
-}
-
-/// A log segment as `CHECKPOINT` lists it: `number:size` or
-/// `number:size:first`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LoggedSegment {
-    /// The segment's number.
-    pub number: u64,
-    /// Its size in bytes: segments are created full size and only grow.
-    pub size: u64,
-    /// The lsn of its first record, once that record was durable: noted
-    /// before any record in the segment was acknowledged.
-    pub first: Option<u64>,
-}
-
-impl std::fmt::Display for LoggedSegment {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.first {
-            Some(first) => write!(f, "{}:{}:{first}", self.number, self.size),
-            None => write!(f, "{}:{}", self.number, self.size),
-        }
-    }
-}
-
-impl std::str::FromStr for LoggedSegment {
-    type Err = ();
-
-    fn from_str(s: &str) -> std::result::Result<LoggedSegment, ()> {
-        let mut it = s.split(':').map(str::parse::<u64>);
-        let (Some(Ok(number)), Some(Ok(size))) = (it.next(), it.next()) else {
-            return Err(());
-        };
-        let first = match it.next() {
-            None => None,
-            Some(Ok(first)) => Some(first),
-            Some(Err(_)) => return Err(()),
-        };
-        if it.next().is_some() {
-            return Err(());
-        }
-        Ok(LoggedSegment {
-            number,
-            size,
-            first,
-        })
-    }
-}
-
 /// Replaces the file `name` of `dir` with `text` atomically and durably:
 /// written to `name.tmp`, fsynced, renamed over `name`, and the directory
 /// fsynced. A crash leaves the old content or the new one.
-fn replace_file(dir: &Path, name: &str, text: &str) -> Result<()> {
+pub(crate) fn replace_file(dir: &Path, name: &str, text: &str) -> Result<()> {
     let path = dir.join(name);
     let tmp = dir.join(format!("{name}.tmp"));
     let mut f = File::create(&tmp).map_err(|e| StorageError::io("create", &tmp, e))?;
@@ -329,55 +243,6 @@ fn replace_file(dir: &Path, name: &str, text: &str) -> Result<()> {
         .map_err(|e| StorageError::io("write", &tmp, e))?;
     std::fs::rename(&tmp, &path).map_err(|e| StorageError::io("rename", &path, e))?;
     sync_dir(dir)
-}
-
-/// The last checkpoint (applied lsn 0 and no log position when none was
-/// recorded).
-pub fn read_checkpoint(dir: &Path) -> Result<Checkpoint> {
-    let path = dir.join(CHECKPOINT_FILE);
-    let text = match std::fs::read_to_string(&path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Checkpoint::default()),
-        Err(e) => return Err(StorageError::io("read", &path, e)),
-    };
-    let malformed =
-        || StorageError::corrupt(path.display().to_string(), "malformed checkpoint record");
-    let mut lines = text.lines();
-    let applied = (lines.next() == Some(CHECKPOINT_HEADER))
-        .then(|| lines.next())
-        .flatten()
-        .and_then(|l| l.strip_prefix("applied "))
-        .and_then(|n| n.trim().parse::<u64>().ok())
-        .ok_or_else(malformed)?;
-    let log = match lines.next() {
-        None => None,
-        Some(l) => {
-            let mut f = l
-                .strip_prefix("log ")
-                .ok_or_else(malformed)?
-                .split_whitespace()
-                .map(str::parse::<u64>);
-            match (f.next(), f.next(), f.next()) {
-                (Some(Ok(segment)), Some(Ok(first)), None) => Some((segment, first)),
-                _ => return Err(malformed()),
-            }
-        }
-    };
-    let mut sizes = Vec::new();
-    if let Some(l) = lines.next() {
-        for pair in l
-            .strip_prefix("sizes ")
-            .ok_or_else(malformed)?
-            .split_whitespace()
-        {
-            sizes.push(pair.parse::<LoggedSegment>().map_err(|()| malformed())?);
-        }
-    }
-    Ok(Checkpoint {
-        applied,
-        log,
-        sizes,
-    })
 }
 
 /// The generation of a database directory's name: `db` is 0, `db-N` is N.

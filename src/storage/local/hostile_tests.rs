@@ -5,8 +5,9 @@
 
 use proptest::prelude::*;
 
-use super::records::*;
 use super::*;
+use crate::storage::records::*;
+use crate::storage::{Txn, encode_payload, keys};
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
