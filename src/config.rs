@@ -510,8 +510,11 @@ impl ServeArgs {
         if self.tls_require_client_cert && self.tls_client_ca.is_none() {
             return Err("--tls-require-client-cert: needs --tls-client-ca".into());
         }
+        let cert_pem = read_pem("--tls-cert", cert)?;
+        crate::edge::tls::check_server_cert(&cert_pem)
+            .map_err(|e| format!("--tls-cert {}: {e}", cert.display()))?;
         Ok(Some(TlsConfig {
-            cert_pem: read_pem("--tls-cert", cert)?,
+            cert_pem,
             key_pem: read_pem("--tls-key", key)?,
             client_ca_pem: self
                 .tls_client_ca

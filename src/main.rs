@@ -19,7 +19,7 @@ use letterbox::cli;
 use letterbox::clock::SystemClock;
 use letterbox::config::{LogFormat, ServeArgs, read_config_file};
 use letterbox::launch::{ANYPOINT_PREFIX, CONSOLE_PREFIX, GRPC_PREFIX, METRICS_PREFIX};
-use letterbox::server::{Server, ServerError};
+use letterbox::server::{FrontEnd, Server, ServerError};
 use tracing_subscriber::EnvFilter;
 
 /// mimalloc: the server allocates many small short-lived buffers across
@@ -240,8 +240,13 @@ fn parse_command_line() -> Result<Cli, clap::Error> {
 
 fn init_logs(filter: &str, format: LogFormat) -> Result<(), String> {
     let filter = EnvFilter::try_new(filter).map_err(|e| format!("--log / LETTERBOX_LOG: {e}"))?;
+    // Colours only for a person at a terminal: a file, a pipe or the
+    // journal gets plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
@@ -338,32 +343,27 @@ async fn serve(args: ServeArgs) -> ExitCode {
         "recovered"
     );
     // The first line of standard output is the bound address: scripts and
-    // tests started with port 0 read it.
-    announce(&format!("{GRPC_PREFIX}{}", server.local_addr()));
-    tracing::info!(addr = %server.local_addr(), "serving gRPC");
-    // With the Anypoint MQ facade on, its address is the second line.
-    if let Some(addr) = server.anypoint_addr() {
-        announce(&format!("{ANYPOINT_PREFIX}{addr}"));
-        tracing::info!(%addr, "serving the Anypoint MQ REST API");
-    }
-    if let Some(m) = server.metrics_addr() {
-        let scheme = if config.tls.is_some() {
-            "https"
-        } else {
-            "http"
+    // tests started with port 0 read it. Then one line per other listener
+    // (src/launch.rs), and for each a log line with its TLS settings.
+    for l in server.listening() {
+        let line = match l.front_end {
+            FrontEnd::Grpc => format!("{GRPC_PREFIX}{}", l.addr),
+            FrontEnd::Anypoint => format!("{ANYPOINT_PREFIX}{}", l.addr),
+            FrontEnd::Metrics => format!("{METRICS_PREFIX}{}", l.url()),
+            FrontEnd::Console => format!("{CONSOLE_PREFIX}{}", l.url()),
         };
-        announce(&format!("{METRICS_PREFIX}{scheme}://{m}/metrics"));
+        announce(&line);
         tracing::info!(
-            addr = %m,
-            tls = config.tls.is_some(),
-            token = config.metrics_token.is_some(),
-            "serving metrics"
+            listener = %l.front_end.name(),
+            url = %l.url(),
+            tls = %if l.tls { "on" } else { "off" },
+            client_certs = %l.client_certs.as_str(),
+            "serving {}",
+            l.front_end.what()
         );
-    }
-    if let Some(at) = server.console_addr() {
-        let url = letterbox::console::url(at, config.tls.is_some());
-        announce(&format!("{CONSOLE_PREFIX}{url}"));
-        tracing::info!(%url, "serving the web console");
+        if l.front_end == FrontEnd::Metrics && config.metrics_token.is_some() {
+            tracing::info!("metrics require a bearer token");
+        }
     }
     match server.serve(shutdown).await {
         Ok(()) => {

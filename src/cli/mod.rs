@@ -24,6 +24,7 @@ mod group;
 mod message;
 pub(crate) mod output;
 pub(crate) mod queue;
+mod tls;
 
 use std::process::ExitCode;
 
@@ -232,6 +233,17 @@ pub enum Command {
         #[allow(missing_docs)]
         cmd: context::ContextCmd,
     },
+    /// TLS that works the first time: `tls init DIR` makes a local CA, a
+    /// server certificate it signs and, with `--client`, a client
+    /// certificate.
+    Tls {
+        /// Print JSON instead of text.
+        #[arg(long, global = true)]
+        json: bool,
+        #[command(subcommand)]
+        #[allow(missing_docs)]
+        cmd: tls::TlsCmd,
+    },
 }
 
 /// Runs a client command.
@@ -247,6 +259,16 @@ pub async fn run(command: Command) -> ExitCode {
                 Err(e) => fail(&e),
             };
         }
+        Command::Tls { json, .. } => {
+            let out = output::Out::new(*json);
+            let Command::Tls { cmd, .. } = command else {
+                return ExitCode::from(2);
+            };
+            return match tls::run(&out, cmd) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => fail(&e),
+            };
+        }
         Command::Queue { common, .. }
         | Command::Publish { common, .. }
         | Command::Consume { common, .. }
@@ -256,6 +278,13 @@ pub async fn run(command: Command) -> ExitCode {
         | Command::Dlq { common, .. }
         | Command::Definitions { common, .. } => common.clone(),
     };
+    // Usage that can be told without the server is told before
+    // connecting.
+    if let Command::Publish { args, .. } = &command
+        && let Err(e) = args.check()
+    {
+        return fail(&e);
+    }
     let config = match common.client_config() {
         Ok(c) => c,
         Err(e) => return fail(&e),
@@ -274,7 +303,7 @@ pub async fn run(command: Command) -> ExitCode {
         Command::Exchange { cmd, .. } => exchange::run(&client, &out, cmd).await,
         Command::Dlq { cmd, .. } => dlq::run(&client, &out, cmd).await,
         Command::Definitions { cmd, .. } => definitions::run(&client, &out, cmd).await,
-        Command::Context { .. } => Ok(()),
+        Command::Context { .. } | Command::Tls { .. } => Ok(()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -289,6 +318,42 @@ fn fail(e: &ClientError) -> ExitCode {
         ErrorKind::InvalidArgument => ExitCode::from(2),
         _ => ExitCode::from(1),
     }
+}
+
+/// The server's refusal of a value a flag gave, in the command line's
+/// words: "`--ttl` must be between 1m and 14d (got 10s)" rather than the
+/// API's field and its milliseconds. `flag_of` names the flag of an API
+/// field (`config.message_ttl_ms`) and what it was given, if it is one of
+/// this command's; any other error is left as it is. A flag's value
+/// refused is bad usage (exit code 2).
+pub(crate) fn in_flag_words(
+    e: ClientError,
+    flag_of: impl Fn(&str) -> Option<(&'static str, Option<String>)>,
+) -> ClientError {
+    if e.code() != Some(Code::InvalidArgument) {
+        return e;
+    }
+    let Some((field, reason)) = e.field_violations().into_iter().next() else {
+        return e;
+    };
+    let Some((flag, given)) = flag_of(&field) else {
+        return e;
+    };
+    // Milliseconds as the duration flags write them.
+    let reason = if field.ends_with("_ms") {
+        reason
+            .split(' ')
+            .map(|w| match w.parse::<u64>() {
+                Ok(ms) => output::dur(ms),
+                Err(_) => w.to_string(),
+            })
+            .collect::<Vec<_>>()
+            .join(" ")
+    } else {
+        reason
+    };
+    let got = given.map_or_else(String::new, |g| format!(" (got {g})"));
+    usage(format!("`{flag}` {reason}{got}"))
 }
 
 /// An error about the command line itself (exit code 2).

@@ -631,3 +631,145 @@ fn letterbox_free_command(program: &str) -> Command {
         .env_remove("LETTERBOX_TOKEN");
     c
 }
+
+/// Errors of the command line speak its language: the flag and its
+/// units, never the API's field, its milliseconds or Rust debug text.
+#[tokio::test]
+async fn errors_name_the_flag_and_its_units() {
+    let s = TestServer::start().await;
+    let no_debug = |text: &str| {
+        for debug in ["Some(", "None", "DeadLetterPolicy", "config.", "_ms"] {
+            assert!(!text.contains(debug), "{debug:?} in: {text}");
+        }
+    };
+    let out = run(&s, &["queue", "create", "orders", "--ttl", "10s"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert_eq!(
+        stderr(&out).trim_end(),
+        "letterbox: `--ttl` must be between 1m and 14d (got 10s)"
+    );
+    // Nothing was created.
+    assert_eq!(run(&s, &["queue", "get", "orders"]).status.code(), Some(1));
+
+    let out = run(&s, &["queue", "create", "orders", "--ack-timeout", "500ms"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("`--ack-timeout` must be between 1s and 12h (got 500ms)"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(run(&s, &["queue", "create", "orders.dlq"]).status.success());
+    let created = run(
+        &s,
+        &[
+            "queue",
+            "create",
+            "orders",
+            "--dlq",
+            "orders.dlq",
+            "--max-deliveries",
+            "5",
+            "--ttl",
+            "1h",
+        ],
+    );
+    assert!(created.status.success(), "{}", stderr(&created));
+    let out = run(&s, &["queue", "update", "orders", "--backoff", "1m,1s,2"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("`--backoff MAX` must be between 1m and 15m (got 1m,1s,2)"),
+        "{}",
+        stderr(&out)
+    );
+
+    // Created again with other flags: which settings differ, as flags.
+    let out = run(
+        &s,
+        &[
+            "queue",
+            "create",
+            "orders",
+            "--dlq",
+            "orders.dlq",
+            "--ttl",
+            "2h",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let text = stderr(&out);
+    no_debug(&text);
+    assert!(
+        text.contains("queue \"orders\" already exists with other settings: the queue has --ttl 1h, this command --ttl 2h; the queue has --dlq orders.dlq --max-deliveries 5, this command --dlq orders.dlq"),
+        "{text}"
+    );
+    let out = run(&s, &["queue", "create", "orders", "--fifo"]);
+    let text = stderr(&out);
+    no_debug(&text);
+    assert!(
+        text.contains("the queue has no --fifo, this command --fifo; the queue has --ttl 1h, this command no --ttl (the default)"),
+        "{text}"
+    );
+    // The same flags again: a no-op.
+    let again = run(
+        &s,
+        &[
+            "queue",
+            "create",
+            "orders",
+            "--dlq",
+            "orders.dlq",
+            "--max-deliveries",
+            "5",
+            "--ttl",
+            "1h",
+        ],
+    );
+    assert!(again.status.success(), "{}", stderr(&again));
+
+    let out = run(&s, &["publish", "orders", "a", "--delay", "1h"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("`--delay` must be between 0ms and 15m (got 1h)"),
+        "{}",
+        stderr(&out)
+    );
+    let out = run(&s, &["consume", "orders", "--ack-timeout", "100ms"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("`--ack-timeout` must be between 1s and 12h (got 100ms)"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+/// `publish` without what to publish is told so before any connection is
+/// tried: no server listens where it points, yet it is a usage error.
+#[test]
+fn publish_reports_usage_before_connecting() {
+    let nowhere = ["--server", "http://127.0.0.1:1"];
+    let out = letterbox().arg("publish").args(nowhere).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("Usage: letterbox publish"),
+        "{}",
+        stderr(&out)
+    );
+    let out = letterbox()
+        .args(["publish", "orders"])
+        .args(nowhere)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("nothing to publish: give bodies, --file or --stdin"),
+        "{}",
+        stderr(&out)
+    );
+    // With something to publish, it does connect (and finds nobody).
+    let out = letterbox()
+        .args(["publish", "orders", "a"])
+        .args(nowhere)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+}

@@ -179,7 +179,7 @@ async fn the_node_client_example_runs_its_consume_loop() {
 }
 
 /// GET over plain HTTP/1.1; returns the status line and the body.
-async fn http_get(addr: std::net::SocketAddr, path: &str) -> (String, String) {
+pub(crate) async fn http_get(addr: std::net::SocketAddr, path: &str) -> (String, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
     s.write_all(

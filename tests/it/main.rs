@@ -23,5 +23,6 @@ mod redrive;
 mod security;
 mod slow_clients;
 mod subscriber_order;
+mod tls_first_time;
 mod verify;
 mod walkthrough;
