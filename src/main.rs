@@ -48,6 +48,8 @@ fn no_transparent_huge_pages() {
 #[derive(Debug, Parser)]
 #[command(name = "letterbox", version, about)]
 struct Cli {
+    #[command(flatten)]
+    leading: cli::Leading,
     #[command(subcommand)]
     command: Command,
 }
@@ -107,16 +109,11 @@ fn completions(shell: clap_complete::Shell) -> ExitCode {
 fn man(out_dir: Option<&std::path::Path>) -> ExitCode {
     let cmd = Cli::command();
     let written = match out_dir {
-        Some(dir) => std::fs::create_dir_all(dir)
-            .and_then(|()| clap_mangen::generate_to(cmd, dir))
-            .map_err(|e| format!("{}: {e}", dir.display())),
-        None => {
-            let mut page = Vec::new();
-            match clap_mangen::Man::new(cmd).render(&mut page) {
-                Ok(()) => return emit(&page),
-                Err(e) => Err(e.to_string()),
-            }
-        }
+        Some(dir) => cli::man::write_pages(cmd, dir).map_err(|e| format!("{}: {e}", dir.display())),
+        None => match cli::man::render(cmd) {
+            Ok(page) => return emit(&page),
+            Err(e) => Err(e.to_string()),
+        },
     };
     match written {
         Ok(()) => ExitCode::SUCCESS,
@@ -233,6 +230,22 @@ fn parse_command_line() -> Result<Cli, clap::Error> {
         cli = Cli::from_arg_matches(&matches)?;
         if let Command::Serve(args) = &mut cli.command {
             args.principals = settings.principals;
+        }
+    }
+    // Connection flags before the subcommand: for the client commands.
+    let leading = std::mem::take(&mut cli.leading);
+    match (&mut cli.command, matches.subcommand()) {
+        (Command::Client(cmd), Some((_, sub))) => cmd.take_leading(leading, sub),
+        (_, sub) => {
+            if let Some(flag) = leading.given().first() {
+                let name = sub.map_or("letterbox", |(n, _)| n);
+                return Err(Cli::command().error(
+                    clap::error::ErrorKind::ArgumentConflict,
+                    format!(
+                        "{flag} is a connection flag of the client commands (queue, publish, ...), not of `{name}`"
+                    ),
+                ));
+            }
         }
     }
     Ok(cli)

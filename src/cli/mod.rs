@@ -21,6 +21,7 @@ mod definitions;
 mod dlq;
 mod exchange;
 mod group;
+pub mod man;
 mod message;
 pub(crate) mod output;
 pub(crate) mod queue;
@@ -37,8 +38,10 @@ use crate::client::{Client, ClientConfig, ClientError, Code, Credentials, ErrorK
 pub const DEFAULT_SERVER: &str = "http://127.0.0.1:50051";
 
 /// Flags shared by every client command. Each wins over the same setting
-/// of the context in use (see [`context`]).
+/// of the context in use (see [`context`]). They may come before the
+/// subcommand too ([`Leading`]).
 #[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Connection")]
 pub struct Common {
     /// Server address, `http://HOST:PORT` or `https://HOST:PORT`, or
     /// several separated by commas (the nodes of a highly available pair,
@@ -77,6 +80,155 @@ pub struct Common {
     /// Private key (PEM) of `--client-cert`.
     #[arg(long, global = true, env = "LETTERBOX_CLIENT_KEY")]
     pub client_key: Option<std::path::PathBuf>,
+}
+
+/// The connection flags given before the subcommand (`letterbox --context
+/// prod queue list`, as `kubectl` and `nats` take them): the same as
+/// [`Common`], which they fill in where the subcommand's own command line
+/// gave nothing (a flag after the subcommand wins; both win over the
+/// `LETTERBOX_*` variables, which [`Common`] reads).
+#[derive(Debug, Clone, Default, Args)]
+#[command(next_help_heading = "Connection (client commands; also after the subcommand)")]
+pub struct Leading {
+    /// Server address, `http://HOST:PORT` or `https://HOST:PORT`, or
+    /// several separated by commas [env: LETTERBOX_SERVER] [default: the
+    /// context's, else http://127.0.0.1:50051].
+    #[arg(long)]
+    pub server: Option<String>,
+    /// Connection profile to use instead of the selected one
+    /// [env: LETTERBOX_CONTEXT].
+    #[arg(long)]
+    pub context: Option<String>,
+    /// Print JSON instead of tables.
+    #[arg(long)]
+    pub json: bool,
+    /// Bearer token [env: LETTERBOX_TOKEN].
+    #[arg(long)]
+    pub token: Option<String>,
+    /// Client id (with `--client-secret`) [env: LETTERBOX_CLIENT_ID].
+    #[arg(long)]
+    pub client_id: Option<String>,
+    /// Client secret of `--client-id` [env: LETTERBOX_CLIENT_SECRET].
+    #[arg(long)]
+    pub client_secret: Option<String>,
+    /// CA certificate (PEM) to trust for an `https://` server
+    /// [env: LETTERBOX_CA_CERT].
+    #[arg(long)]
+    pub ca_cert: Option<std::path::PathBuf>,
+    /// Client certificate (PEM) for mTLS, with `--client-key`
+    /// [env: LETTERBOX_CLIENT_CERT].
+    #[arg(long)]
+    pub client_cert: Option<std::path::PathBuf>,
+    /// Private key (PEM) of `--client-cert` [env: LETTERBOX_CLIENT_KEY].
+    #[arg(long)]
+    pub client_key: Option<std::path::PathBuf>,
+}
+
+impl Leading {
+    /// The flags given, by name, for a message.
+    pub fn given(&self) -> Vec<&'static str> {
+        let Leading {
+            server,
+            context,
+            json,
+            token,
+            client_id,
+            client_secret,
+            ca_cert,
+            client_cert,
+            client_key,
+        } = self;
+        [
+            ("--server", server.is_some()),
+            ("--context", context.is_some()),
+            ("--json", *json),
+            ("--token", token.is_some()),
+            ("--client-id", client_id.is_some()),
+            ("--client-secret", client_secret.is_some()),
+            ("--ca-cert", ca_cert.is_some()),
+            ("--client-cert", client_cert.is_some()),
+            ("--client-key", client_key.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(flag, on)| on.then_some(flag))
+        .collect()
+    }
+}
+
+impl Common {
+    /// Fills in what the leading flags give where the subcommand's own
+    /// command line gave nothing; `from_command_line(id)` says whether it
+    /// gave the flag whose argument id is `id` (`server`, `ca_cert`, ...).
+    fn take_leading(&mut self, leading: Leading, from_command_line: impl Fn(&str) -> bool) {
+        let Leading {
+            server,
+            context,
+            json,
+            token,
+            client_id,
+            client_secret,
+            ca_cert,
+            client_cert,
+            client_key,
+        } = leading;
+        fn fill<T>(mine: &mut Option<T>, theirs: Option<T>, mine_given: bool) {
+            if !mine_given && theirs.is_some() {
+                *mine = theirs;
+            }
+        }
+        fill(&mut self.server, server, from_command_line("server"));
+        fill(&mut self.context, context, from_command_line("context"));
+        fill(&mut self.token, token, from_command_line("token"));
+        fill(
+            &mut self.client_id,
+            client_id,
+            from_command_line("client_id"),
+        );
+        fill(
+            &mut self.client_secret,
+            client_secret,
+            from_command_line("client_secret"),
+        );
+        fill(&mut self.ca_cert, ca_cert, from_command_line("ca_cert"));
+        fill(
+            &mut self.client_cert,
+            client_cert,
+            from_command_line("client_cert"),
+        );
+        fill(
+            &mut self.client_key,
+            client_key,
+            from_command_line("client_key"),
+        );
+        self.json |= json;
+    }
+}
+
+impl Command {
+    /// Takes the connection flags given before the subcommand
+    /// ([`Leading`]); `sub` is what clap matched of the subcommand, to
+    /// tell the flags given after it from those of the variables.
+    pub fn take_leading(&mut self, leading: Leading, sub: &clap::ArgMatches) {
+        let from_command_line = |id: &str| {
+            matches!(
+                sub.try_get_raw(id).ok().flatten().and(sub.value_source(id)),
+                Some(clap::parser::ValueSource::CommandLine)
+            )
+        };
+        match self {
+            Command::Context { json, .. } | Command::Tls { json, .. } => *json |= leading.json,
+            Command::Queue { common, .. }
+            | Command::Publish { common, .. }
+            | Command::Consume { common, .. }
+            | Command::Browse { common, .. }
+            | Command::Group { common, .. }
+            | Command::Exchange { common, .. }
+            | Command::Dlq { common, .. }
+            | Command::Definitions { common, .. } => {
+                common.take_leading(leading, from_command_line);
+            }
+        }
+    }
 }
 
 /// Checks a server address given on the command line or in a context.
@@ -164,28 +316,31 @@ pub enum Command {
     Publish {
         #[command(flatten)]
         #[allow(missing_docs)]
-        common: Common,
+        args: message::PublishArgs,
+        // Last: its help heading covers its own flags only.
         #[command(flatten)]
         #[allow(missing_docs)]
-        args: message::PublishArgs,
+        common: Common,
     },
     /// Receive messages, print them, and ack (or nack) them.
     Consume {
         #[command(flatten)]
         #[allow(missing_docs)]
-        common: Common,
+        args: message::ConsumeArgs,
+        // Last: its help heading covers its own flags only.
         #[command(flatten)]
         #[allow(missing_docs)]
-        args: message::ConsumeArgs,
+        common: Common,
     },
     /// Read messages without consuming them.
     Browse {
         #[command(flatten)]
         #[allow(missing_docs)]
-        common: Common,
+        args: message::BrowseArgs,
+        // Last: its help heading covers its own flags only.
         #[command(flatten)]
         #[allow(missing_docs)]
-        args: message::BrowseArgs,
+        common: Common,
     },
     /// FIFO groups: list, skip a head, release a parked group.
     Group {

@@ -773,3 +773,148 @@ fn publish_reports_usage_before_connecting() {
         .unwrap();
     assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
 }
+
+/// Every client command's help lists the connection flags under their own
+/// heading, after the command's own flags; they are taken before the
+/// subcommand too, where a flag after it wins; the server's commands
+/// refuse them.
+#[tokio::test]
+async fn connection_flags_have_their_heading_and_go_before_the_subcommand() {
+    let commands: &[&[&str]] = &[
+        &["queue", "create"],
+        &["queue", "list"],
+        &["queue", "stats"],
+        &["publish"],
+        &["consume"],
+        &["browse"],
+        &["group", "list"],
+        &["exchange", "bind"],
+        &["dlq", "redrive"],
+        &["definitions", "export"],
+    ];
+    for cmd in commands {
+        let out = letterbox().args(*cmd).arg("--help").output().unwrap();
+        let help = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (own, connection) = help
+            .split_once("\nConnection:\n")
+            .unwrap_or_else(|| panic!("{cmd:?}: no Connection heading:\n{help}"));
+        for flag in [
+            "--server",
+            "--context",
+            "--token",
+            "--ca-cert",
+            "--client-cert",
+            "--json",
+        ] {
+            assert!(
+                connection.contains(flag),
+                "{cmd:?}: {flag} not under Connection:\n{help}"
+            );
+            assert!(
+                !own.contains(&format!("{flag} ")),
+                "{cmd:?}: {flag} above the heading"
+            );
+        }
+    }
+    let top = letterbox().arg("--help").output().unwrap();
+    let top = String::from_utf8_lossy(&top.stdout).into_owned();
+    assert!(
+        top.contains("Connection (client commands; also after the subcommand):"),
+        "{top}"
+    );
+
+    let s = TestServer::start().await;
+    let home = tempfile::tempdir().unwrap();
+    let ctx = |args: &[&str]| {
+        letterbox()
+            .env("LETTERBOX_CONFIG_HOME", home.path())
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let addr = format!("http://{}", s.addr);
+    assert!(
+        ctx(&["context", "add", "dead", "--server", "http://127.0.0.1:1"])
+            .status
+            .success()
+    );
+    assert!(
+        ctx(&["context", "add", "prod", "--server", &addr])
+            .status
+            .success()
+    );
+    assert!(
+        ctx(&["queue", "create", "here"]).status.code() == Some(3),
+        "dead is selected"
+    );
+    let out = ctx(&["--context", "prod", "queue", "list", "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(json(&out).as_array().unwrap().is_empty());
+    let out = ctx(&["--context", "prod", "--json", "queue", "create", "here"]);
+    assert_eq!(json(&out)["name"], "here");
+    // After the subcommand wins over before it; before it wins over the
+    // variables.
+    let out = ctx(&[
+        "--server",
+        "http://127.0.0.1:1",
+        "queue",
+        "list",
+        "--server",
+        &addr,
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = letterbox()
+        .env("LETTERBOX_SERVER", "http://127.0.0.1:1")
+        .args(["--server", &addr, "queue", "get", "here"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    // Not a flag of the server's commands.
+    let out = letterbox()
+        .args(["--server", &addr, "serve"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("--server is a connection flag of the client commands"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+/// Every manual page has EXAMPLES, EXIT STATUS and SEE ALSO, and the pages
+/// of commands that read or write files a FILES section.
+#[test]
+fn man_pages_have_examples_exit_status_files_and_see_also() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = letterbox()
+        .args(["man", "--out-dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let mut pages = 0;
+    for entry in std::fs::read_dir(dir.path()).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        let page = std::fs::read_to_string(&path).unwrap();
+        for section in [".SH EXAMPLES", ".SH \"EXIT STATUS\"", ".SH \"SEE ALSO\""] {
+            assert!(page.contains(section), "{name}: no {section}");
+        }
+        let local = ["letterbox-auth", "letterbox-completions", "letterbox-man"]
+            .iter()
+            .any(|p| name.starts_with(p));
+        assert_eq!(page.contains(".SH FILES"), !local, "{name}: FILES");
+        pages += 1;
+    }
+    assert!(pages > 30, "{pages} pages");
+    let serve = std::fs::read_to_string(dir.path().join("letterbox-serve.1")).unwrap();
+    assert!(serve.contains("/etc/letterbox/letterbox.toml"), "{serve}");
+    assert!(
+        serve.contains("the storage failed while running"),
+        "{serve}"
+    );
+    let create = std::fs::read_to_string(dir.path().join("letterbox-queue-create.1")).unwrap();
+    assert!(create.contains("\\fBletterbox\\-queue\\fR(1)"), "{create}");
+    assert!(create.contains(".SH CONNECTION"), "{create}");
+}
