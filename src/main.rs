@@ -40,7 +40,10 @@ fn no_transparent_huge_pages() {
     if std::env::var_os("MIMALLOC_ALLOW_THP").is_none()
         && let Err(e) = rustix::thread::disable_transparent_huge_pages(true)
     {
-        tracing::warn!(error = %e, "cannot turn transparent huge pages off");
+        tracing::warn!(
+            error = %e,
+            "cannot turn transparent huge pages off: memory may grow by whole huge pages and the kernel spend CPU zeroing them (set MIMALLOC_ALLOW_THP=1 to leave them to the allocator and silence this)"
+        );
     }
 }
 
@@ -251,8 +254,20 @@ fn parse_command_line() -> Result<Cli, clap::Error> {
     Ok(cli)
 }
 
+/// PostgreSQL's notices (`relation "lb_owner" already exists, skipping`,
+/// which a standby's every attempt at the lease would log at `info`) are
+/// left out unless the filter names `tokio_postgres` itself; its errors
+/// come through the server's own messages.
+const QUIET_PG_NOTICES: &str = "tokio_postgres::connection=warn";
+
 fn init_logs(filter: &str, format: LogFormat) -> Result<(), String> {
-    let filter = EnvFilter::try_new(filter).map_err(|e| format!("--log / LETTERBOX_LOG: {e}"))?;
+    let mut filter =
+        EnvFilter::try_new(filter).map_err(|e| format!("--log / LETTERBOX_LOG: {e}"))?;
+    if !filter.to_string().contains("tokio_postgres")
+        && let Ok(quiet) = QUIET_PG_NOTICES.parse()
+    {
+        filter = filter.add_directive(quiet);
+    }
     // Colours only for a person at a terminal: a file, a pipe or the
     // journal gets plain text.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr())
@@ -344,7 +359,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
         tracing::info!("authentication on: every call needs a principal's credentials");
     } else {
         tracing::warn!(
-            addr = %config.listen,
+            addr = %server.local_addr(),
             "authentication off (no principals configured): every caller may do everything; listening on loopback only unless --allow-remote-without-auth"
         );
     }

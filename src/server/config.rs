@@ -128,6 +128,34 @@ pub enum ServerError {
     /// or recovered.
     #[error("cannot open the store: {0}")]
     Open(#[from] StorageError),
+    /// PostgreSQL (`--store`) could not be reached or did not accept
+    /// the session: the cause in words where it is known.
+    #[error("cannot reach PostgreSQL at {target}: {cause} ({detail})")]
+    PgUnreachable {
+        /// The hosts tried (the URL without its password).
+        target: String,
+        /// The cause in words, and what to check.
+        cause: String,
+        /// PostgreSQL's or the connection's own words.
+        detail: String,
+    },
+    /// Another node owns the queues and this one was not started as a
+    /// standby.
+    #[error(
+        "another node, {owner:?} (epoch {epoch}), owns the queues in PostgreSQL at {target} \
+         for another {left_ms} ms: start this node with --standby to wait and take over once \
+         that lease lapses (both nodes of a pair run with --standby), or stop the other node"
+    )]
+    LeaseHeld {
+        /// The hosts (the URL without its password).
+        target: String,
+        /// The owner's node name.
+        owner: String,
+        /// The owner's epoch.
+        epoch: i64,
+        /// What is left of its lease, in ms.
+        left_ms: u64,
+    },
     /// The engine could not rebuild its state.
     #[error("cannot load the queues: {0}")]
     Load(#[from] QueueError),

@@ -218,7 +218,7 @@ async fn bind_at(
             match l.and_then(|l| l.local_addr().map(|a| (l, a))) {
                 Ok(x) => Ok(Some(x)),
                 Err(e) => {
-                    tracing::warn!(addr = %at, error = %e, "{what} could not listen; serving without it");
+                    tracing::warn!(addr = %at, error = %e, "{what} could not listen there nor on another port of its address; serving without it (give --console-listen ADDR, or off)");
                     Ok(None)
                 }
             }

@@ -18,6 +18,7 @@ mod fifo;
 mod ha;
 mod harness;
 mod log_damage;
+mod logs;
 mod messaging;
 mod redrive;
 mod security;
