@@ -192,6 +192,11 @@ pub struct ServeArgs {
     /// to other users in the process list).
     #[arg(long, env = "LETTERBOX_METRICS_TOKEN", hide_env_values = true)]
     pub metrics_token: Option<String>,
+    /// Each queue's figures in `/metrics` too (labelled `queue`), not only
+    /// at `/metrics/per-queue`; without it `/metrics` sums them over all
+    /// queues, a scrape whose size does not grow with their number.
+    #[arg(long, env = "LETTERBOX_METRICS_PER_QUEUE")]
+    pub metrics_per_queue: bool,
     /// Address for the Anypoint MQ compatible REST API (off unless given;
     /// port 0 picks a free port, printed on the second line of standard
     /// output).
@@ -340,6 +345,7 @@ impl ServeArgs {
         c.auth = Arc::new(auth);
         c.metrics_listen = self.metrics_listen;
         c.metrics_token = self.metrics_token()?;
+        c.metrics_per_queue = self.metrics_per_queue;
         if self.max_concurrent_streams == 0 {
             return Err("--max-concurrent-streams: must be at least 1".into());
         }

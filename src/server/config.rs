@@ -44,6 +44,9 @@ pub struct ServerConfig {
     /// A bearer token `/metrics` requires (`Authorization: Bearer
     /// TOKEN`), none when `None`.
     pub metrics_token: Option<String>,
+    /// Each queue's figures in `/metrics` too, not only at
+    /// `/metrics/per-queue`.
+    pub metrics_per_queue: bool,
     /// Address of the Anypoint MQ REST facade, if it is on.
     pub anypoint_listen: Option<SocketAddr>,
     /// Address of the web console, if it is on.
@@ -108,6 +111,7 @@ impl ServerConfig {
             limits: Limits::default(),
             metrics_listen: None,
             metrics_token: None,
+            metrics_per_queue: false,
             anypoint_listen: None,
             console_listen: None,
             console_sample_every: Duration::from_secs(5),

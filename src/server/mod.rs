@@ -461,6 +461,7 @@ fn start_metrics(
         recovery: report.elapsed,
         replayed: report.replayed,
         token: config.metrics_token.clone(),
+        per_queue: config.metrics_per_queue,
     };
     Task::spawn(CancellationToken::new(), |stop| {
         crate::metrics::serve(listener, shared, opts, |r| rpc.register(r), stop)
