@@ -10,8 +10,15 @@
 //! (`crate::edge`); the process's own figures are read from `/proc` at
 //! each scrape.
 //!
-//! With a token (`--metrics-token-file`, `--metrics-token`), `/metrics`
-//! answers 401 unless the request carries `Authorization: Bearer TOKEN`.
+//! `/metrics` serves the queues' figures summed over all queues
+//! (`letterbox_queues_ready`, ...), so that its size does not grow with
+//! the number of queues; each queue's figures (`letterbox_queue_ready{queue}`,
+//! ...) are at `/metrics/per-queue`, and in `/metrics` as well with
+//! `--metrics-per-queue`. `letterbox_build_info` names the version and
+//! the commit.
+//!
+//! With a token (`--metrics-token-file`, `--metrics-token`), both
+//! answer 401 unless the request carries `Authorization: Bearer TOKEN`.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -121,7 +128,16 @@ const QUEUE_COUNTERS: [(&str, &str, Pick); 9] = [
     ),
 ];
 
-impl Collector for Figures {
+/// The figures of each queue, with a `queue` label: served at
+/// `/metrics/per-queue`, and at `/metrics` too with `--metrics-per-queue`.
+/// Their size grows with the number of queues.
+#[derive(Debug)]
+struct QueueFigures {
+    broker: Arc<Broker>,
+    consumers: Arc<Consumers>,
+}
+
+impl Collector for QueueFigures {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         let queues = self.broker.all_stats();
         let ages: HashMap<String, u64> = self.broker.oldest_ready_ages().into_iter().collect();
@@ -168,26 +184,112 @@ impl Collector for Figures {
                 ConstCounter::new(pick(s)).encode(family.encode_family(&labels)?)?;
             }
         }
-        {
-            let mut family = encoder.encode_descriptor(
-                "letterbox_queue_dead_letter_depth",
-                "Messages in the queue's dead letter queue",
-                None,
-                MetricType::Gauge,
-            )?;
-            for (queue, dlq, _) in &queues {
-                let Some(dlq) = dlq else { continue };
-                let depth = queues
-                    .iter()
-                    .find(|(n, _, _)| n == dlq)
-                    .map_or(0, |(_, _, s)| s.total);
-                let labels = [
-                    ("queue", queue.as_str()),
-                    ("dead_letter_queue", dlq.as_str()),
-                ];
-                ConstGauge::new(to_i64(depth)).encode(family.encode_family(&labels)?)?;
-            }
+        let mut family = encoder.encode_descriptor(
+            "letterbox_queue_dead_letter_depth",
+            "Messages in the queue's dead letter queue",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (queue, dlq, _) in &queues {
+            let Some(dlq) = dlq else { continue };
+            let depth = queues
+                .iter()
+                .find(|(n, _, _)| n == dlq)
+                .map_or(0, |(_, _, s)| s.total);
+            let labels = [
+                ("queue", queue.as_str()),
+                ("dead_letter_queue", dlq.as_str()),
+            ];
+            ConstGauge::new(to_i64(depth)).encode(family.encode_family(&labels)?)?;
         }
+        Ok(())
+    }
+}
+
+/// The name of an aggregate over every queue: `letterbox_queues_ready`
+/// for `letterbox_queue_ready`.
+fn all_queues(name: &str) -> String {
+    name.replacen("letterbox_queue_", "letterbox_queues_", 1)
+}
+
+/// The figures over all queues together, without a label per queue: a
+/// scrape's size does not grow with the number of queues.
+fn encode_totals(
+    broker: &Broker,
+    consumers: &Consumers,
+    encoder: &mut DescriptorEncoder<'_>,
+) -> Result<(), std::fmt::Error> {
+    let queues = broker.all_stats();
+    ConstGauge::new(to_i64(queues.len() as u64)).encode(encoder.encode_descriptor(
+        "letterbox_queues",
+        "Queues that exist",
+        None,
+        MetricType::Gauge,
+    )?)?;
+    for (name, help, pick) in QUEUE_GAUGES {
+        let sum: u64 = queues.iter().map(|(_, _, s)| pick(s)).sum();
+        let help = format!("{help}, over all queues");
+        ConstGauge::new(to_i64(sum)).encode(encoder.encode_descriptor(
+            &all_queues(name),
+            &help,
+            None,
+            MetricType::Gauge,
+        )?)?;
+    }
+    for (name, help, pick) in QUEUE_COUNTERS {
+        let sum: u64 = queues.iter().map(|(_, _, s)| pick(s)).sum();
+        let help = format!("{help}, over the queues that exist (a deleted queue's leave the sum)");
+        ConstCounter::new(sum).encode(encoder.encode_descriptor(
+            &all_queues(name),
+            &help,
+            None,
+            MetricType::Counter,
+        )?)?;
+    }
+    let oldest = broker
+        .oldest_ready_ages()
+        .into_iter()
+        .map(|(_, ms)| ms)
+        .max()
+        .unwrap_or(0);
+    ConstGauge::new(to_f64(oldest) / 1000.0).encode(encoder.encode_descriptor(
+        "letterbox_queues_oldest_ready_age_seconds",
+        "Age of the oldest message deliverable now in any queue (0 when none)",
+        None,
+        MetricType::Gauge,
+    )?)?;
+    {
+        let (subscribed, receiving) = consumers.counts(Instant::now());
+        let mut family = encoder.encode_descriptor(
+            "letterbox_queues_consumers",
+            "Consumers over all queues: kind=subscribe, Subscribe streams open now; kind=receive, per queue the distinct peers whose Receive calls succeeded in the last 60 s, summed",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (kind, counts) in [("subscribe", &subscribed), ("receive", &receiving)] {
+            let n: usize = counts.values().sum();
+            ConstGauge::new(to_i64(n as u64)).encode(family.encode_family(&[("kind", kind)])?)?;
+        }
+    }
+    let dlqs: std::collections::HashSet<&str> =
+        queues.iter().filter_map(|(_, d, _)| d.as_deref()).collect();
+    let dead: u64 = queues
+        .iter()
+        .filter(|(n, _, _)| dlqs.contains(n.as_str()))
+        .map(|(_, _, s)| s.total)
+        .sum();
+    ConstGauge::new(to_i64(dead)).encode(encoder.encode_descriptor(
+        "letterbox_queues_dead_letter_messages",
+        "Messages in the queues that are some queue's dead letter queue",
+        None,
+        MetricType::Gauge,
+    )?)?;
+    Ok(())
+}
+
+impl Collector for Figures {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        encode_totals(&self.broker, &self.consumers, &mut encoder)?;
         let store = self.broker.store().stats().unwrap_or_default();
         let counters: [(&str, &str, u64); 12] = [
             (
@@ -402,9 +504,15 @@ struct Sources {
     consumers: Arc<Consumers>,
 }
 
-/// The registry of one server; `front_ends` registers what the front ends
-/// count themselves (after the store's histograms).
-fn registry(sources: Sources, front_ends: impl FnOnce(&mut Registry)) -> Registry {
+/// The registries of one server: `/metrics`'s (per-queue figures in it
+/// only with `per_queue`) and `/metrics/per-queue`'s; `front_ends`
+/// registers what the front ends count themselves (after the store's
+/// histograms).
+fn registries(
+    sources: Sources,
+    per_queue: bool,
+    front_ends: impl FnOnce(&mut Registry),
+) -> (Registry, Registry) {
     let Sources {
         broker,
         recovery,
@@ -412,7 +520,26 @@ fn registry(sources: Sources, front_ends: impl FnOnce(&mut Registry)) -> Registr
         gate,
         consumers,
     } = sources;
+    let mut queues = Registry::default();
+    queues.register_collector(Box::new(QueueFigures {
+        broker: Arc::clone(&broker),
+        consumers: Arc::clone(&consumers),
+    }));
     let mut r = Registry::default();
+    r.register(
+        "letterbox_build",
+        "The server's version and the commit it was built from",
+        prometheus_client::metrics::info::Info::new(vec![
+            ("version", env!("CARGO_PKG_VERSION")),
+            ("commit", env!("LETTERBOX_COMMIT")),
+        ]),
+    );
+    if per_queue {
+        r.register_collector(Box::new(QueueFigures {
+            broker: Arc::clone(&broker),
+            consumers: Arc::clone(&consumers),
+        }));
+    }
     // The commit path's distributions, where the backend keeps them (the
     // local one does).
     if let Some(m) = broker.store().metrics().cloned() {
@@ -462,7 +589,7 @@ fn registry(sources: Sources, front_ends: impl FnOnce(&mut Registry)) -> Registr
         gate,
         consumers,
     }));
-    r
+    (r, queues)
 }
 
 /// True when `headers` carry `Authorization: Bearer TOKEN` with the token
@@ -482,40 +609,53 @@ fn bearer_ok(headers: &HeaderMap, want: &[u8; 32]) -> bool {
     got.ct_eq(want).into()
 }
 
-/// The HTTP routes; with `token`, `/metrics` needs it as a bearer token.
-pub(crate) fn router(registry: Registry, token: Option<&str>) -> Router {
-    let registry = Arc::new(registry);
-    let want: Option<[u8; 32]> = token.map(|t| Sha256::digest(t.as_bytes()).into());
-    Router::new().route(
-        "/metrics",
+/// One registry's page, or 401 without the token `want` is the SHA-256
+/// of (when there is one).
+fn page(
+    registry: &Registry,
+    want: Option<&[u8; 32]>,
+    headers: &HeaderMap,
+) -> axum::response::Response {
+    if let Some(want) = want
+        && !bearer_ok(headers, want)
+    {
+        return (
+            StatusCode::UNAUTHORIZED,
+            [(header::WWW_AUTHENTICATE, "Bearer")],
+            "a bearer token is required\n",
+        )
+            .into_response();
+    }
+    let mut body = String::new();
+    match prometheus_client::encoding::text::encode(&mut body, registry) {
+        Ok(()) => (
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            body,
+        )
+            .into_response(),
+        Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+    }
+}
+
+/// The HTTP routes: `/metrics` and `/metrics/per-queue`; with `token`,
+/// both need it as a bearer token.
+pub(crate) fn router(registry: Registry, per_queue: Registry, token: Option<&str>) -> Router {
+    let want: Option<Arc<[u8; 32]>> = token.map(|t| Arc::new(Sha256::digest(t.as_bytes()).into()));
+    let serve = |registry: Registry| {
+        let registry = Arc::new(registry);
+        let want = want.clone();
         get(move |headers: HeaderMap| {
             let registry = Arc::clone(&registry);
-            async move {
-                if let Some(want) = &want
-                    && !bearer_ok(&headers, want)
-                {
-                    return (
-                        StatusCode::UNAUTHORIZED,
-                        [(header::WWW_AUTHENTICATE, "Bearer")],
-                        "a bearer token is required\n",
-                    )
-                        .into_response();
-                }
-                let mut body = String::new();
-                match prometheus_client::encoding::text::encode(&mut body, &registry) {
-                    Ok(()) => (
-                        [(
-                            header::CONTENT_TYPE,
-                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                        )],
-                        body,
-                    )
-                        .into_response(),
-                    Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
-                }
-            }
-        }),
-    )
+            let want = want.clone();
+            async move { page(&registry, want.as_deref(), &headers) }
+        })
+    };
+    Router::new()
+        .route("/metrics", serve(registry))
+        .route("/metrics/per-queue", serve(per_queue))
 }
 
 /// What the endpoint tells besides the engine and the front ends' kit.
@@ -527,6 +667,9 @@ pub(crate) struct Options {
     pub(crate) replayed: u64,
     /// A bearer token `/metrics` requires, none when `None`.
     pub(crate) token: Option<String>,
+    /// Each queue's figures in `/metrics` too (`--metrics-per-queue`),
+    /// not only at `/metrics/per-queue`.
+    pub(crate) per_queue: bool,
 }
 
 /// Serves the endpoint over `shared`'s engine, connections and consumers
@@ -546,7 +689,8 @@ pub(crate) fn serve(
         gate: Arc::clone(&shared.gate),
         consumers: Arc::clone(&shared.consumers),
     };
-    let app = router(registry(sources, front_ends), opts.token.as_deref());
+    let (registry, per_queue) = registries(sources, opts.per_queue, front_ends);
+    let app = router(registry, per_queue, opts.token.as_deref());
     crate::edge::http::serve(listener, app, shutdown)
 }
 

@@ -77,7 +77,7 @@ pub(super) fn time(ms: u64) -> String {
 
 /// A duration in ms, shortly: `500ms`, `30s`, `2m`, `7d` (what the
 /// duration flags accept).
-pub(super) fn dur(ms: u64) -> String {
+pub(crate) fn dur(ms: u64) -> String {
     crate::units::Millis(std::time::Duration::from_millis(ms)).to_string()
 }
 

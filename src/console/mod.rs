@@ -37,7 +37,6 @@ mod overview;
 mod queue;
 mod session;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -429,12 +428,6 @@ pub(crate) fn serve(
         let _ = stop_sampler.send(());
         let _ = sampler.await;
     }
-}
-
-/// The address a console answers on, for the line printed at start.
-pub fn url(addr: SocketAddr, tls: bool) -> String {
-    let scheme = if tls { "https" } else { "http" };
-    format!("{scheme}://{addr}/")
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
 //! The audit log: one `info` event with the target `letterbox::audit` per
 //! destructive or security-relevant act, whichever door it came through
-//! (gRPC or the Anypoint REST facade): queues and exchanges created,
+//! (gRPC, the Anypoint REST facade or the console): queues and exchanges created,
 //! changed, deleted or purged, bindings changed, definitions imported,
 //! redrives started and ended, FIFO group heads skipped and groups
 //! released, and every refused credential or grant. Each event names the
@@ -9,6 +9,8 @@
 //!
 //! Select it alone with `--log letterbox::audit=info` (or keep it in the
 //! default `info`); with `--log-format json` each event is one JSON line.
+//! docs/configuration.md ("Logs and the audit log") lists the actions and
+//! how to route them to a file of their own.
 
 use std::net::SocketAddr;
 

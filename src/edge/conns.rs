@@ -197,6 +197,13 @@ pub(crate) struct Door {
     protocol: Protocol,
 }
 
+impl Door {
+    /// Its name in the logs (`gRPC`, `REST`, `console`, `metrics`).
+    pub(crate) fn name(&self) -> &'static str {
+        self.name
+    }
+}
+
 /// The listeners that share the caps, as they are added.
 #[derive(Debug, Default)]
 pub(crate) struct Doors(Vec<Door>);

@@ -37,7 +37,66 @@ pub(crate) struct Peer(pub(crate) SocketAddr);
 pub(crate) struct GatedListener {
     /// The deadline of each request head.
     header: Duration,
+    /// What a gRPC call made here is answered.
+    not_grpc: NotGrpc,
     accepting: Accepting,
+}
+
+/// What an HTTP listener answers a gRPC call (a client pointed at the
+/// wrong port): a gRPC status, `UNIMPLEMENTED`, saying which listener
+/// this is and where gRPC is, so that the client shows words instead of
+/// failing to decode a web page.
+#[derive(Debug, Clone)]
+pub(crate) struct NotGrpc {
+    /// The status message, percent-encoded as `grpc-message` wants it.
+    message: Arc<str>,
+}
+
+impl NotGrpc {
+    /// For the listener named `listener` (`console`, `REST`, ...) of a
+    /// server whose gRPC is at `grpc_url`.
+    pub(crate) fn new(listener: &str, grpc_url: &str) -> NotGrpc {
+        let text = format!(
+            "this is Letterbox's {listener} listener (HTTP), not its gRPC one: gRPC is at {grpc_url}"
+        );
+        // gRPC's rule: bytes outside 0x20..=0x7E, and '%', as %XX.
+        let mut message = String::with_capacity(text.len());
+        for b in text.bytes() {
+            if (0x20..=0x7e).contains(&b) && b != b'%' {
+                message.push(char::from(b));
+            } else {
+                message.push_str(&format!("%{b:02X}"));
+            }
+        }
+        NotGrpc {
+            message: message.into(),
+        }
+    }
+
+    /// The answer to a request that is a gRPC call (its content type is
+    /// `application/grpc...`), else `None`.
+    fn answer<B>(&self, req: &axum::http::Request<B>) -> Option<axum::response::Response> {
+        let grpc = req
+            .headers()
+            .get(axum::http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("application/grpc"));
+        if !grpc {
+            return None;
+        }
+        let mut resp = axum::response::Response::new(axum::body::Body::empty());
+        let headers = resp.headers_mut();
+        headers.insert(
+            axum::http::header::CONTENT_TYPE,
+            axum::http::HeaderValue::from_static("application/grpc"),
+        );
+        // 12: UNIMPLEMENTED, what a gRPC server answers a method it lacks.
+        headers.insert("grpc-status", axum::http::HeaderValue::from_static("12"));
+        if let Ok(v) = axum::http::HeaderValue::from_str(&self.message) {
+            headers.insert("grpc-message", v);
+        }
+        Some(resp)
+    }
 }
 
 enum Accepting {
@@ -54,9 +113,15 @@ enum Accepting {
 
 impl GatedListener {
     /// The plain listener `door` on `listener`.
-    pub(crate) fn new(listener: TcpListener, gate: Arc<Gate>, door: Door) -> GatedListener {
+    pub(crate) fn new(
+        listener: TcpListener,
+        gate: Arc<Gate>,
+        door: Door,
+        not_grpc: NotGrpc,
+    ) -> GatedListener {
         GatedListener {
             header: gate.header_timeout(),
+            not_grpc,
             accepting: Accepting::Plain {
                 listener,
                 gate,
@@ -71,12 +136,14 @@ impl GatedListener {
         gate: Arc<Gate>,
         door: Door,
         acceptor: tokio_rustls::TlsAcceptor,
+        not_grpc: NotGrpc,
     ) -> GatedListener {
         let header = gate.header_timeout();
         let (tx, ready) = tokio::sync::mpsc::channel(64);
         let task = tokio::spawn(tls_handshakes(listener, gate, door, acceptor, tx));
         GatedListener {
             header,
+            not_grpc,
             accepting: Accepting::Tls { ready, task },
         }
     }
@@ -155,7 +222,9 @@ async fn tls_handshakes(
 /// knowledge); an HTTP/1 request head must arrive whole within the header
 /// timeout (a keep-alive connection waiting for its next request is
 /// closed then too). A connection becomes a client's with its first
-/// request, which tells its [`Conn`] to drop the handshake deadline.
+/// request, which tells its [`Conn`] to drop the handshake deadline. A
+/// gRPC call made here is answered with a status that names this listener
+/// and where gRPC is ([`NotGrpc`]).
 pub(crate) async fn serve(
     mut listener: GatedListener,
     app: Router,
@@ -164,6 +233,7 @@ pub(crate) async fn serve(
     let connections = tokio_util::task::TaskTracker::new();
     let stop = tokio_util::sync::CancellationToken::new();
     let header = listener.header;
+    let not_grpc = listener.not_grpc.clone();
     let mut shutdown = pin!(shutdown);
     loop {
         let (io, peer) = tokio::select! {
@@ -172,11 +242,15 @@ pub(crate) async fn serve(
         };
         let calls = io.calls();
         let app = app.clone();
+        let not_grpc = not_grpc.clone();
         let service = hyper::service::service_fn(
             move |mut req: axum::http::Request<hyper::body::Incoming>| {
                 calls.arrived();
+                if let Some(answer) = not_grpc.answer(&req) {
+                    return futures_util::future::Either::Left(std::future::ready(Ok(answer)));
+                }
                 req.extensions_mut().insert(ConnectInfo(Peer(peer)));
-                app.clone().call(req)
+                futures_util::future::Either::Right(app.clone().call(req))
             },
         );
         let stop = stop.clone();

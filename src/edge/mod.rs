@@ -34,6 +34,9 @@ pub(crate) struct Shared {
     pub(crate) consumers: Arc<consumers::Consumers>,
     /// TLS for the HTTP listeners, when it is on.
     pub(crate) http_tls: Option<tokio_rustls::TlsAcceptor>,
+    /// Where gRPC is served (`http://127.0.0.1:50051`), for what the HTTP
+    /// listeners answer a gRPC call made to them.
+    pub(crate) grpc_url: String,
 }
 
 impl Shared {
@@ -45,9 +48,12 @@ impl Shared {
         door: conns::Door,
     ) -> http::GatedListener {
         let gate = Arc::clone(&self.gate);
+        let not_grpc = http::NotGrpc::new(door.name(), &self.grpc_url);
         match &self.http_tls {
-            Some(acceptor) => http::GatedListener::tls(listener, gate, door, acceptor.clone()),
-            None => http::GatedListener::new(listener, gate, door),
+            Some(acceptor) => {
+                http::GatedListener::tls(listener, gate, door, acceptor.clone(), not_grpc)
+            }
+            None => http::GatedListener::new(listener, gate, door, not_grpc),
         }
     }
 }

@@ -12,11 +12,18 @@ use crate::storage::StorageError;
 /// The `domain` of the `ErrorInfo` details this server attaches.
 pub(crate) const ERROR_DOMAIN: &str = "letterbox";
 
+/// The `ErrorInfo` reason of `ALREADY_EXISTS` for a queue created again
+/// with another configuration; its metadata `differ` lists the values
+/// that differ, as the API names them (`message_ttl_ms,dead_letter`).
+pub(crate) const CONFIGURATION_DIFFERS: &str = "CONFIGURATION_DIFFERS";
+
 /// Converts an engine error to the status a client sees. Field errors
 /// carry a `BadRequest` field violation naming the field; a limit hit
 /// carries an `ErrorInfo` whose `reason` names the limit
 /// ([`crate::queue::Exhausted::reason`]: `MESSAGE_TOO_LARGE`, `QUEUE_FULL`,
-/// `DISK_LOW`, `DISK_FLOOR`), so that a client need not read the message.
+/// `DISK_LOW`, `DISK_FLOOR`), and a queue that exists with another
+/// configuration one whose reason is [`CONFIGURATION_DIFFERS`], so that a
+/// client need not read the message.
 pub(crate) fn to_status(e: QueueError) -> Status {
     let message = e.to_string();
     match e {
@@ -26,7 +33,18 @@ pub(crate) fn to_status(e: QueueError) -> Status {
             ErrorDetails::with_bad_request_violation(field, reason),
         ),
         QueueError::NotFound { .. } => Status::not_found(message),
-        QueueError::AlreadyExists { .. } => Status::already_exists(message),
+        QueueError::AlreadyExists { differ, .. } if differ.is_empty() => {
+            Status::already_exists(message)
+        }
+        QueueError::AlreadyExists { differ, .. } => Status::with_error_details(
+            Code::AlreadyExists,
+            message,
+            ErrorDetails::with_error_info(
+                CONFIGURATION_DIFFERS,
+                ERROR_DOMAIN,
+                HashMap::from([("differ".to_string(), differ.join(","))]),
+            ),
+        ),
         QueueError::FailedPrecondition(_) => Status::failed_precondition(message),
         QueueError::ResourceExhausted { kind, .. } => Status::with_error_details(
             Code::ResourceExhausted,
@@ -82,6 +100,21 @@ mod tests {
             assert_eq!(info.reason, kind.reason());
             assert_eq!(info.domain, ERROR_DOMAIN);
         }
+    }
+
+    #[test]
+    fn a_queue_that_exists_otherwise_lists_what_differs() {
+        let s = to_status(QueueError::AlreadyExists {
+            kind: "queue",
+            name: "q".into(),
+            detail: "with a different configuration: ...".into(),
+            differ: vec!["message_ttl_ms", "dead_letter"],
+        });
+        assert_eq!(s.code(), Code::AlreadyExists);
+        let details = s.get_error_details();
+        let info = details.error_info().expect("error info details");
+        assert_eq!(info.reason, CONFIGURATION_DIFFERS);
+        assert_eq!(info.metadata["differ"], "message_ttl_ms,dead_letter");
     }
 
     #[test]

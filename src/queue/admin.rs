@@ -31,10 +31,12 @@ impl Broker {
                 if existing.config == config {
                     return Ok((info(&st, qid)?, false));
                 }
+                let (detail, differ) = describe_difference(&existing.config, &config);
                 return Err(QueueError::AlreadyExists {
                     kind: "queue",
                     name: name.to_string(),
-                    detail: describe_difference(&existing.config, &config),
+                    detail,
+                    differ,
                 });
             }
             check_dead_letter(&st, name, &config)?;
@@ -510,16 +512,15 @@ fn check_dead_letter(st: &State, name: &str, config: &QueueConfig) -> Result<()>
     Ok(())
 }
 
-fn describe_difference(old: &QueueConfig, new: &QueueConfig) -> String {
-    let mut diffs = Vec::new();
-    macro_rules! cmp {
-        ($($f:ident),*) => {$(
-            if old.$f != new.$f {
-                diffs.push(format!("{}: {:?} (requested {:?})", stringify!($f), old.$f, new.$f));
-            }
-        )*};
-    }
-    cmp!(
+/// How an existing queue's configuration differs from a requested one:
+/// the words (each value as the API gives it, no debug text) and the
+/// names of the values that differ.
+pub(super) fn describe_difference(
+    old: &QueueConfig,
+    new: &QueueConfig,
+) -> (String, Vec<&'static str>) {
+    // Both named whole: a new field does not compile until it is compared.
+    let QueueConfig {
         kind,
         message_ttl,
         ack_timeout,
@@ -531,9 +532,83 @@ fn describe_difference(old: &QueueConfig, new: &QueueConfig) -> String {
         max_lease_total,
         dedup_window,
         on_poison,
-        content_based_dedup
-    );
-    format!("with a different configuration: {}", diffs.join(", "))
+        content_based_dedup,
+    } = old;
+    let wanted = new;
+    let dl = |d: &Option<super::model::DeadLetterPolicy>| {
+        d.as_ref().map_or_else(
+            || "none".to_string(),
+            |d| format!("{:?} after {} deliveries", d.queue, d.max_deliveries),
+        )
+    };
+    let backoff = |b: &Option<super::model::RetryBackoff>| {
+        b.as_ref().map_or_else(
+            || "none".to_string(),
+            |b| format!("{}ms to {}ms, times {}", b.initial, b.max, b.multiplier),
+        )
+    };
+    let length = |n: &Option<u64>| n.map_or_else(|| "none".to_string(), |n| n.to_string());
+    // The API's name of each value, the existing one, the requested one.
+    let all: [(&'static str, String, String); 12] = [
+        ("kind", kind.name().into(), wanted.kind.name().into()),
+        (
+            "message_ttl_ms",
+            message_ttl.to_string(),
+            wanted.message_ttl.to_string(),
+        ),
+        (
+            "ack_timeout_ms",
+            ack_timeout.to_string(),
+            wanted.ack_timeout.to_string(),
+        ),
+        (
+            "delivery_delay_ms",
+            delivery_delay.to_string(),
+            wanted.delivery_delay.to_string(),
+        ),
+        ("dead_letter", dl(dead_letter), dl(&wanted.dead_letter)),
+        (
+            "retry_backoff",
+            backoff(retry_backoff),
+            backoff(&wanted.retry_backoff),
+        ),
+        (
+            "dead_letter_on_expiry",
+            dead_letter_on_expiry.to_string(),
+            wanted.dead_letter_on_expiry.to_string(),
+        ),
+        ("max_length", length(max_length), length(&wanted.max_length)),
+        (
+            "max_lease_total_ms",
+            max_lease_total.to_string(),
+            wanted.max_lease_total.to_string(),
+        ),
+        (
+            "dedup_window_ms",
+            dedup_window.to_string(),
+            wanted.dedup_window.to_string(),
+        ),
+        (
+            "on_poison",
+            on_poison.name().into(),
+            wanted.on_poison.name().into(),
+        ),
+        (
+            "content_based_dedup",
+            content_based_dedup.to_string(),
+            wanted.content_based_dedup.to_string(),
+        ),
+    ];
+    let differ: Vec<_> = all.iter().filter(|(_, a, b)| a != b).collect();
+    let text = differ
+        .iter()
+        .map(|(field, a, b)| format!("{field} {a} (requested {b})"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    (
+        format!("with a different configuration: {text}"),
+        differ.iter().map(|(field, _, _)| *field).collect(),
+    )
 }
 
 /// A queue's counts and counters, oldest age left at 0.

@@ -349,13 +349,13 @@ impl Broker {
             for (i, (d, cfg)) in defs.queues.iter().zip(&configs).enumerate() {
                 match st.names.get(&d.name).and_then(|qid| st.queues.get(qid)) {
                     Some(q) if q.config == *cfg => {}
-                    Some(_) => {
+                    Some(q) => {
+                        let (detail, differ) = super::admin::describe_difference(&q.config, cfg);
                         return Err(QueueError::AlreadyExists {
                             kind: "queue",
                             name: d.name.clone(),
-                            detail: format!(
-                                "with a different configuration (queues[{i}]); change it with UpdateQueue"
-                            ),
+                            detail: format!("{detail} (queues[{i}]); change it with UpdateQueue"),
+                            differ,
                         });
                     }
                     None => {

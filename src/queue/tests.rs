@@ -499,10 +499,23 @@ async fn queue_admin_rules() {
         ack_timeout: Some(5 * SECOND),
         ..Default::default()
     };
-    assert!(matches!(
-        b.create_queue("dlq", &other).await,
-        Err(QueueError::AlreadyExists { .. })
-    ));
+    match b.create_queue("dlq", &other).await {
+        Err(e @ QueueError::AlreadyExists { .. }) => {
+            // The values that differ, as the API names and writes them.
+            let text = e.to_string();
+            assert!(
+                text.ends_with(
+                    "with a different configuration: ack_timeout_ms 120000 (requested 5000)"
+                ),
+                "{text}"
+            );
+            let QueueError::AlreadyExists { differ, .. } = e else {
+                unreachable!()
+            };
+            assert_eq!(differ, ["ack_timeout_ms"]);
+        }
+        other => panic!("expected ALREADY_EXISTS, got {other:?}"),
+    }
     assert!(matches!(
         b.create_queue("q", &with_dlq("nope", 3)).await,
         Err(QueueError::NotFound { .. })

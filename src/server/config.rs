@@ -44,6 +44,9 @@ pub struct ServerConfig {
     /// A bearer token `/metrics` requires (`Authorization: Bearer
     /// TOKEN`), none when `None`.
     pub metrics_token: Option<String>,
+    /// Each queue's figures in `/metrics` too, not only at
+    /// `/metrics/per-queue`.
+    pub metrics_per_queue: bool,
     /// Address of the Anypoint MQ REST facade, if it is on.
     pub anypoint_listen: Option<SocketAddr>,
     /// Address of the web console, if it is on.
@@ -108,6 +111,7 @@ impl ServerConfig {
             limits: Limits::default(),
             metrics_listen: None,
             metrics_token: None,
+            metrics_per_queue: false,
             anypoint_listen: None,
             console_listen: None,
             console_sample_every: Duration::from_secs(5),
@@ -128,6 +132,34 @@ pub enum ServerError {
     /// or recovered.
     #[error("cannot open the store: {0}")]
     Open(#[from] StorageError),
+    /// PostgreSQL (`--store`) could not be reached or did not accept
+    /// the session: the cause in words where it is known.
+    #[error("cannot reach PostgreSQL at {target}: {cause} ({detail})")]
+    PgUnreachable {
+        /// The hosts tried (the URL without its password).
+        target: String,
+        /// The cause in words, and what to check.
+        cause: String,
+        /// PostgreSQL's or the connection's own words.
+        detail: String,
+    },
+    /// Another node owns the queues and this one was not started as a
+    /// standby.
+    #[error(
+        "another node, {owner:?} (epoch {epoch}), owns the queues in PostgreSQL at {target} \
+         for another {left_ms} ms: start this node with --standby to wait and take over once \
+         that lease lapses (both nodes of a pair run with --standby), or stop the other node"
+    )]
+    LeaseHeld {
+        /// The hosts (the URL without its password).
+        target: String,
+        /// The owner's node name.
+        owner: String,
+        /// The owner's epoch.
+        epoch: i64,
+        /// What is left of its lease, in ms.
+        left_ms: u64,
+    },
     /// The engine could not rebuild its state.
     #[error("cannot load the queues: {0}")]
     Load(#[from] QueueError),

@@ -67,6 +67,111 @@ struct HttpListeners {
     console: Option<Bound>,
 }
 
+/// A front end with a listener of its own. A new front end is one more
+/// variant: the compiler then asks for its name, its start lines
+/// (`src/main.rs`) and its URL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FrontEnd {
+    /// gRPC, always on.
+    Grpc,
+    /// The Anypoint MQ REST facade.
+    Anypoint,
+    /// The Prometheus endpoint.
+    Metrics,
+    /// The web console.
+    Console,
+}
+
+impl FrontEnd {
+    /// Its name, as the logs and the connection caps name its listener.
+    pub fn name(self) -> &'static str {
+        match self {
+            FrontEnd::Grpc => "gRPC",
+            FrontEnd::Anypoint => "REST",
+            FrontEnd::Metrics => "metrics",
+            FrontEnd::Console => "console",
+        }
+    }
+
+    /// What it serves, in words.
+    pub fn what(self) -> &'static str {
+        match self {
+            FrontEnd::Grpc => "gRPC",
+            FrontEnd::Anypoint => "the Anypoint MQ REST API",
+            FrontEnd::Metrics => "metrics",
+            FrontEnd::Console => "the web console",
+        }
+    }
+}
+
+/// Whether a listener asks for client certificates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientCerts {
+    /// Not asked for.
+    Off,
+    /// Asked for, and a connection without one is served
+    /// (`--tls-client-ca`).
+    Optional,
+    /// A connection without a valid one is refused
+    /// (`--tls-require-client-cert`).
+    Required,
+}
+
+impl ClientCerts {
+    /// `off`, `optional` or `required`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ClientCerts::Off => "off",
+            ClientCerts::Optional => "optional",
+            ClientCerts::Required => "required",
+        }
+    }
+}
+
+/// A listener the server serves on, with its TLS settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listening {
+    /// Which front end.
+    pub front_end: FrontEnd,
+    /// The bound address.
+    pub addr: SocketAddr,
+    /// Whether it serves TLS.
+    pub tls: bool,
+    /// Whether it asks for client certificates.
+    pub client_certs: ClientCerts,
+}
+
+impl Listening {
+    /// The URL a client uses (`https://` with TLS): the gRPC endpoint,
+    /// the REST API's base, the metrics page, the console's first page.
+    pub fn url(&self) -> String {
+        let scheme = if self.tls { "https" } else { "http" };
+        let base = format!("{scheme}://{}", self.addr);
+        match self.front_end {
+            FrontEnd::Grpc => base,
+            FrontEnd::Anypoint => format!("{base}/api/v1"),
+            FrontEnd::Metrics => format!("{base}/metrics"),
+            FrontEnd::Console => format!("{base}/"),
+        }
+    }
+}
+
+/// Where gRPC is, as the other listeners tell a client that calls them by
+/// mistake: its URL, with the host left to the reader when it listens on
+/// every address.
+fn grpc_url(addr: SocketAddr, tls: bool) -> String {
+    let scheme = if tls { "https" } else { "http" };
+    if addr.ip().is_unspecified() {
+        format!(
+            "{scheme}://HOST:{} (port {} of this host)",
+            addr.port(),
+            addr.port()
+        )
+    } else {
+        format!("{scheme}://{addr}")
+    }
+}
+
 /// A started server.
 pub struct Server {
     broker: Arc<Broker>,
@@ -113,7 +218,7 @@ async fn bind_at(
             match l.and_then(|l| l.local_addr().map(|a| (l, a))) {
                 Ok(x) => Ok(Some(x)),
                 Err(e) => {
-                    tracing::warn!(addr = %at, error = %e, "{what} could not listen; serving without it");
+                    tracing::warn!(addr = %at, error = %e, "{what} could not listen there nor on another port of its address; serving without it (give --console-listen ADDR, or off)");
                     Ok(None)
                 }
             }
@@ -140,12 +245,12 @@ async fn listen(config: &ServerConfig, doors: &mut Doors) -> Result<Listeners, S
         addr,
         door: doors.add(name, protocol),
     };
-    let grpc = door(grpc, "gRPC", Protocol::Grpc);
+    let grpc = door(grpc, FrontEnd::Grpc.name(), Protocol::Grpc);
     let http = HttpListeners {
-        anypoint: anypoint.map(|l| door(l, "REST", Protocol::Http)),
-        console: console.map(|l| door(l, "console", Protocol::Http)),
+        anypoint: anypoint.map(|l| door(l, FrontEnd::Anypoint.name(), Protocol::Http)),
+        console: console.map(|l| door(l, FrontEnd::Console.name(), Protocol::Http)),
     };
-    let metrics = metrics.map(|l| door(l, "metrics", Protocol::Http));
+    let metrics = metrics.map(|l| door(l, FrontEnd::Metrics.name(), Protocol::Http));
     Ok(Listeners {
         grpc,
         metrics,
@@ -205,6 +310,35 @@ impl Server {
         self.listeners.metrics.as_ref().map(|b| b.addr)
     }
 
+    /// Every listener, gRPC first, then in the order of their start
+    /// lines (`src/launch.rs`), each with its TLS settings: gRPC asks for
+    /// client certificates with `--tls-client-ca`; the HTTP listeners
+    /// serve the same certificate without asking for one.
+    pub fn listening(&self) -> Vec<Listening> {
+        let tls = self.config.tls.as_ref();
+        let grpc_certs = match tls {
+            Some(t) if t.require_client_cert => ClientCerts::Required,
+            Some(t) if t.client_ca_pem.is_some() => ClientCerts::Optional,
+            _ => ClientCerts::Off,
+        };
+        let http = |front_end, addr| Listening {
+            front_end,
+            addr,
+            tls: tls.is_some(),
+            client_certs: ClientCerts::Off,
+        };
+        let mut all = vec![Listening {
+            front_end: FrontEnd::Grpc,
+            addr: self.local_addr(),
+            tls: tls.is_some(),
+            client_certs: grpc_certs,
+        }];
+        all.extend(self.anypoint_addr().map(|a| http(FrontEnd::Anypoint, a)));
+        all.extend(self.metrics_addr().map(|a| http(FrontEnd::Metrics, a)));
+        all.extend(self.console_addr().map(|a| http(FrontEnd::Console, a)));
+        all
+    }
+
     /// What recovery found.
     pub fn open_report(&self) -> &OpenReport {
         &self.report
@@ -234,6 +368,7 @@ impl Server {
             gate: Gate::new(caps, &config.limits, &doors),
             consumers: Arc::default(),
             http_tls: http_tls.transpose().map_err(ServerError::Tls)?,
+            grpc_url: grpc_url(listeners.grpc.addr, config.tls.is_some()),
         };
         // Every front end begins stopping when `drain` is cancelled.
         let drain = CancellationToken::new();
@@ -326,6 +461,7 @@ fn start_metrics(
         recovery: report.elapsed,
         replayed: report.replayed,
         token: config.metrics_token.clone(),
+        per_queue: config.metrics_per_queue,
     };
     Task::spawn(CancellationToken::new(), |stop| {
         crate::metrics::serve(listener, shared, opts, |r| rpc.register(r), stop)

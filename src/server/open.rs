@@ -130,10 +130,143 @@ async fn take_lease(remote: &RemoteStore) -> Result<PgBackend, ServerError> {
             Err(StorageError::Pg(
                 e @ (PgError::Connect { .. } | PgError::Lost(_) | PgError::Db(_)),
             )) if remote.standby => {
-                tracing::warn!(store = %target, error = %e, "standby: PostgreSQL not reachable; trying again");
+                let cause = pg_cause(&target, &e.to_string()).await;
+                tracing::warn!(
+                    store = %target,
+                    error = %e,
+                    "standby: cannot reach PostgreSQL ({cause}); trying again in {} ms",
+                    poll.as_millis()
+                );
                 tokio::time::sleep(poll).await;
             }
+            Err(StorageError::Pg(PgError::Held { holder, .. })) => {
+                return Err(ServerError::LeaseHeld {
+                    target,
+                    owner: holder.node,
+                    epoch: holder.epoch,
+                    left_ms: u64::try_from(holder.remaining.as_millis()).unwrap_or(u64::MAX),
+                });
+            }
+            Err(StorageError::Pg(PgError::Connect { target, detail })) => {
+                return Err(ServerError::PgUnreachable {
+                    cause: pg_cause(&target, &detail).await,
+                    target,
+                    detail,
+                });
+            }
             Err(e) => return Err(ServerError::Open(e)),
+        }
+    }
+}
+
+/// Why PostgreSQL could not be reached, in words, and what to check:
+/// from PostgreSQL's own answer (its SQLSTATE code) when it gave one,
+/// else found out by trying the hosts of `target` (`host:port,.../db`)
+/// as the connection did: resolving each name, then connecting.
+async fn pg_cause(target: &str, detail: &str) -> String {
+    if let Some(cause) = answered_cause(detail) {
+        return cause.to_string();
+    }
+    let hosts = target.rsplit_once('/').map_or(target, |(h, _)| h);
+    for host in hosts.split(',').filter(|h| !h.starts_with('/')) {
+        if let Some(cause) = unreachable_cause(host).await {
+            return cause;
+        }
+    }
+    "PostgreSQL answers there but did not accept the session: see its words".to_string()
+}
+
+/// The cause of a refusal PostgreSQL answered, from its words and code.
+fn answered_cause(detail: &str) -> Option<&'static str> {
+    let has = |words: &[&str]| words.iter().any(|w| detail.contains(w));
+    Some(
+        if has(&["(28P01)", "(28000)", "password authentication failed"]) {
+            "authentication failed: check the user and password in --store (or PGPASSWORD, ~/.pgpass) and pg_hba.conf"
+        } else if has(&["(3D000)"]) {
+            "the database does not exist: create it, or name another one in --store"
+        } else if has(&["(57P03)", "the database system is starting up"]) {
+            "PostgreSQL is starting up or shutting down"
+        } else if has(&["(53300)", "too many connections"]) {
+            "PostgreSQL has no connection left (max_connections)"
+        } else if has(&["(42501)", "permission denied"]) {
+            "the user lacks a privilege it needs (it creates the lb_* tables)"
+        } else {
+            return None;
+        },
+    )
+}
+
+/// Why `host:port` cannot be reached (its name does not resolve, the
+/// connection is refused or not answered), or `None` if it can.
+async fn unreachable_cause(host_port: &str) -> Option<String> {
+    let limit = Duration::from_secs(5);
+    let (host, port) = host_port.rsplit_once(':')?;
+    let port: u16 = port.parse().ok()?;
+    let addrs: Vec<std::net::SocketAddr> =
+        match tokio::time::timeout(limit, tokio::net::lookup_host((host, port))).await {
+            Ok(Ok(a)) => a.collect(),
+            Ok(Err(_)) => {
+                return Some(format!(
+                    "the host name {host:?} does not resolve (DNS): check the host in --store"
+                ));
+            }
+            Err(_) => {
+                return Some(format!(
+                    "resolving the host name {host:?} took over 5 s (DNS)"
+                ));
+            }
+        };
+    let mut refused = None;
+    for addr in addrs {
+        match tokio::time::timeout(limit, tokio::net::TcpStream::connect(addr)).await {
+            Ok(Ok(_)) => return None,
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                refused = Some(format!(
+                    "connection refused at {addr}: no PostgreSQL listens there (is it running, on that port?)"
+                ));
+            }
+            Ok(Err(e)) => refused = Some(format!("cannot connect to {addr}: {e}")),
+            Err(_) => {
+                refused = Some(format!(
+                    "no answer from {addr} within 5 s: is it reachable (a firewall, the network)?"
+                ));
+            }
+        }
+    }
+    refused
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pg_cause;
+
+    #[tokio::test]
+    async fn postgresql_failures_are_named() {
+        let generic = "error connecting to server";
+        for (target, detail, words) in [
+            (
+                "127.0.0.1:1/db",
+                generic,
+                "connection refused at 127.0.0.1:1",
+            ),
+            (
+                "no-such-host.invalid:5432/db",
+                generic,
+                "the host name \"no-such-host.invalid\" does not resolve (DNS)",
+            ),
+            (
+                "127.0.0.1:1/db",
+                "password authentication failed for user \"letterbox\" (28P01)",
+                "authentication failed",
+            ),
+            (
+                "127.0.0.1:1/db",
+                "database \"nope\" does not exist (3D000)",
+                "the database does not exist",
+            ),
+        ] {
+            let cause = pg_cause(target, detail).await;
+            assert!(cause.starts_with(words), "{detail}: {cause}");
         }
     }
 }

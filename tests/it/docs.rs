@@ -574,3 +574,54 @@ fn the_invariant_scans_find_what_they_look_for() {
     );
     assert!(supers_to("src/storage/verify/scan.rs", &code, "queue").is_empty());
 }
+
+/// The audit log as docs/configuration.md describes it: every action the
+/// front ends record, and every field of an event.
+#[test]
+fn the_audit_log_is_documented_whole() {
+    let doc = read("docs/configuration.md");
+    let section = doc
+        .split("## Logs and the audit log")
+        .nth(1)
+        .expect("docs/configuration.md has the section");
+    let mut missing = Vec::new();
+    let mut found = 0;
+    for dir in ["src/grpc", "src/anypoint", "src/console"] {
+        for file in rust_files(dir) {
+            let text = read(&file);
+            // The actions are written as "noun.verb", the first string of
+            // the call that records them.
+            for (at, _) in text.match_indices("audit") {
+                let call: String = text[at..].chars().take(240).collect();
+                let Some(lit) = call.split('"').nth(1) else {
+                    continue;
+                };
+                let is_action = lit.split_once('.').is_some_and(|(a, b)| {
+                    !a.is_empty()
+                        && !b.is_empty()
+                        && lit
+                            .chars()
+                            .all(|c| c.is_ascii_lowercase() || c == '.' || c == '_')
+                });
+                if is_action {
+                    found += 1;
+                    if !section.contains(&format!("`{lit}`")) {
+                        missing.push(format!("{file}: {lit}"));
+                    }
+                }
+            }
+        }
+    }
+    for field in ["action", "name", "principal", "peer", "outcome", "detail"] {
+        assert!(
+            read("src/edge/audit.rs").contains(&format!("{field},"))
+                || read("src/edge/audit.rs").contains(&format!("{field} =")),
+            "src/edge/audit.rs records {field}"
+        );
+        if !section.contains(&format!("| `{field}` |")) {
+            missing.push(format!("field {field}"));
+        }
+    }
+    assert!(found > 20, "only {found} audited calls found");
+    assert!(missing.is_empty(), "not documented: {missing:?}");
+}
