@@ -13,6 +13,8 @@
 //! - [`cli`]: the command-line client, over [`client`] only.
 //! - [`anypoint`]: the optional Anypoint MQ compatible REST facade (Broker
 //!   API, an Admin and Stats subset) over the same engine.
+//! - [`sqs`]: the Amazon SQS compatible endpoint (AWS JSON 1.0 and the
+//!   query protocol) over the same engine.
 //! - [`auth`]: principals, credentials and grants (who may do what).
 //! - [`clock`]: wall-clock time, injectable for tests.
 //! - [`faults`]: the crash tests' negative controls, compiled out unless
@@ -35,6 +37,7 @@ pub mod launch;
 pub mod pb;
 pub mod queue;
 pub mod server;
+pub mod sqs;
 pub mod storage;
 pub mod units;
 

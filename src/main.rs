@@ -18,7 +18,7 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use letterbox::cli;
 use letterbox::clock::SystemClock;
 use letterbox::config::{LogFormat, ServeArgs, read_config_file};
-use letterbox::launch::{ANYPOINT_PREFIX, CONSOLE_PREFIX, GRPC_PREFIX, METRICS_PREFIX};
+use letterbox::launch::{ANYPOINT_PREFIX, CONSOLE_PREFIX, GRPC_PREFIX, METRICS_PREFIX, SQS_PREFIX};
 use letterbox::server::{Server, ServerError};
 use tracing_subscriber::EnvFilter;
 
@@ -364,6 +364,11 @@ async fn serve(args: ServeArgs) -> ExitCode {
         let url = letterbox::console::url(at, config.tls.is_some());
         announce(&format!("{CONSOLE_PREFIX}{url}"));
         tracing::info!(%url, "serving the web console");
+    }
+    if let Some(at) = server.sqs_addr() {
+        let url = letterbox::sqs::url(at, config.tls.is_some());
+        announce(&format!("{SQS_PREFIX}{url}"));
+        tracing::info!(%url, "serving the SQS endpoint");
     }
     match server.serve(shutdown).await {
         Ok(()) => {

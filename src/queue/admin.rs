@@ -21,8 +21,22 @@ impl Broker {
         name: &str,
         input: &QueueConfigInput,
     ) -> Result<(QueueInfo, bool)> {
+        self.create_queue_annotated(name, input, Vec::new()).await
+    }
+
+    /// [`Broker::create_queue`] with the queue's annotations (string pairs
+    /// a front end keeps with it, written in the same transaction). An
+    /// existing queue with the same configuration is answered as it is,
+    /// its annotations unchanged.
+    pub async fn create_queue_annotated(
+        &self,
+        name: &str,
+        input: &QueueConfigInput,
+        annotations: Vec<(String, String)>,
+    ) -> Result<(QueueInfo, bool)> {
         validate::name("name", name)?;
         let config = validate::new_config(input)?;
+        let annotations = super::annotations::checked(annotations)?;
         let now = self.now();
         let commit = {
             let mut st = self.lock();
@@ -45,6 +59,9 @@ impl Broker {
             change
                 .txn
                 .put_queue(name, &persist::queue_record(qid, now, &config));
+            if !annotations.is_empty() {
+                super::annotations::put(&mut change, qid, &annotations);
+            }
             change.touch(qid);
             if let Some(dl) = &config.dead_letter {
                 st.dlq_sources
@@ -53,8 +70,9 @@ impl Broker {
                     .insert(name.to_string());
             }
             st.names.insert(name.to_string(), qid);
-            st.queues
-                .insert(qid, QueueState::new(qid, name.to_string(), config, now));
+            let mut q = QueueState::new(qid, name.to_string(), config, now);
+            q.annotations = annotations;
+            st.queues.insert(qid, q);
             self.submit(&st, change)
         };
         durable(commit).await?;
@@ -109,7 +127,21 @@ impl Broker {
         input: &QueueConfigInput,
         removals: QueueRemovals,
     ) -> Result<QueueInfo> {
+        self.update_queue_annotated(name, input, removals, None)
+            .await
+    }
+
+    /// [`Broker::update_queue`] that also replaces the queue's
+    /// annotations when given, in the same transaction.
+    pub async fn update_queue_annotated(
+        &self,
+        name: &str,
+        input: &QueueConfigInput,
+        removals: QueueRemovals,
+        annotations: Option<Vec<(String, String)>>,
+    ) -> Result<QueueInfo> {
         validate::name("name", name)?;
+        let annotations = annotations.map(super::annotations::checked).transpose()?;
         let commit = {
             let mut st = self.lock();
             let qid = st.qid(name)?;
@@ -120,6 +152,11 @@ impl Broker {
             let q = st.queue(qid)?;
             let old_dl = q.config.dead_letter.clone();
             q.config = config.clone();
+            let mut change = Change::default();
+            if let Some(a) = annotations {
+                super::annotations::put(&mut change, qid, &a);
+                q.annotations = a;
+            }
             if let Some(dl) = old_dl
                 && let Some(s) = st.dlq_sources.get_mut(&dl.queue)
             {
@@ -131,7 +168,6 @@ impl Broker {
                     .or_default()
                     .insert(name.to_string());
             }
-            let mut change = Change::default();
             change
                 .txn
                 .put_queue(name, &persist::queue_record(qid, created_at, &config));
@@ -180,6 +216,7 @@ impl Broker {
             }
             change.txn.delete(Key::Queue(name));
             change.txn.delete(Key::Counters(qid));
+            change.txn.delete(Key::Annotations(qid));
             super::exchange::unbind_everywhere(&mut st, name, &mut change);
             st.names.remove(name);
             (qid, self.submit(&st, change))

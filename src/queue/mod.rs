@@ -22,6 +22,7 @@
 //! through [`Store`]. It never names tonic, prost or sled.
 
 mod admin;
+pub mod annotations;
 pub mod definitions;
 mod delivery;
 mod dlq;

@@ -139,6 +139,8 @@ pub(crate) enum Door {
     Console,
     /// The metrics endpoint.
     Metrics,
+    /// The SQS endpoint.
+    Sqs,
 }
 
 impl Door {
@@ -148,6 +150,7 @@ impl Door {
             Door::Rest => "REST",
             Door::Console => "console",
             Door::Metrics => "metrics",
+            Door::Sqs => "SQS",
         }
     }
 
@@ -157,6 +160,7 @@ impl Door {
             Door::Rest => 1,
             Door::Console => 2,
             Door::Metrics => 3,
+            Door::Sqs => 4,
         }
     }
 }
@@ -183,7 +187,7 @@ pub(crate) struct Gate {
     shared: Arc<Semaphore>,
     /// Each listener's reserve, by [`Door::index`] (none for a listener
     /// that is off).
-    reserves: [Option<Arc<Semaphore>>; 4],
+    reserves: [Option<Arc<Semaphore>>; 5],
     /// Connections open, by peer address.
     addresses: Mutex<HashMap<IpAddr, usize>>,
     open: AtomicUsize,
@@ -250,7 +254,7 @@ impl Gate {
     /// A gate with `caps` for the listeners `doors`, and the deadlines of
     /// `limits`.
     pub(crate) fn new(caps: Caps, limits: &Limits, doors: &[Door]) -> Arc<Gate> {
-        let mut reserves: [Option<Arc<Semaphore>>; 4] = Default::default();
+        let mut reserves: [Option<Arc<Semaphore>>; 5] = Default::default();
         for d in doors {
             reserves[d.index()] = Some(Arc::new(Semaphore::new(caps.reserve)));
         }

@@ -74,6 +74,10 @@ pub struct ServerConfig {
     pub anypoint_listen: Option<SocketAddr>,
     /// Address of the web console, if it is on.
     pub console_listen: Option<ConsoleAt>,
+    /// Address of the SQS endpoint, if it is on.
+    pub sqs_listen: Option<ConsoleAt>,
+    /// Settings of the SQS endpoint.
+    pub sqs: crate::sqs::SqsOptions,
     /// Time between two samples of the console's plots.
     pub console_sample_every: Duration,
     /// Settings of the Anypoint MQ REST facade.
@@ -109,7 +113,7 @@ impl std::fmt::Debug for RemoteStore {
     }
 }
 
-/// Where the web console listens.
+/// Where the web console (or the SQS endpoint) listens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ConsoleAt {
     /// This address, or the server does not start.
@@ -209,6 +213,8 @@ impl ServerConfig {
             metrics_token: None,
             anypoint_listen: None,
             console_listen: None,
+            sqs_listen: None,
+            sqs: crate::sqs::SqsOptions::default(),
             console_sample_every: Duration::from_secs(5),
             remote: None,
             anypoint: AnypointOptions {
@@ -317,6 +323,38 @@ fn http_tls(tls: &TlsConfig) -> Result<tokio_rustls::TlsAcceptor, ServerError> {
     Ok(tokio_rustls::TlsAcceptor::from(Arc::new(c)))
 }
 
+/// Binds an optional HTTP listener: exactly its address, or (preferred)
+/// that address or any free port on its IP, serving without it if
+/// neither can be had.
+async fn bind_at(
+    at: Option<ConsoleAt>,
+    what: &str,
+) -> Result<Option<(TcpListener, SocketAddr)>, ServerError> {
+    Ok(match at {
+        Some(ConsoleAt::Exactly(at)) => {
+            let bind = |source| ServerError::Bind { addr: at, source };
+            let l = TcpListener::bind(at).await.map_err(bind)?;
+            let a = l.local_addr().map_err(bind)?;
+            Some((l, a))
+        }
+        Some(ConsoleAt::Preferred(at)) => {
+            let any = SocketAddr::new(at.ip(), 0);
+            let l = match TcpListener::bind(at).await {
+                Ok(l) => Ok(l),
+                Err(_) => TcpListener::bind(any).await,
+            };
+            match l.and_then(|l| l.local_addr().map(|a| (l, a))) {
+                Ok(x) => Some(x),
+                Err(e) => {
+                    tracing::warn!(addr = %at, error = %e, "{what} could not listen; serving without it");
+                    None
+                }
+            }
+        }
+        None => None,
+    })
+}
+
 /// A started server.
 pub struct Server {
     broker: Arc<Broker>,
@@ -325,6 +363,7 @@ pub struct Server {
     metrics: Option<(TcpListener, SocketAddr)>,
     anypoint: Option<(TcpListener, SocketAddr)>,
     console: Option<(TcpListener, SocketAddr)>,
+    sqs: Option<(TcpListener, SocketAddr)>,
     config: ServerConfig,
     report: OpenReport,
     /// The connection caps in force.
@@ -495,36 +534,15 @@ impl Server {
             }
             None => None,
         };
-        let console = match config.console_listen {
-            Some(ConsoleAt::Exactly(at)) => {
-                let bind = |source| ServerError::Bind { addr: at, source };
-                let l = TcpListener::bind(at).await.map_err(bind)?;
-                let a = l.local_addr().map_err(bind)?;
-                Some((l, a))
-            }
-            Some(ConsoleAt::Preferred(at)) => {
-                let any = SocketAddr::new(at.ip(), 0);
-                let l = match TcpListener::bind(at).await {
-                    Ok(l) => Ok(l),
-                    Err(_) => TcpListener::bind(any).await,
-                };
-                let bound = l.and_then(|l| l.local_addr().map(|a| (l, a)));
-                match bound {
-                    Ok(x) => Some(x),
-                    Err(e) => {
-                        tracing::warn!(addr = %at, error = %e, "the console could not listen; serving without it");
-                        None
-                    }
-                }
-            }
-            None => None,
-        };
+        let console = bind_at(config.console_listen, "the console").await?;
+        let sqs = bind_at(config.sqs_listen, "the SQS endpoint").await?;
         let open_files = conns::raise_open_files();
         let doors: Vec<conns::Door> = [
             Some(conns::Door::Grpc),
             anypoint.as_ref().map(|_| conns::Door::Rest),
             console.as_ref().map(|_| conns::Door::Console),
             metrics.as_ref().map(|_| conns::Door::Metrics),
+            sqs.as_ref().map(|_| conns::Door::Sqs),
         ]
         .into_iter()
         .flatten()
@@ -546,6 +564,7 @@ impl Server {
             metrics,
             anypoint,
             console,
+            sqs,
             config,
             report,
             caps,
@@ -566,6 +585,11 @@ impl Server {
     /// The bound address of the web console, if it is on.
     pub fn console_addr(&self) -> Option<SocketAddr> {
         self.console.as_ref().map(|(_, a)| *a)
+    }
+
+    /// The bound address of the SQS endpoint, if it is on.
+    pub fn sqs_addr(&self) -> Option<SocketAddr> {
+        self.sqs.as_ref().map(|(_, a)| *a)
     }
 
     /// The bound address of the metrics endpoint, if it is on.
@@ -592,6 +616,7 @@ impl Server {
             listener,
             anypoint,
             console,
+            sqs,
             config,
             metrics,
             report,
@@ -683,6 +708,19 @@ impl Server {
                 })),
             )
         });
+        // The SQS endpoint, drained with the REST facade.
+        let sqs_task = sqs.map(|(l, _)| {
+            let stop = drain.clone();
+            let l = http_listener(l, conns::Door::Sqs);
+            let opts = crate::sqs::SqsOptions {
+                tls: config.tls.is_some(),
+                ..config.sqs.clone()
+            };
+            let (broker, auth) = (Arc::clone(&broker), Arc::clone(&config.auth));
+            tokio::spawn(crate::sqs::serve(l, broker, auth, opts, async move {
+                stop.cancelled().await
+            }))
+        });
         // The web console, drained with the REST facade.
         let console_task = console.map(|(l, _)| {
             let stop = drain.clone();
@@ -768,6 +806,13 @@ impl Server {
                 rest.abort();
                 let _ = rest.await;
             }
+        }
+        if let Some(mut t) = sqs_task
+            && tokio::time::timeout(grace, &mut t).await.is_err()
+        {
+            tracing::warn!("SQS calls still open after the grace period; closing them");
+            t.abort();
+            let _ = t.await;
         }
         if let Some(mut console) = console_task
             && tokio::time::timeout(grace, &mut console).await.is_err()

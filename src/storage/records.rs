@@ -188,6 +188,15 @@ pub struct ExchangeRecord {
     pub bindings: Vec<(String, Vec<(String, String)>)>,
 }
 
+/// A queue's annotations: string pairs that a front end keeps with the
+/// queue (the SQS endpoint's attributes, tags and move tasks), sorted by
+/// name. The engine stores them and never reads them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AnnotationsRecord {
+    /// (name, value), sorted by name, names unique.
+    pub pairs: Vec<(String, String)>,
+}
+
 /// Encodes a record: version byte, then bincode.
 pub fn encode<T: Serialize>(value: &T) -> Bytes {
     let size = bincode::serialized_size(value).unwrap_or(0);

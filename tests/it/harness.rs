@@ -239,6 +239,8 @@ pub struct InProc {
     pub console: Option<SocketAddr>,
     /// The metrics endpoint's address, when the configuration turned it on.
     pub metrics: Option<SocketAddr>,
+    /// The SQS endpoint's address, when the configuration turned it on.
+    pub sqs: Option<SocketAddr>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<()>>,
     _dir: tempfile::TempDir,
@@ -276,6 +278,7 @@ impl InProc {
         let anypoint = server.anypoint_addr();
         let console = server.console_addr();
         let metrics = server.metrics_addr();
+        let sqs = server.sqs_addr();
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(async move {
             server
@@ -291,6 +294,7 @@ impl InProc {
             anypoint,
             console,
             metrics,
+            sqs,
             stop: Some(tx),
             task: Some(task),
             _dir: dir,

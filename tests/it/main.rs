@@ -22,6 +22,7 @@ mod messaging;
 mod redrive;
 mod security;
 mod slow_clients;
+mod sqs;
 mod subscriber_order;
 mod verify;
 mod walkthrough;
