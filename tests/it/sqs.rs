@@ -381,3 +381,23 @@ async fn handles_of_earlier_receives_delete_and_a_zero_visibility_shows_the_mess
     assert_eq!(hidden, json!({}), "the change held the current receive");
     s.stop().await;
 }
+
+/// boto3 through the dead-letter and FIFO flows, and moto 5.2.5's own
+/// SQS tests in its server mode, from PyPI (`tests/sqs/run.sh`; skips
+/// as `skip_or_run` says where PyPI cannot be had).
+#[test]
+fn boto3_and_motos_own_sqs_tests_pass_against_the_endpoint() {
+    let Some(text) = crate::ecosystem::skip_or_run(
+        "boto3_and_motos_own_sqs_tests_pass_against_the_endpoint",
+        "tests/sqs/run.sh",
+        &[],
+        &[],
+    ) else {
+        return;
+    };
+    assert!(
+        text.contains("PASS: boto3 dead-letter and FIFO flows")
+            && text.contains("PASS: SQS clients against a real server"),
+        "{text}"
+    );
+}
