@@ -127,21 +127,20 @@ impl Broker {
         input: &QueueConfigInput,
         removals: QueueRemovals,
     ) -> Result<QueueInfo> {
-        self.update_queue_annotated(name, input, removals, None)
+        self.update_queue_annotated(name, input, removals, &[])
             .await
     }
 
-    /// [`Broker::update_queue`] that also replaces the queue's
-    /// annotations when given, in the same transaction.
+    /// [`Broker::update_queue`] that also changes the queue's annotations,
+    /// in the same transaction (applied to them as they are then).
     pub async fn update_queue_annotated(
         &self,
         name: &str,
         input: &QueueConfigInput,
         removals: QueueRemovals,
-        annotations: Option<Vec<(String, String)>>,
+        annotations: &[super::annotations::AnnotationChange],
     ) -> Result<QueueInfo> {
         validate::name("name", name)?;
-        let annotations = annotations.map(super::annotations::checked).transpose()?;
         let commit = {
             let mut st = self.lock();
             let qid = st.qid(name)?;
@@ -150,10 +149,13 @@ impl Broker {
             let created_at = q.created_at;
             check_dead_letter(&st, name, &config)?;
             let q = st.queue(qid)?;
+            let pairs = (!annotations.is_empty())
+                .then(|| super::annotations::applied(&q.annotations, annotations))
+                .transpose()?;
             let old_dl = q.config.dead_letter.clone();
             q.config = config.clone();
             let mut change = Change::default();
-            if let Some(a) = annotations {
+            if let Some(a) = pairs {
                 super::annotations::put(&mut change, qid, &a);
                 q.annotations = a;
             }

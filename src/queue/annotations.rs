@@ -50,6 +50,25 @@ pub(crate) fn checked(mut pairs: Vec<(String, String)>) -> Result<Vec<(String, S
     Ok(pairs)
 }
 
+/// An annotation set (`Some`) or removed (`None`).
+pub type AnnotationChange = (String, Option<String>);
+
+/// `current` with `changes` applied (a later change of a name wins),
+/// checked as [`checked`] checks.
+pub(crate) fn applied(
+    current: &[(String, String)],
+    changes: &[AnnotationChange],
+) -> Result<Vec<(String, String)>> {
+    let mut out: std::collections::BTreeMap<String, String> = current.iter().cloned().collect();
+    for (k, v) in changes {
+        match v {
+            Some(v) => out.insert(k.clone(), v.clone()),
+            None => out.remove(k),
+        };
+    }
+    checked(out.into_iter().collect())
+}
+
 /// Writes a queue's annotations into `change`.
 pub(crate) fn put(change: &mut Change, qid: u32, pairs: &[(String, String)]) {
     if pairs.is_empty() {
@@ -84,18 +103,35 @@ impl Broker {
         Ok(st.queue(qid)?.annotations.clone())
     }
 
-    /// Replaces a queue's annotations; durable when it returns.
-    pub async fn set_annotations(&self, queue: &str, pairs: Vec<(String, String)>) -> Result<()> {
-        let pairs = checked(pairs)?;
-        let commit = {
+    /// Changes a queue's annotations as `f` decides from the current ones,
+    /// atomically (no other change of them comes between the read and the
+    /// write); durable when it returns. `f` answers the changes and a
+    /// value, or its own error, which changes nothing. No changes: nothing
+    /// is written.
+    pub async fn update_annotations<T, E>(
+        &self,
+        queue: &str,
+        f: impl FnOnce(&[(String, String)]) -> std::result::Result<(Vec<AnnotationChange>, T), E>,
+    ) -> Result<std::result::Result<T, E>> {
+        let (out, commit) = {
             let mut st = self.lock();
             let qid = st.qid(queue)?;
+            let q = st.queue(qid)?;
+            let (changes, out) = match f(&q.annotations) {
+                Ok(r) => r,
+                Err(e) => return Ok(Err(e)),
+            };
+            if changes.is_empty() {
+                return Ok(Ok(out));
+            }
+            let pairs = applied(&q.annotations, &changes)?;
             let mut change = Change::default();
             put(&mut change, qid, &pairs);
-            st.queue(qid)?.annotations = pairs;
-            self.submit(&st, change)
+            q.annotations = pairs;
+            (out, self.submit(&st, change))
         };
-        durable(commit).await
+        durable(commit).await?;
+        Ok(Ok(out))
     }
 
     /// Deletes the messages that `tokens` were leases of, in `queue`,
@@ -176,5 +212,90 @@ impl Broker {
             }
             .to_string(),
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::queue::BrokerOptions;
+    use crate::queue::model::QueueConfigInput;
+    use crate::storage::{Store, StoreOptions};
+
+    fn open(dir: &std::path::Path) -> Broker {
+        let opts = StoreOptions {
+            segment_size: 1 << 20,
+            min_free_bytes: 0,
+            ..StoreOptions::default()
+        };
+        let (store, _) = Store::open(dir, opts).expect("store opens");
+        let clock = Arc::new(ManualClock::new(1_700_000_000_000));
+        Broker::open(store, clock, BrokerOptions::default()).expect("broker opens")
+    }
+
+    fn pairs(p: &[(&str, &str)]) -> Vec<(String, String)> {
+        p.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn updates_apply_to_the_current_annotations_and_survive_a_crash() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = open(dir.path());
+        b.create_queue_annotated("q", &QueueConfigInput::default(), pairs(&[("a", "1")]))
+            .await
+            .unwrap();
+        let seen = b
+            .update_annotations("q", |cur| {
+                Ok::<_, ()>((vec![("b".to_string(), Some("2".to_string()))], cur.to_vec()))
+            })
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(seen, pairs(&[("a", "1")]));
+        // The closure's own error changes nothing.
+        let refused = b
+            .update_annotations("q", |_| Err::<(Vec<AnnotationChange>, ()), _>("no"))
+            .await
+            .unwrap();
+        assert_eq!(refused, Err("no"));
+        b.update_queue_annotated(
+            "q",
+            &QueueConfigInput::default(),
+            crate::queue::model::QueueRemovals::default(),
+            &[("a".to_string(), None), ("c".to_string(), Some("3".into()))],
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            b.annotations("q").unwrap(),
+            pairs(&[("b", "2"), ("c", "3")])
+        );
+        b.store.crash();
+        let b = open(dir.path());
+        assert_eq!(
+            b.annotations("q").unwrap(),
+            pairs(&[("b", "2"), ("c", "3")])
+        );
+        // Too large a whole is refused and changes nothing.
+        let big = "x".repeat(MAX_ANNOTATION_BYTES);
+        assert!(
+            b.update_annotations("q", |_| Ok::<_, ()>((vec![("d".into(), Some(big))], ())))
+                .await
+                .is_err()
+        );
+        assert_eq!(
+            b.annotations("q").unwrap(),
+            pairs(&[("b", "2"), ("c", "3")])
+        );
+        b.delete_queue("q", false).await.unwrap();
+        b.create_queue("q", &QueueConfigInput::default())
+            .await
+            .unwrap();
+        assert!(b.annotations("q").unwrap().is_empty());
     }
 }

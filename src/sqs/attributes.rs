@@ -23,6 +23,8 @@ use crate::queue::model::{
     DeadLetterInput, QueueConfigInput, QueueInfo, QueueKind, QueueRemovals, QueueStats, SECOND,
 };
 
+use crate::queue::annotations::AnnotationChange;
+
 use super::error::SqsError;
 
 /// The annotation prefix of SQS attributes.
@@ -308,7 +310,7 @@ pub(crate) struct Changes {
     /// What the engine's settings remove.
     pub(crate) removals: QueueRemovals,
     /// Annotations set (`Some`) or removed (`None`).
-    pub(crate) annotations: Vec<(String, Option<String>)>,
+    pub(crate) annotations: Vec<AnnotationChange>,
     /// `FifoQueue` was given as `true`.
     pub(crate) fifo: bool,
     /// The dead letter queue a `RedrivePolicy` names (to check its
@@ -473,27 +475,22 @@ pub(crate) fn changes(
     Ok(c)
 }
 
-/// `annotations` with `changes` applied, and `LastModifiedTimestamp`.
-pub(crate) fn apply(
-    annotations: &[(String, String)],
-    changes: &[(String, Option<String>)],
-    now_ms: u64,
-) -> Vec<(String, String)> {
-    let mut out: Vec<(String, String)> = annotations
-        .iter()
-        .filter(|(k, _)| !changes.iter().any(|(c, _)| c == k))
-        .cloned()
-        .collect();
-    out.extend(
-        changes
-            .iter()
-            .filter_map(|(k, v)| v.clone().map(|v| (k.clone(), v))),
-    );
+/// `changes` with `LastModifiedTimestamp` set to now, to be applied to a
+/// queue's annotations as they are then
+/// ([`crate::queue::Broker::update_annotations`]).
+pub(crate) fn stamped(mut changes: Vec<AnnotationChange>, now_ms: u64) -> Vec<AnnotationChange> {
     let stamp = format!("{PREFIX}LastModifiedTimestamp");
-    out.retain(|(k, _)| *k != stamp);
-    out.push((stamp, (now_ms / SECOND).to_string()));
-    out.sort();
-    out
+    changes.retain(|(k, _)| *k != stamp);
+    changes.push((stamp, Some((now_ms / SECOND).to_string())));
+    changes
+}
+
+/// A new queue's annotations: `changes` and `LastModifiedTimestamp`.
+pub(crate) fn initial(
+    changes: Vec<AnnotationChange>,
+    now_ms: u64,
+) -> Result<Vec<(String, String)>, SqsError> {
+    crate::queue::annotations::applied(&[], &stamped(changes, now_ms)).map_err(SqsError::from_queue)
 }
 
 /// Whether the attributes of a `CreateQueue` for an existing queue are

@@ -201,12 +201,12 @@ impl SqsError {
         SqsError::new("OverLimit", "OverLimit", 403, message.into())
     }
 
-    /// `UnsupportedOperation`.
-    pub(crate) fn unsupported(message: impl Into<String>) -> SqsError {
+    /// `ResourceNotFoundException` (404, as SQS answers it).
+    pub(crate) fn resource_not_found(message: impl Into<String>) -> SqsError {
         SqsError::new(
-            "UnsupportedOperation",
-            "AWS.SimpleQueueService.UnsupportedOperation",
-            400,
+            "ResourceNotFoundException",
+            "ResourceNotFoundException",
+            404,
             message.into(),
         )
     }
@@ -264,6 +264,11 @@ impl SqsError {
 
     /// An engine error.
     pub(crate) fn from_queue(e: QueueError) -> SqsError {
+        SqsError::from_queue_ref(&e)
+    }
+
+    /// An engine error, borrowed.
+    pub(crate) fn from_queue_ref(e: &QueueError) -> SqsError {
         let text = e.to_string();
         match e {
             QueueError::NotFound { kind: "queue", .. } => SqsError::no_queue(),

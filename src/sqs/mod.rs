@@ -6,7 +6,8 @@
 //! 9324 beside a loopback gRPC listener) serves both wire protocols
 //! (`protocol.rs`: AWS JSON 1.0 and the query protocol) and every action
 //! of the API (`queues.rs`: queues, attributes, tags, permissions;
-//! `messages.rs`: send, receive, delete, visibility). Handlers are thin
+//! `messages.rs`: send, receive, delete, visibility; `tasks.rs`: message
+//! move tasks, the engine's redrive kept durably). Handlers are thin
 //! like the gRPC ones: decode, authorize, call [`Broker`], encode.
 //!
 //! - A queue created over SQS is an ordinary Letterbox queue; SQS
@@ -30,6 +31,7 @@ mod message_attrs;
 mod messages;
 mod protocol;
 mod queues;
+pub(crate) mod tasks;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -121,6 +123,11 @@ impl Sqs {
     /// A queue's ARN for this call.
     fn arn(&self, call: &Call, name: &str) -> String {
         attributes::arn(&call.region, &self.opts.account_id, name)
+    }
+
+    /// The queue an ARN names (`None`: not an SQS ARN).
+    fn arn_queue(&self, _call: &Call, arn: &str) -> Option<String> {
+        attributes::arn_name(arn).map(str::to_string)
     }
 
     /// Checks a grant; a refusal is audited.
@@ -311,11 +318,9 @@ impl Sqs {
             "ChangeMessageVisibilityBatch" => {
                 self.change_message_visibility_batch(call, input).await
             }
-            "StartMessageMoveTask" | "ListMessageMoveTasks" | "CancelMessageMoveTask" => {
-                Err(SqsError::unsupported(format!(
-                    "{action}: message move tasks are not served by this endpoint yet; use Letterbox's Redrive (gRPC, the CLI or the console)"
-                )))
-            }
+            "StartMessageMoveTask" => self.start_message_move_task(call, input).await,
+            "ListMessageMoveTasks" => self.list_message_move_tasks(call, input),
+            "CancelMessageMoveTask" => self.cancel_message_move_task(call, input).await,
             other => Err(SqsError::invalid_action(other)),
         }
     }
@@ -387,6 +392,7 @@ pub(crate) async fn serve(
     opts: SqsOptions,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) {
+    tasks::resume(&broker).await;
     let app = router(broker, auth, opts);
     crate::server::http::serve(listener, app, shutdown).await;
 }

@@ -350,6 +350,7 @@ fn member_name(action: &str, list: &str) -> &'static str {
         (_, "QueueUrls" | "queueUrls") => "QueueUrl",
         (_, "Messages") => "Message",
         (_, "Failed") => "BatchResultErrorEntry",
+        ("ListMessageMoveTasks", "Results") => "ListMessageMoveTasksResultEntry",
         ("SendMessageBatch", "Successful") => "SendMessageBatchResultEntry",
         ("DeleteMessageBatch", "Successful") => "DeleteMessageBatchResultEntry",
         ("ChangeMessageVisibilityBatch", "Successful") => "ChangeMessageVisibilityBatchResultEntry",
@@ -402,7 +403,11 @@ fn xml_members(x: &mut String, action: &str, m: &Map<String, Value>) {
             }
             (list, Value::Array(items)) => {
                 let name = member_name(action, list);
-                let name = if name == "Results" { list } else { name };
+                let name = if name == "Results" && action != "ListMessageMoveTasks" {
+                    list
+                } else {
+                    name
+                };
                 for item in items {
                     match item {
                         Value::Object(fields) => {

@@ -10,6 +10,7 @@ use serde_json::{Map, Value, json};
 
 use crate::auth::Action;
 use crate::queue::QueueError;
+use crate::queue::annotations::AnnotationChange;
 
 use super::attributes::{self, TAG_PREFIX, View};
 use super::error::SqsError;
@@ -128,7 +129,7 @@ impl Sqs {
             tags.into_iter()
                 .map(|(k, v)| (format!("{TAG_PREFIX}{k}"), Some(v))),
         );
-        let annotations = attributes::apply(&[], &changes, self.now());
+        let annotations = attributes::initial(changes, self.now())?;
         match self
             .broker
             .create_queue_annotated(&name, &c.input, annotations)
@@ -243,13 +244,9 @@ impl Sqs {
         if let Some(dlq) = &c.dead_letter {
             self.check_dead_letter_target(&name, dlq)?;
         }
-        let current = self
-            .broker
-            .annotations(&name)
-            .map_err(SqsError::from_queue)?;
-        let annotations = attributes::apply(&current, &c.annotations, self.now());
+        let annotations = attributes::stamped(c.annotations, self.now());
         self.broker
-            .update_queue_annotated(&name, &c.input, c.removals, Some(annotations))
+            .update_queue_annotated(&name, &c.input, c.removals, &annotations)
             .await
             .map_err(SqsError::from_queue)?;
         self.audit(call, &name, "attributes set over SQS");
@@ -284,28 +281,26 @@ impl Sqs {
         if tags.is_empty() {
             return Err(SqsError::missing("Tags"));
         }
-        let current = self
-            .broker
-            .annotations(&name)
-            .map_err(SqsError::from_queue)?;
-        let mut all = attributes::tags(&current);
-        for (k, v) in &tags {
-            all.insert(k.clone(), Value::String(v.clone()));
-        }
-        if all.len() > MAX_TAGS {
-            return Err(SqsError::invalid(format!(
-                "Too many tags added for queue {name}."
-            )));
-        }
-        let changes: Vec<(String, Option<String>)> = tags
-            .into_iter()
-            .map(|(k, v)| (format!("{TAG_PREFIX}{k}"), Some(v)))
+        let changes: Vec<AnnotationChange> = tags
+            .iter()
+            .map(|(k, v)| (format!("{TAG_PREFIX}{k}"), Some(v.clone())))
             .collect();
-        let annotations = attributes::apply(&current, &changes, self.now());
+        let changes = attributes::stamped(changes, self.now());
         self.broker
-            .set_annotations(&name, annotations)
+            .update_annotations(&name, |current| {
+                let mut all = attributes::tags(current);
+                for (k, v) in &tags {
+                    all.insert(k.clone(), Value::String(v.clone()));
+                }
+                if all.len() > MAX_TAGS {
+                    return Err(SqsError::invalid(format!(
+                        "Too many tags added for queue {name}."
+                    )));
+                }
+                Ok((changes, ()))
+            })
             .await
-            .map_err(SqsError::from_queue)?;
+            .map_err(SqsError::from_queue)??;
         Ok(json!({}))
     }
 
@@ -318,19 +313,16 @@ impl Sqs {
                 "Tag keys must be between 1 and 128 characters in length.",
             ));
         }
-        let current = self
-            .broker
-            .annotations(&name)
-            .map_err(SqsError::from_queue)?;
-        let changes: Vec<(String, Option<String>)> = keys
+        let changes: Vec<AnnotationChange> = keys
             .into_iter()
             .map(|k| (format!("{TAG_PREFIX}{k}"), None))
             .collect();
-        let annotations = attributes::apply(&current, &changes, self.now());
         self.broker
-            .set_annotations(&name, annotations)
+            .update_annotations(&name, |_| {
+                Ok::<_, SqsError>((attributes::stamped(changes, self.now()), ()))
+            })
             .await
-            .map_err(SqsError::from_queue)?;
+            .map_err(SqsError::from_queue)??;
         Ok(json!({}))
     }
 
@@ -443,43 +435,41 @@ impl Sqs {
                 "Only the queue owner is allowed to invoke this action.",
             ));
         }
-        let current = self
-            .broker
-            .annotations(&name)
-            .map_err(SqsError::from_queue)?;
         let arn = self.arn(call, &name);
-        let mut policy = policy_of(&current).unwrap_or_else(|| {
-            let mut m = Map::new();
-            m.insert("Version".into(), "2012-10-17".into());
-            m.insert("Id".into(), format!("{arn}/SQSDefaultPolicy").into());
-            m
-        });
-        let mut statements = take_statements(&mut policy);
-        if statements
-            .iter()
-            .any(|s| s.get("Sid").and_then(Value::as_str) == Some(label.as_str()))
-        {
-            return Err(SqsError::bad_value("Label", &label, "Already exists."));
-        }
-        let principal = |a: &String| Value::String(format!("arn:aws:iam::{a}:root"));
-        let action = |a: &String| Value::String(format!("SQS:{a}"));
-        let one_or_many = |v: Vec<Value>| {
-            if v.len() == 1 {
-                v.into_iter().next().unwrap_or(Value::Null)
-            } else {
-                Value::Array(v)
+        self.edit_policy(&name, |policy| {
+            let mut policy = policy.unwrap_or_else(|| {
+                let mut m = Map::new();
+                m.insert("Version".into(), "2012-10-17".into());
+                m.insert("Id".into(), format!("{arn}/SQSDefaultPolicy").into());
+                m
+            });
+            let mut statements = take_statements(&mut policy);
+            if statements
+                .iter()
+                .any(|s| s.get("Sid").and_then(Value::as_str) == Some(label.as_str()))
+            {
+                return Err(SqsError::bad_value("Label", &label, "Already exists."));
             }
-        };
-        statements.push(json!({
-            "Sid": label,
-            "Effect": "Allow",
-            "Principal": {"AWS": one_or_many(accounts.iter().map(principal).collect())},
-            "Action": one_or_many(actions.iter().map(action).collect()),
-            "Resource": arn,
-        }));
-        policy.insert("Statement".into(), Value::Array(statements));
-        self.set_policy(&name, &current, &Value::Object(policy))
-            .await
+            let principal = |a: &String| Value::String(format!("arn:aws:iam::{a}:root"));
+            let action = |a: &String| Value::String(format!("SQS:{a}"));
+            let one_or_many = |v: Vec<Value>| {
+                if v.len() == 1 {
+                    v.into_iter().next().unwrap_or(Value::Null)
+                } else {
+                    Value::Array(v)
+                }
+            };
+            statements.push(json!({
+                "Sid": label,
+                "Effect": "Allow",
+                "Principal": {"AWS": one_or_many(accounts.iter().map(principal).collect())},
+                "Action": one_or_many(actions.iter().map(action).collect()),
+                "Resource": arn,
+            }));
+            policy.insert("Statement".into(), Value::Array(statements));
+            Ok(policy)
+        })
+        .await
     }
 
     pub(crate) async fn remove_permission(
@@ -490,41 +480,43 @@ impl Sqs {
         let name = self.queue_of(input)?;
         self.allow(call, Action::Admin, &name)?;
         let label = required(input, "Label")?.to_string();
-        let current = self
-            .broker
-            .annotations(&name)
-            .map_err(SqsError::from_queue)?;
-        let mut policy = policy_of(&current).unwrap_or_default();
-        let mut statements = take_statements(&mut policy);
-        let before = statements.len();
-        statements.retain(|s| s.get("Sid").and_then(Value::as_str) != Some(label.as_str()));
-        if statements.len() == before {
-            return Err(SqsError::bad_value(
-                "Label",
-                &label,
-                "can't find label on existing policy.",
-            ));
-        }
-        policy.insert("Statement".into(), Value::Array(statements));
-        self.set_policy(&name, &current, &Value::Object(policy))
-            .await
+        self.edit_policy(&name, |policy| {
+            let mut policy = policy.unwrap_or_default();
+            let mut statements = take_statements(&mut policy);
+            let before = statements.len();
+            statements.retain(|s| s.get("Sid").and_then(Value::as_str) != Some(label.as_str()));
+            if statements.len() == before {
+                return Err(SqsError::bad_value(
+                    "Label",
+                    &label,
+                    "can't find label on existing policy.",
+                ));
+            }
+            policy.insert("Statement".into(), Value::Array(statements));
+            Ok(policy)
+        })
+        .await
     }
 
-    async fn set_policy(
+    /// Changes a queue's `Policy` document as `edit` decides from the
+    /// current one, atomically.
+    async fn edit_policy(
         &self,
         name: &str,
-        current: &[(String, String)],
-        policy: &Value,
+        edit: impl FnOnce(Option<Map<String, Value>>) -> Result<Map<String, Value>, SqsError>,
     ) -> Result<Value, SqsError> {
-        let changes = vec![(
-            format!("{}Policy", attributes::PREFIX),
-            Some(policy.to_string()),
-        )];
-        let annotations = attributes::apply(current, &changes, self.now());
+        let now = self.now();
         self.broker
-            .set_annotations(name, annotations)
+            .update_annotations(name, |current| {
+                let policy = Value::Object(edit(policy_of(current))?);
+                let changes = vec![(
+                    format!("{}Policy", attributes::PREFIX),
+                    Some(policy.to_string()),
+                )];
+                Ok((attributes::stamped(changes, now), ()))
+            })
             .await
-            .map_err(SqsError::from_queue)?;
+            .map_err(SqsError::from_queue)??;
         Ok(json!({}))
     }
 }

@@ -20,32 +20,32 @@ use crate::harness::*;
 
 /// An answer: status, headers of interest and body.
 #[derive(Debug)]
-struct Reply {
-    status: u16,
-    query_error: Option<String>,
-    body: String,
+pub(crate) struct Reply {
+    pub(crate) status: u16,
+    pub(crate) query_error: Option<String>,
+    pub(crate) body: String,
 }
 
 impl Reply {
     #[track_caller]
-    fn json(&self) -> Value {
+    pub(crate) fn json(&self) -> Value {
         serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{e}: {}", self.body))
     }
 
     #[track_caller]
-    fn ok(&self) -> Value {
+    pub(crate) fn ok(&self) -> Value {
         assert_eq!(self.status, 200, "{}", self.body);
         self.json()
     }
 }
 
-struct Sqs {
+pub(crate) struct Sqs {
     addr: SocketAddr,
     http: Client<HttpConnector, Full<Bytes>>,
 }
 
 impl Sqs {
-    fn new(addr: SocketAddr) -> Sqs {
+    pub(crate) fn new(addr: SocketAddr) -> Sqs {
         Sqs {
             addr,
             http: Client::builder(TokioExecutor::new()).build_http(),
@@ -73,7 +73,7 @@ impl Sqs {
     }
 
     /// A JSON protocol call, asking for the query protocol's codes.
-    async fn call(&self, action: &str, input: Value) -> Reply {
+    pub(crate) async fn call(&self, action: &str, input: Value) -> Reply {
         let req = Request::builder()
             .method(Method::POST)
             .uri(format!("http://{}/", self.addr))
@@ -84,7 +84,7 @@ impl Sqs {
     }
 
     /// A query protocol call.
-    async fn query(&self, form: &str) -> Reply {
+    pub(crate) async fn query(&self, form: &str) -> Reply {
         let req = Request::builder()
             .method(Method::POST)
             .uri(format!("http://{}/", self.addr))
@@ -93,7 +93,7 @@ impl Sqs {
     }
 }
 
-async fn start() -> (InProc, Sqs) {
+pub(crate) async fn start() -> (InProc, Sqs) {
     let s = InProc::start_with(|c| {
         c.sqs_listen = Some(letterbox::server::ConsoleAt::Exactly(
             "127.0.0.1:0".parse().unwrap(),

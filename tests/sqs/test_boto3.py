@@ -1,7 +1,8 @@
 """boto3 against Letterbox's SQS endpoint (LETTERBOX_SQS_URL): the
 dead-letter flow (send; fail until maxReceiveCount; read it from the dead
-letter queue with DeadLetterQueueSourceArn) and a FIFO flow (order within
-a group, deduplication, ReceiveRequestAttemptId retries)."""
+letter queue with DeadLetterQueueSourceArn; move it back with a message
+move task) and a FIFO flow (order within a group, deduplication,
+ReceiveRequestAttemptId retries)."""
 
 import json
 import os
@@ -61,7 +62,31 @@ def dead_letter_flow():
     ]["QueueArn"]
     assert m["Attributes"]["DeadLetterQueueSourceArn"] == source, m
     assert sqs.list_dead_letter_source_queues(QueueUrl=dlq)["queueUrls"] == [q]
-    sqs.delete_message(QueueUrl=dlq, ReceiptHandle=m["ReceiptHandle"])
+    # Fixed: put it back where it came from with a move task.
+    sqs.change_message_visibility(
+        QueueUrl=dlq, ReceiptHandle=m["ReceiptHandle"], VisibilityTimeout=0
+    )
+    handle = sqs.start_message_move_task(SourceArn=dlq_arn)["TaskHandle"]
+    for _ in range(100):
+        task = sqs.list_message_move_tasks(SourceArn=dlq_arn)["Results"][0]
+        if task["Status"] != "RUNNING":
+            break
+        time.sleep(0.05)
+    assert task["Status"] == "COMPLETED", task
+    assert task["ApproximateNumberOfMessagesMoved"] == 1, task
+    assert "TaskHandle" not in task and handle
+    back = sqs.receive_message(
+        QueueUrl=q,
+        WaitTimeSeconds=5,
+        MessageAttributeNames=["All"],
+        AttributeNames=["ApproximateReceiveCount"],
+    )["Messages"][0]
+    assert back["MessageId"] == sent["MessageId"], back
+    assert back["Body"] == "charge 42"
+    assert back["MessageAttributes"]["amount"]["StringValue"] == "42"
+    sqs.delete_message(QueueUrl=q, ReceiptHandle=back["ReceiptHandle"])
+    attrs = sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["All"])["Attributes"]
+    assert attrs["ApproximateNumberOfMessages"] == "0", attrs
 
 
 def fifo_flow():
