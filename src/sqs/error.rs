@@ -242,6 +242,16 @@ impl SqsError {
         SqsError::new(code, code, 403, message.into())
     }
 
+    /// [`SqsError::auth`] with another status (`IncompleteSignature` and
+    /// `RequestExpired` are 400s).
+    pub(crate) fn auth_status(
+        code: &'static str,
+        status: u16,
+        message: impl Into<String>,
+    ) -> SqsError {
+        SqsError::new(code, code, status, message.into())
+    }
+
     /// `RequestThrottled` (403, as SQS answers it).
     pub(crate) fn throttled(message: impl Into<String>) -> SqsError {
         SqsError::new("RequestThrottled", "RequestThrottled", 403, message.into())

@@ -31,7 +31,10 @@ mod message_attrs;
 mod messages;
 mod protocol;
 mod queues;
+mod sigv4;
 pub(crate) mod tasks;
+
+pub use sigv4::{Signer, sign};
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -255,9 +258,8 @@ async fn serve_call(
     let path = uri.path();
     let path_queue =
         (path.trim_matches('/').split('/').count() == 2).then(|| format!("http://{host}{path}"));
+    let (principal, region) = sqs.caller(method, uri, headers, &body, peer)?;
     let req = protocol::decode(wire, headers, uri.query(), &body, path_queue)?;
-    let region = signed_region(headers, uri.query()).unwrap_or_else(|| sqs.opts.region.clone());
-    let principal = sqs.caller(headers, peer)?;
     let call = Call {
         host,
         region,
@@ -270,28 +272,43 @@ async fn serve_call(
 }
 
 impl Sqs {
-    /// The caller. Without principals every request is served as the
-    /// anonymous principal, whatever credentials it carries (as ElasticMQ
-    /// and moto do).
+    /// The caller and the request's region. Without principals every
+    /// request is served as the anonymous principal, whatever credentials
+    /// it carries (as ElasticMQ and moto do), in the region of its
+    /// signature's scope if it has one; with principals it must be signed
+    /// with one's access key (`sigv4.rs`), and a refusal is audited.
     fn caller(
         &self,
-        _headers: &HeaderMap,
+        method: &Method,
+        uri: &Uri,
+        headers: &HeaderMap,
+        body: &[u8],
         peer: Option<SocketAddr>,
-    ) -> Result<Arc<Principal>, SqsError> {
+    ) -> Result<(Arc<Principal>, String), SqsError> {
         if !self.auth.is_enabled() {
-            return Ok(Principal::anonymous());
+            let region =
+                signed_region(headers, uri.query()).unwrap_or_else(|| self.opts.region.clone());
+            return Ok((Principal::anonymous(), region));
         }
-        let why = "this server has principals configured, and the SQS endpoint takes no credentials of theirs yet";
-        audit::refused(
-            audit::Who {
-                principal: "-",
-                peer,
-            },
-            "authenticate",
-            "-",
-            why,
-        );
-        Err(SqsError::auth("InvalidClientTokenId", why))
+        match sigv4::verify(&self.auth, method, uri, headers, body, self.now()) {
+            Ok(v) => Ok((v.principal, v.region)),
+            Err(r) => {
+                let presented = r
+                    .access_key
+                    .as_deref()
+                    .map_or_else(|| "-".to_string(), |k| format!("access key {k}"));
+                audit::refused(
+                    audit::Who {
+                        principal: &presented,
+                        peer,
+                    },
+                    "authenticate",
+                    "-",
+                    &format!("{}: {}", r.error.code, r.short()),
+                );
+                Err(r.error)
+            }
+        }
     }
 
     async fn dispatch(&self, call: &Call, action: &str, input: &Value) -> Result<Value, SqsError> {

@@ -23,6 +23,7 @@ mod redrive;
 mod security;
 mod slow_clients;
 mod sqs;
+mod sqs_auth;
 mod sqs_move;
 mod subscriber_order;
 mod verify;

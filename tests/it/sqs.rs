@@ -40,7 +40,7 @@ impl Reply {
 }
 
 pub(crate) struct Sqs {
-    addr: SocketAddr,
+    pub(crate) addr: SocketAddr,
     http: Client<HttpConnector, Full<Bytes>>,
 }
 
@@ -52,7 +52,7 @@ impl Sqs {
         }
     }
 
-    async fn send(&self, req: hyper::http::request::Builder, body: String) -> Reply {
+    pub(crate) async fn send(&self, req: hyper::http::request::Builder, body: String) -> Reply {
         let resp = self
             .http
             .request(req.body(Full::new(Bytes::from(body))).unwrap())
@@ -382,7 +382,8 @@ async fn handles_of_earlier_receives_delete_and_a_zero_visibility_shows_the_mess
     s.stop().await;
 }
 
-/// boto3 through the dead-letter and FIFO flows, and moto 5.2.5's own
+/// boto3 through the dead-letter and FIFO flows and with a principal's
+/// access key (SigV4), and moto 5.2.5's own
 /// SQS tests in its server mode, from PyPI (`tests/sqs/run.sh`; skips
 /// as `skip_or_run` says where PyPI cannot be had).
 #[test]
@@ -397,6 +398,7 @@ fn boto3_and_motos_own_sqs_tests_pass_against_the_endpoint() {
     };
     assert!(
         text.contains("PASS: boto3 dead-letter and FIFO flows")
+            && text.contains("PASS: boto3 with principals")
             && text.contains("PASS: SQS clients against a real server"),
         "{text}"
     );

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The SQS endpoint with real clients from their registries:
 #   1. tests/sqs/test_boto3.py: boto3 through the dead-letter flow and a
-#      FIFO flow;
+#      FIFO flow; tests/sqs/test_auth.py: boto3's SigV4 signatures with a
+#      principal's access key (made by `letterbox auth new-aws-key`);
 #   2. moto 5.2.5's own SQS tests (tests/test_sqs/test_sqs.py and
 #      test_sqs_message_attributes.py from its source distribution on
 #      PyPI) in moto's server mode against Letterbox, less the tests of
@@ -60,6 +61,24 @@ stop() { kill "$pid"; wait "$pid" || true; pid=; }
 log "boto3 against $("$server" --version 2>/dev/null || echo letterbox)"
 start --sqs-listen 127.0.0.1:0
 LETTERBOX_SQS_URL="$sqs" "$py" tests/sqs/test_boto3.py
+stop
+
+log "boto3 with principals: SigV4"
+keys="$("$server" auth new-aws-key)"
+key_id="$(sed -n 's/^aws_access_key_id: *//p' <<<"$keys")"
+sed -n 's/^aws_secret_access_key: *//p' <<<"$keys" >"$data/aws.secret"
+cat >"$data/letterbox.toml" <<TOML
+[[principals]]
+name = "ci"
+aws_access_key_id = "$key_id"
+aws_secret_access_key_file = "$data/aws.secret"
+admin = ["*"]
+publish = ["*"]
+consume = ["*"]
+TOML
+start --sqs-listen 127.0.0.1:0 --config "$data/letterbox.toml"
+LETTERBOX_SQS_URL="$sqs" LETTERBOX_AWS_KEY_ID="$key_id" \
+  LETTERBOX_AWS_SECRET="$(cat "$data/aws.secret")" "$py" tests/sqs/test_auth.py
 stop
 
 log "moto 5.2.5's SQS tests in server mode"
