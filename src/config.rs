@@ -221,8 +221,10 @@ pub struct ServeArgs {
     /// digits).
     #[arg(long, env = "LETTERBOX_SQS_ACCOUNT_ID", default_value = "000000000000")]
     pub sqs_account_id: String,
-    /// The region of the SQS endpoint's ARNs for requests that are not
-    /// signed (a signed request's own region is used otherwise).
+    /// The SQS endpoint's default region: that of requests that are not
+    /// signed (a signed request's is its signature's); its queues keep
+    /// their plain Letterbox names (another region's queue NAME is the
+    /// Letterbox queue REGION.NAME).
     #[arg(long, env = "LETTERBOX_SQS_REGION", default_value = "us-east-1")]
     pub sqs_region: String,
     /// Time between two samples of the console's plots (each sample is

@@ -72,8 +72,9 @@ pub(crate) fn arn(region: &str, account: &str, name: &str) -> String {
     format!("arn:aws:sqs:{region}:{account}:{name}")
 }
 
-/// The queue name of an SQS ARN (`arn:aws:sqs:REGION:ACCOUNT:NAME`).
-pub(crate) fn arn_name(arn: &str) -> Option<&str> {
+/// The region and queue name of an SQS ARN
+/// (`arn:aws:sqs:REGION:ACCOUNT:NAME`).
+pub(crate) fn arn_parts(arn: &str) -> Option<(&str, &str)> {
     let mut parts = arn.splitn(6, ':');
     match (
         parts.next(),
@@ -83,12 +84,18 @@ pub(crate) fn arn_name(arn: &str) -> Option<&str> {
         parts.next(),
         parts.next(),
     ) {
-        (Some("arn"), Some(_), Some("sqs"), Some(_), Some(_), Some(name)) if !name.is_empty() => {
-            Some(name)
+        (Some("arn"), Some(_), Some("sqs"), Some(region), Some(_), Some(name))
+            if !name.is_empty() && !region.is_empty() =>
+        {
+            Some((region, name))
         }
         _ => None,
     }
 }
+
+/// Maps an SQS ARN to the Letterbox queue it names (`None`: not an SQS
+/// ARN).
+pub(crate) type Resolve<'a> = &'a dyn Fn(&str) -> Option<String>;
 
 fn annotation<'a>(ann: &'a [(String, String)], name: &str) -> Option<&'a str> {
     ann.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
@@ -133,8 +140,8 @@ pub(crate) struct View<'a> {
     pub(crate) info: &'a QueueInfo,
     pub(crate) stats: QueueStats,
     pub(crate) annotations: &'a [(String, String)],
-    pub(crate) region: &'a str,
-    pub(crate) account: &'a str,
+    /// The ARN of a Letterbox queue.
+    pub(crate) arn_of: &'a dyn Fn(&str) -> String,
 }
 
 impl View<'_> {
@@ -156,10 +163,10 @@ impl View<'_> {
             "CreatedTimestamp" => secs(self.info.created_at),
             "LastModifiedTimestamp" => annotated(self.annotations, "LastModifiedTimestamp")
                 .map_or_else(|| secs(self.info.created_at), str::to_string),
-            "QueueArn" => arn(self.region, self.account, &self.info.name),
+            "QueueArn" => (self.arn_of)(&self.info.name),
             "RedrivePolicy" => {
                 let dl = c.dead_letter.as_ref()?;
-                let target = arn(self.region, self.account, &dl.queue);
+                let target = (self.arn_of)(&dl.queue);
                 // As SQS gives it back: the count a number, whatever the
                 // request sent.
                 format!(
@@ -211,7 +218,10 @@ impl View<'_> {
 
 /// A `RedrivePolicy`: `Some((dead letter queue, maxReceiveCount))`, or
 /// `None` for an empty one (`""` or `{}`), which removes it.
-pub(crate) fn parse_redrive(text: &str) -> Result<Option<(String, u32)>, SqsError> {
+pub(crate) fn parse_redrive(
+    text: &str,
+    resolve: Resolve<'_>,
+) -> Result<Option<(String, u32)>, SqsError> {
     let bad = |why: &str| {
         SqsError::invalid(format!(
             "Value {text} for parameter RedrivePolicy is invalid. Reason: {why}"
@@ -234,7 +244,7 @@ pub(crate) fn parse_redrive(text: &str) -> Result<Option<(String, u32)>, SqsErro
         .ok_or_else(|| {
             bad("Redrive policy does not contain mandatory attribute: deadLetterTargetArn.")
         })?;
-    let name = arn_name(target).ok_or_else(|| bad("Invalid value for deadLetterTargetArn."))?;
+    let name = resolve(target).ok_or_else(|| bad("Invalid value for deadLetterTargetArn."))?;
     let count = match m.get("maxReceiveCount") {
         Some(Value::Number(n)) => n.as_u64(),
         Some(Value::String(s)) => s.trim().parse::<u64>().ok(),
@@ -251,7 +261,7 @@ pub(crate) fn parse_redrive(text: &str) -> Result<Option<(String, u32)>, SqsErro
         .ok_or_else(|| {
             bad("Invalid value for maxReceiveCount: must be an integer from 1 to 1000.")
         })?;
-    Ok(Some((name.to_string(), count)))
+    Ok(Some((name, count)))
 }
 
 /// A `RedriveAllowPolicy`, checked: `redrivePermission` `allowAll`,
@@ -268,7 +278,7 @@ fn check_redrive_allow(text: &str) -> Result<(), SqsError> {
         Some("byQueue") => match v.get("sourceQueueArns").and_then(Value::as_array) {
             Some(a)
                 if (1..=10).contains(&a.len())
-                    && a.iter().all(|x| x.as_str().and_then(arn_name).is_some()) =>
+                    && a.iter().all(|x| x.as_str().and_then(arn_parts).is_some()) =>
             {
                 Ok(())
             }
@@ -280,9 +290,13 @@ fn check_redrive_allow(text: &str) -> Result<(), SqsError> {
     }
 }
 
-/// Whether the queue `dlq`'s `RedriveAllowPolicy` lets `source` use it as
-/// its dead letter queue.
-pub(crate) fn allows_source(dlq_annotations: &[(String, String)], source: &str) -> bool {
+/// Whether the queue `dlq`'s `RedriveAllowPolicy` lets the Letterbox
+/// queue `source` use it as its dead letter queue.
+pub(crate) fn allows_source(
+    dlq_annotations: &[(String, String)],
+    source: &str,
+    resolve: Resolve<'_>,
+) -> bool {
     let Some(text) = annotated(dlq_annotations, "RedriveAllowPolicy") else {
         return true;
     };
@@ -296,7 +310,7 @@ pub(crate) fn allows_source(dlq_annotations: &[(String, String)], source: &str) 
             .and_then(Value::as_array)
             .is_some_and(|a| {
                 a.iter()
-                    .any(|x| x.as_str().and_then(arn_name) == Some(source))
+                    .any(|x| x.as_str().and_then(resolve).as_deref() == Some(source))
             }),
         _ => true,
     }
@@ -343,6 +357,7 @@ pub(crate) fn changes(
     attrs: Option<&Value>,
     create: bool,
     kind: Option<QueueKind>,
+    resolve: Resolve<'_>,
 ) -> Result<Changes, SqsError> {
     let mut c = Changes::default();
     if create {
@@ -428,7 +443,7 @@ pub(crate) fn changes(
                 }
                 now(&mut c, &name, v);
             }
-            "RedrivePolicy" => match parse_redrive(&value)? {
+            "RedrivePolicy" => match parse_redrive(&value, resolve)? {
                 Some((dlq, count)) => {
                     c.input.dead_letter = Some(DeadLetterInput::new(dlq.clone(), count));
                     c.dead_letter = Some(dlq);
@@ -496,7 +511,11 @@ pub(crate) fn initial(
 /// Whether the attributes of a `CreateQueue` for an existing queue are
 /// those it has: each given attribute's value (normalized) is the
 /// queue's. Returns the first that differs.
-pub(crate) fn first_difference(view: &View<'_>, attrs: Option<&Value>) -> Option<String> {
+pub(crate) fn first_difference(
+    view: &View<'_>,
+    attrs: Option<&Value>,
+    resolve: Resolve<'_>,
+) -> Option<String> {
     let Value::Object(m) = attrs? else {
         return None;
     };
@@ -512,10 +531,10 @@ pub(crate) fn first_difference(view: &View<'_>, attrs: Option<&Value>) -> Option
                 given.trim().eq_ignore_ascii_case("true") == view.info.config.kind.is_fifo()
             }
             "RedrivePolicy" => {
-                parse_redrive(&given).ok().flatten()
+                parse_redrive(&given, resolve).ok().flatten()
                     == current
                         .as_deref()
-                        .and_then(|c| parse_redrive(c).ok().flatten())
+                        .and_then(|c| parse_redrive(c, resolve).ok().flatten())
             }
             "Policy" | "RedriveAllowPolicy" => {
                 let parse = |t: &str| serde_json::from_str::<Value>(t).ok();

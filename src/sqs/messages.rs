@@ -240,7 +240,7 @@ impl Sqs {
     }
 
     pub(crate) async fn send_message(&self, call: &Call, input: &Value) -> Result<Value, SqsError> {
-        let name = self.queue_of(input)?;
+        let name = self.queue_of(call, input)?;
         self.allow(call, Action::Publish, &name)?;
         let t = self.target(&name)?;
         let o = self
@@ -277,7 +277,7 @@ impl Sqs {
         call: &Call,
         input: &Value,
     ) -> Result<Value, SqsError> {
-        let name = self.queue_of(input)?;
+        let name = self.queue_of(call, input)?;
         self.allow(call, Action::Publish, &name)?;
         let entries = batch_entries(input, "SendMessageBatchRequestEntry")?;
         let total: usize = entries
@@ -333,7 +333,7 @@ impl Sqs {
         call: &Call,
         input: &Value,
     ) -> Result<Value, SqsError> {
-        let name = self.queue_of(input)?;
+        let name = self.queue_of(call, input)?;
         self.allow(call, Action::Consume, &name)?;
         let max = match integer(input, "MaxNumberOfMessages")? {
             None => 1,
@@ -523,7 +523,7 @@ impl Sqs {
         call: &Call,
         input: &Value,
     ) -> Result<Value, SqsError> {
-        let name = self.queue_of(input)?;
+        let name = self.queue_of(call, input)?;
         self.allow(call, Action::Consume, &name)?;
         let handle = required(input, "ReceiptHandle")?;
         if crate::queue::token::AckToken::parse("ReceiptHandle", handle).is_err() {
@@ -549,7 +549,7 @@ impl Sqs {
         call: &Call,
         input: &Value,
     ) -> Result<Value, SqsError> {
-        let name = self.queue_of(input)?;
+        let name = self.queue_of(call, input)?;
         self.allow(call, Action::Consume, &name)?;
         let entries = batch_entries(input, "DeleteMessageBatchRequestEntry")?;
         let mut handles = Vec::new();
@@ -642,7 +642,7 @@ impl Sqs {
         call: &Call,
         input: &Value,
     ) -> Result<Value, SqsError> {
-        let name = self.queue_of(input)?;
+        let name = self.queue_of(call, input)?;
         self.allow(call, Action::Consume, &name)?;
         let handle = required(input, "ReceiptHandle")?;
         let secs = integer(input, "VisibilityTimeout")?
@@ -656,7 +656,7 @@ impl Sqs {
         call: &Call,
         input: &Value,
     ) -> Result<Value, SqsError> {
-        let name = self.queue_of(input)?;
+        let name = self.queue_of(call, input)?;
         self.allow(call, Action::Consume, &name)?;
         let entries = batch_entries(input, "ChangeMessageVisibilityBatchRequestEntry")?;
         let mut successful = Vec::new();

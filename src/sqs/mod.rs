@@ -21,9 +21,12 @@
 //!   SQS does (`Broker::delete_leased`, `Broker::current_lease_of`).
 //! - Queue URLs are `http://HOST:PORT/ACCOUNT/NAME`, resolved by the last
 //!   part of their path whatever the host (a bare name works too); ARNs
-//!   are `arn:aws:sqs:REGION:ACCOUNT:NAME`, the region taken from the
-//!   request's signature (`--sqs-region` for unsigned ones), the account
-//!   from `--sqs-account-id`.
+//!   are `arn:aws:sqs:REGION:ACCOUNT:NAME`, the account from
+//!   `--sqs-account-id`.
+//! - Each region has its own queues (`regions.rs`): a request's region is
+//!   its signature's (`--sqs-region` for unsigned ones, whose queues keep
+//!   their plain names; another region's queue `NAME` is the Letterbox
+//!   queue `REGION.NAME`).
 
 mod attributes;
 mod error;
@@ -31,6 +34,7 @@ mod message_attrs;
 mod messages;
 mod protocol;
 mod queues;
+mod regions;
 mod sigv4;
 pub(crate) mod tasks;
 
@@ -86,6 +90,8 @@ pub(crate) struct Sqs {
     broker: Arc<Broker>,
     auth: Arc<Authenticator>,
     opts: SqsOptions,
+    /// Each region its own queues.
+    regions: regions::Regions,
     /// When each queue was last purged (SQS allows one purge a minute).
     purges: Mutex<std::collections::HashMap<String, u64>>,
     /// `ReceiveRequestAttemptId`s of FIFO receives, for their retries.
@@ -117,20 +123,27 @@ impl Sqs {
         self.broker.clock().now_ms()
     }
 
-    /// A queue's URL for this call.
-    fn url(&self, call: &Call, name: &str) -> String {
+    /// The Letterbox queue of the queue `name` of the call's region.
+    fn engine(&self, call: &Call, name: &str) -> String {
+        self.regions.engine(&call.region, name)
+    }
+
+    /// The URL of a Letterbox queue for this call.
+    fn url(&self, call: &Call, engine: &str) -> String {
         let scheme = if self.opts.tls { "https" } else { "http" };
+        let (_, name) = self.regions.split(&call.region, engine);
         format!("{scheme}://{}/{}/{name}", call.host, self.opts.account_id)
     }
 
-    /// A queue's ARN for this call.
-    fn arn(&self, call: &Call, name: &str) -> String {
-        attributes::arn(&call.region, &self.opts.account_id, name)
+    /// The ARN of a Letterbox queue for this call.
+    fn arn(&self, call: &Call, engine: &str) -> String {
+        let (region, name) = self.regions.split(&call.region, engine);
+        attributes::arn(region, &self.opts.account_id, name)
     }
 
-    /// The queue an ARN names (`None`: not an SQS ARN).
-    fn arn_queue(&self, _call: &Call, arn: &str) -> Option<String> {
-        attributes::arn_name(arn).map(str::to_string)
+    /// The Letterbox queue an ARN names (`None`: not an SQS ARN).
+    fn arn_queue(&self, arn: &str) -> Option<String> {
+        attributes::arn_parts(arn).map(|(region, name)| self.regions.engine(region, name))
     }
 
     /// Checks a grant; a refusal is audited.
@@ -259,6 +272,11 @@ async fn serve_call(
     let path_queue =
         (path.trim_matches('/').split('/').count() == 2).then(|| format!("http://{host}{path}"));
     let (principal, region) = sqs.caller(method, uri, headers, &body, peer)?;
+    if !regions::valid(&region) {
+        return Err(SqsError::invalid(format!(
+            "The region {region:?} of the request's credential scope is not a region name: 1 to 64 letters, digits or '-'."
+        )));
+    }
     let req = protocol::decode(wire, headers, uri.query(), &body, path_queue)?;
     let call = Call {
         host,
@@ -391,6 +409,9 @@ pub fn router(broker: Arc<Broker>, auth: Arc<Authenticator>, opts: SqsOptions) -
     let sqs = Arc::new(Sqs {
         broker,
         auth,
+        regions: regions::Regions {
+            default: opts.region.clone(),
+        },
         opts,
         purges: Mutex::default(),
         attempts: messages::Attempts::default(),

@@ -49,10 +49,17 @@ fn check_name(name: &str, fifo: bool) -> Result<(), SqsError> {
 
 impl Sqs {
     /// The name of the queue an input's `QueueUrl` names, checked to exist.
-    pub(crate) fn queue_of(&self, input: &Value) -> Result<String, SqsError> {
-        let name = queue_name(required(input, "QueueUrl")?)?;
+    /// The Letterbox queue of an input's `QueueUrl` (of the call's
+    /// region), checked to exist.
+    pub(crate) fn queue_of(&self, call: &Call, input: &Value) -> Result<String, SqsError> {
+        let name = self.engine(call, &queue_name(required(input, "QueueUrl")?)?);
         self.broker.get_queue(&name).map_err(SqsError::from_queue)?;
         Ok(name)
+    }
+
+    /// [`Sqs::arn_queue`] as attributes take it.
+    fn resolver(&self) -> impl Fn(&str) -> Option<String> + '_ {
+        move |arn| self.arn_queue(arn)
     }
 
     /// A queue's attributes' view.
@@ -68,12 +75,12 @@ impl Sqs {
             .broker
             .annotations(name)
             .map_err(SqsError::from_queue)?;
+        let arn_of = |engine: &str| self.arn(call, engine);
         let view = View {
             info: &info,
             stats,
             annotations: &annotations,
-            region: &call.region,
-            account: &self.opts.account_id,
+            arn_of: &arn_of,
         };
         Ok(f(&view))
     }
@@ -90,7 +97,7 @@ impl Sqs {
             }
             Err(e) => return Err(SqsError::from_queue(e)),
         };
-        if !attributes::allows_source(&ann, source) {
+        if !attributes::allows_source(&ann, source, &self.resolver()) {
             return Err(SqsError::invalid(format!(
                 "Value for parameter RedrivePolicy is invalid. Reason: Queue {dlq} does not allow \
                  queue {source} to use it as a dead-letter queue (its RedriveAllowPolicy)."
@@ -100,7 +107,8 @@ impl Sqs {
     }
 
     pub(crate) async fn create_queue(&self, call: &Call, input: &Value) -> Result<Value, SqsError> {
-        let name = required(input, "QueueName")?.to_string();
+        let sqs_name = required(input, "QueueName")?.to_string();
+        let name = self.engine(call, &sqs_name);
         self.allow(call, Action::Admin, &name)?;
         let attrs = input.get("Attributes");
         let tags = tag_pairs(input.get("tags").or_else(|| input.get("Tags")))?;
@@ -110,8 +118,9 @@ impl Sqs {
             )));
         }
         if self.broker.get_queue(&name).is_ok() {
-            let differs =
-                self.with_view(call, &name, |v| attributes::first_difference(v, attrs))?;
+            let differs = self.with_view(call, &name, |v| {
+                attributes::first_difference(v, attrs, &self.resolver())
+            })?;
             if let Some(a) = differs {
                 return Err(SqsError::queue_exists(format!(
                     "A queue already exists with the same name and a different value for attribute {a}"
@@ -119,8 +128,8 @@ impl Sqs {
             }
             return Ok(json!({"QueueUrl": self.url(call, &name)}));
         }
-        let c = attributes::changes(attrs, true, None)?;
-        check_name(&name, c.fifo)?;
+        let c = attributes::changes(attrs, true, None, &self.resolver())?;
+        check_name(&sqs_name, c.fifo)?;
         if let Some(dlq) = &c.dead_letter {
             self.check_dead_letter_target(&name, dlq)?;
         }
@@ -149,16 +158,16 @@ impl Sqs {
     }
 
     pub(crate) fn get_queue_url(&self, call: &Call, input: &Value) -> Result<Value, SqsError> {
-        let name = required(input, "QueueName")?;
-        self.broker.get_queue(name).map_err(SqsError::from_queue)?;
-        self.allow(call, Action::Admin, name)
-            .or_else(|_| self.allow(call, Action::Publish, name))
-            .or_else(|_| self.allow(call, Action::Consume, name))?;
-        Ok(json!({"QueueUrl": self.url(call, name)}))
+        let name = self.engine(call, required(input, "QueueName")?);
+        self.broker.get_queue(&name).map_err(SqsError::from_queue)?;
+        self.allow(call, Action::Admin, &name)
+            .or_else(|_| self.allow(call, Action::Publish, &name))
+            .or_else(|_| self.allow(call, Action::Consume, &name))?;
+        Ok(json!({"QueueUrl": self.url(call, &name)}))
     }
 
     pub(crate) fn list_queues(&self, call: &Call, input: &Value) -> Result<Value, SqsError> {
-        let prefix = string(input, "QueueNamePrefix").unwrap_or_default();
+        let prefix = self.engine(call, string(input, "QueueNamePrefix").unwrap_or_default());
         let max = match integer(input, "MaxResults")? {
             None => None,
             Some(n) if (1..=1000).contains(&n) => Some(u32::try_from(n).unwrap_or(1000)),
@@ -176,10 +185,11 @@ impl Sqs {
         };
         let (found, next) = self
             .broker
-            .list_queues(prefix, max.unwrap_or(1000), after.as_deref())
+            .list_queues(&prefix, max.unwrap_or(1000), after.as_deref())
             .map_err(SqsError::from_queue)?;
         let urls: Vec<Value> = found
             .iter()
+            .filter(|q| self.regions.local(&call.region, &q.name).is_some())
             .filter(|q| call.principal.sees(&q.name))
             .map(|q| Value::String(self.url(call, &q.name)))
             .collect();
@@ -194,7 +204,7 @@ impl Sqs {
     }
 
     pub(crate) async fn delete_queue(&self, call: &Call, input: &Value) -> Result<Value, SqsError> {
-        let name = self.queue_of(input)?;
+        let name = self.queue_of(call, input)?;
         self.allow(call, Action::Admin, &name)?;
         // SQS deletes a dead letter queue in use: its sources keep no
         // dead letter queue (Letterbox detaches them).
@@ -212,7 +222,7 @@ impl Sqs {
         call: &Call,
         input: &Value,
     ) -> Result<Value, SqsError> {
-        let name = self.queue_of(input)?;
+        let name = self.queue_of(call, input)?;
         self.allow(call, Action::Admin, &name)
             .or_else(|_| self.allow(call, Action::Consume, &name))?;
         let names = strings(input, "AttributeNames");
@@ -234,13 +244,13 @@ impl Sqs {
         call: &Call,
         input: &Value,
     ) -> Result<Value, SqsError> {
-        let name = self.queue_of(input)?;
+        let name = self.queue_of(call, input)?;
         self.allow(call, Action::Admin, &name)?;
         let Some(attrs) = input.get("Attributes") else {
             return Err(SqsError::missing("Attributes"));
         };
         let info = self.broker.get_queue(&name).map_err(SqsError::from_queue)?;
-        let c = attributes::changes(Some(attrs), false, Some(info.config.kind))?;
+        let c = attributes::changes(Some(attrs), false, Some(info.config.kind), &self.resolver())?;
         if let Some(dlq) = &c.dead_letter {
             self.check_dead_letter_target(&name, dlq)?;
         }
@@ -254,7 +264,7 @@ impl Sqs {
     }
 
     pub(crate) async fn purge_queue(&self, call: &Call, input: &Value) -> Result<Value, SqsError> {
-        let name = self.queue_of(input)?;
+        let name = self.queue_of(call, input)?;
         self.allow(call, Action::Admin, &name)?;
         let now = self.now();
         {
@@ -275,7 +285,7 @@ impl Sqs {
     }
 
     pub(crate) async fn tag_queue(&self, call: &Call, input: &Value) -> Result<Value, SqsError> {
-        let name = self.queue_of(input)?;
+        let name = self.queue_of(call, input)?;
         self.allow(call, Action::Admin, &name)?;
         let tags = tag_pairs(input.get("Tags"))?;
         if tags.is_empty() {
@@ -305,7 +315,7 @@ impl Sqs {
     }
 
     pub(crate) async fn untag_queue(&self, call: &Call, input: &Value) -> Result<Value, SqsError> {
-        let name = self.queue_of(input)?;
+        let name = self.queue_of(call, input)?;
         self.allow(call, Action::Admin, &name)?;
         let keys = strings(input, "TagKeys");
         if keys.is_empty() || keys.iter().any(|k| k.is_empty() || k.len() > 128) {
@@ -327,7 +337,7 @@ impl Sqs {
     }
 
     pub(crate) fn list_queue_tags(&self, call: &Call, input: &Value) -> Result<Value, SqsError> {
-        let name = self.queue_of(input)?;
+        let name = self.queue_of(call, input)?;
         self.allow(call, Action::Admin, &name)
             .or_else(|_| self.allow(call, Action::Consume, &name))?;
         let tags = attributes::tags(
@@ -347,7 +357,7 @@ impl Sqs {
         call: &Call,
         input: &Value,
     ) -> Result<Value, SqsError> {
-        let name = self.queue_of(input)?;
+        let name = self.queue_of(call, input)?;
         self.allow(call, Action::Admin, &name)?;
         let max = match integer(input, "MaxResults")? {
             None => None,
@@ -399,7 +409,7 @@ impl Sqs {
         call: &Call,
         input: &Value,
     ) -> Result<Value, SqsError> {
-        let name = self.queue_of(input)?;
+        let name = self.queue_of(call, input)?;
         self.allow(call, Action::Admin, &name)?;
         let label = required(input, "Label")?.to_string();
         let accounts = strings(input, "AWSAccountIds");
@@ -477,7 +487,7 @@ impl Sqs {
         call: &Call,
         input: &Value,
     ) -> Result<Value, SqsError> {
-        let name = self.queue_of(input)?;
+        let name = self.queue_of(call, input)?;
         self.allow(call, Action::Admin, &name)?;
         let label = required(input, "Label")?.to_string();
         self.edit_policy(&name, |policy| {

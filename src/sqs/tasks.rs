@@ -191,9 +191,9 @@ fn parse_handle(h: &str) -> Option<(String, String)> {
 impl Sqs {
     /// The queue an ARN parameter names, checked to exist
     /// (`ResourceNotFoundException` as SQS words it otherwise).
-    fn resource(&self, call: &Call, param: &str, arn: &str) -> Result<String, SqsError> {
+    fn resource(&self, param: &str, arn: &str) -> Result<String, SqsError> {
         let name = self
-            .arn_queue(call, arn)
+            .arn_queue(arn)
             .ok_or_else(|| SqsError::bad_value(param, arn, "Invalid ARN."))?;
         match self.broker.get_queue(&name) {
             Ok(_) => Ok(name),
@@ -210,9 +210,9 @@ impl Sqs {
         input: &Value,
     ) -> Result<Value, SqsError> {
         let source_arn = required(input, "SourceArn")?;
-        let source = self.resource(call, "SourceArn", source_arn)?;
+        let source = self.resource("SourceArn", source_arn)?;
         let destination = match string(input, "DestinationArn").filter(|d| !d.is_empty()) {
-            Some(d) => Some(self.resource(call, "DestinationArn", d)?),
+            Some(d) => Some(self.resource("DestinationArn", d)?),
             None => None,
         };
         let rate = match integer(input, "MaxNumberOfMessagesPerSecond")? {
@@ -311,7 +311,7 @@ impl Sqs {
         input: &Value,
     ) -> Result<Value, SqsError> {
         let source_arn = required(input, "SourceArn")?;
-        let source = self.resource(call, "SourceArn", source_arn)?;
+        let source = self.resource("SourceArn", source_arn)?;
         self.allow(call, Action::Admin, &source)?;
         let max = match integer(input, "MaxResults")? {
             None => 1,
@@ -362,7 +362,7 @@ impl Sqs {
         let h = required(input, "TaskHandle")?;
         let (id, source_arn) = parse_handle(h)
             .ok_or_else(|| SqsError::invalid("Value for parameter TaskHandle is invalid."))?;
-        let source = self.resource(call, "SourceArn", &source_arn)?;
+        let source = self.resource("SourceArn", &source_arn)?;
         self.allow(call, Action::Admin, &source)?;
         let moved = match cancel(&self.broker, &source, &id)
             .await

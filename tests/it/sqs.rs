@@ -403,3 +403,185 @@ fn boto3_and_motos_own_sqs_tests_pass_against_the_endpoint() {
         "{text}"
     );
 }
+
+/// A JSON protocol call whose signature's scope names `region` (any
+/// credentials are taken without principals; the region is the scope's).
+async fn in_region(sqs: &Sqs, region: &str, action: &str, input: Value) -> Reply {
+    use hyper::{HeaderMap, Uri};
+    let uri: Uri = format!("http://{}/", sqs.addr).parse().unwrap();
+    let mut h = HeaderMap::new();
+    h.insert("host", sqs.addr.to_string().parse().unwrap());
+    h.insert(
+        "content-type",
+        "application/x-amz-json-1.0".parse().unwrap(),
+    );
+    h.insert(
+        "x-amz-target",
+        format!("AmazonSQS.{action}").parse().unwrap(),
+    );
+    let body = input.to_string();
+    let key = letterbox::sqs::Signer {
+        access_key: "anything",
+        secret: "anything",
+        region,
+    };
+    letterbox::sqs::sign(key, &Method::POST, &uri, &mut h, body.as_bytes(), 0);
+    let mut req = Request::builder().method(Method::POST).uri(uri);
+    for (k, v) in &h {
+        req = req.header(k, v);
+    }
+    sqs.send(req, body).await
+}
+
+#[tokio::test]
+async fn each_region_has_its_own_queues() {
+    let (s, sqs) = start().await;
+    let mut c = s.clients().await;
+    let home = sqs
+        .call("CreateQueue", json!({"QueueName": "orders"}))
+        .await
+        .ok()["QueueUrl"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let eu = in_region(
+        &sqs,
+        "eu-west-1",
+        "CreateQueue",
+        json!({"QueueName": "orders"}),
+    )
+    .await
+    .ok()["QueueUrl"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // Same URL (the region travels in the signature), two queues.
+    assert_eq!(home, eu);
+    in_region(
+        &sqs,
+        "eu-west-1",
+        "CreateQueue",
+        json!({"QueueName": "only-eu"}),
+    )
+    .await
+    .ok();
+    let names: Vec<String> = c
+        .admin
+        .list_queues(pb::ListQueuesRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .queues
+        .into_iter()
+        .map(|q| q.name)
+        .collect();
+    assert_eq!(names, ["eu-west-1.only-eu", "eu-west-1.orders", "orders"]);
+    let urls = |v: Value| -> Vec<String> {
+        v["QueueUrls"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|u| u.as_str().unwrap().rsplit('/').next().unwrap().to_string())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    assert_eq!(
+        urls(sqs.call("ListQueues", json!({})).await.ok()),
+        ["orders"]
+    );
+    assert_eq!(
+        urls(
+            in_region(&sqs, "eu-west-1", "ListQueues", json!({}))
+                .await
+                .ok()
+        ),
+        ["only-eu", "orders"]
+    );
+    assert_eq!(
+        urls(
+            in_region(
+                &sqs,
+                "eu-west-1",
+                "ListQueues",
+                json!({"QueueNamePrefix": "on"})
+            )
+            .await
+            .ok()
+        ),
+        ["only-eu"]
+    );
+    assert!(
+        urls(
+            in_region(&sqs, "ap-south-1", "ListQueues", json!({}))
+                .await
+                .ok()
+        )
+        .is_empty()
+    );
+    let r = sqs
+        .call("GetQueueUrl", json!({"QueueName": "only-eu"}))
+        .await;
+    assert_eq!(r.status, 400, "another region's queue is not there");
+    // A message sent in one region is not in the other.
+    in_region(
+        &sqs,
+        "eu-west-1",
+        "SendMessage",
+        json!({"QueueUrl": eu, "MessageBody": "eu"}),
+    )
+    .await
+    .ok();
+    assert_eq!(c.stats("eu-west-1.orders").await.total, 1);
+    assert_eq!(c.stats("orders").await.total, 0);
+    let got = sqs
+        .call("ReceiveMessage", json!({"QueueUrl": home}))
+        .await
+        .ok();
+    assert_eq!(got, json!({}));
+    // ARNs name the queue's region; a redrive policy's ARN its region's
+    // queue.
+    let arn = in_region(
+        &sqs,
+        "eu-west-1",
+        "GetQueueAttributes",
+        json!({"QueueUrl": eu, "AttributeNames": ["QueueArn"]}),
+    )
+    .await
+    .ok()["Attributes"]["QueueArn"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(arn, "arn:aws:sqs:eu-west-1:000000000000:orders");
+    in_region(
+        &sqs,
+        "eu-west-1",
+        "SetQueueAttributes",
+        json!({"QueueUrl": "only-eu", "Attributes": {"RedrivePolicy": json!({
+            "deadLetterTargetArn": arn, "maxReceiveCount": 2}).to_string()}}),
+    )
+    .await
+    .ok();
+    let q = c
+        .admin
+        .get_queue(pb::GetQueueRequest {
+            name: "eu-west-1.only-eu".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        q.queue.unwrap().config.unwrap().dead_letter.unwrap().queue,
+        "eu-west-1.orders"
+    );
+    let r = sqs
+        .call(
+            "CreateQueue",
+            json!({"QueueName": "x", "Attributes": {"RedrivePolicy": json!({
+                "deadLetterTargetArn": "arn:aws:sqs:us-east-1:000000000000:only-eu",
+                "maxReceiveCount": 2}).to_string()}}),
+        )
+        .await;
+    assert_eq!(r.status, 400, "no only-eu in us-east-1: {}", r.body);
+    s.stop().await;
+}

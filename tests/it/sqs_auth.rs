@@ -28,7 +28,8 @@ fn now_ms() -> u64 {
 }
 
 /// A server whose principals `ops` (everything) and `app` (publish and
-/// consume `orders`) have access keys, their secrets in files.
+/// consume `orders` of `eu-west-1`, the Letterbox queue
+/// `eu-west-1.orders`) have access keys, their secrets in files.
 async fn server(dir: &std::path::Path) -> TestServer {
     let ops_secret = dir.join("ops.secret");
     let app_secret = dir.join("app.secret");
@@ -51,8 +52,8 @@ consume = ["*"]
 name = "app"
 aws_access_key_id = "{APP_KEY}"
 aws_secret_access_key_file = "{}"
-publish = ["orders"]
-consume = ["orders"]
+publish = ["eu-west-1.orders"]
+consume = ["eu-west-1.orders"]
 "#,
             ops_secret.display(),
             app_secret.display()
@@ -316,7 +317,9 @@ async fn with_principals_requests_must_be_signed_with_their_access_keys() {
     .await;
     refused(&denied, 403, "AccessDenied");
     assert!(
-        denied.body.contains("principal \\\"app\\\" may not admin"),
+        denied
+            .body
+            .contains("principal \\\"app\\\" may not admin \\\"eu-west-1.orders\\\""),
         "{}",
         denied.body
     );
