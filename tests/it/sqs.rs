@@ -382,14 +382,15 @@ async fn handles_of_earlier_receives_delete_and_a_zero_visibility_shows_the_mess
     s.stop().await;
 }
 
-/// boto3 through the dead-letter and FIFO flows and with a principal's
-/// access key (SigV4), and moto 5.2.5's own
+/// boto3 and the AWS CLI through the dead-letter and FIFO flows, boto3
+/// across a kill -9 and with a principal's access key (SigV4), and moto
+/// 5.2.5's own
 /// SQS tests in its server mode, from PyPI (`tests/sqs/run.sh`; skips
 /// as `skip_or_run` says where PyPI cannot be had).
 #[test]
-fn boto3_and_motos_own_sqs_tests_pass_against_the_endpoint() {
+fn boto3_the_aws_cli_and_motos_own_sqs_tests_pass_against_the_endpoint() {
     let Some(text) = crate::ecosystem::skip_or_run(
-        "boto3_and_motos_own_sqs_tests_pass_against_the_endpoint",
+        "boto3_the_aws_cli_and_motos_own_sqs_tests_pass_against_the_endpoint",
         "tests/sqs/run.sh",
         &[],
         &[],
@@ -398,6 +399,8 @@ fn boto3_and_motos_own_sqs_tests_pass_against_the_endpoint() {
     };
     assert!(
         text.contains("PASS: boto3 dead-letter and FIFO flows")
+            && text.contains("PASS: AWS CLI dead-letter and FIFO flows")
+            && text.contains("PASS: boto3 across a kill -9")
             && text.contains("PASS: boto3 with principals")
             && text.contains("PASS: SQS clients against a real server"),
         "{text}"
@@ -584,4 +587,24 @@ async fn each_region_has_its_own_queues() {
         .await;
     assert_eq!(r.status, 400, "no only-eu in us-east-1: {}", r.body);
     s.stop().await;
+}
+
+/// `@aws-sdk/client-sqs` (which checks the MD5 digests) and `sqs-consumer`
+/// from npm through the dead-letter flow (back with a move task) and a
+/// FIFO flow (`tests/sqs/js.sh`; skips as `skip_or_run` says where npm
+/// cannot be had).
+#[test]
+fn the_javascript_sdk_and_sqs_consumer_run_the_dead_letter_and_fifo_flows() {
+    let Some(text) = crate::ecosystem::skip_or_run(
+        "the_javascript_sdk_and_sqs_consumer_run_the_dead_letter_and_fifo_flows",
+        "tests/sqs/js.sh",
+        &[],
+        &[],
+    ) else {
+        return;
+    };
+    assert!(
+        text.contains("PASS: JavaScript SDK and sqs-consumer dead-letter and FIFO flows"),
+        "{text}"
+    );
 }

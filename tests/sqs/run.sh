@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# The SQS endpoint with real clients from their registries:
+# The SQS endpoint with real clients from PyPI (JavaScript's are in
+# tests/sqs/js.sh):
 #   1. tests/sqs/test_boto3.py: boto3 through the dead-letter flow and a
 #      FIFO flow; tests/sqs/test_auth.py: boto3's SigV4 signatures with a
 #      principal's access key (made by `letterbox auth new-aws-key`);
+#      tests/sqs/test_cli.sh: the AWS CLI through the same flows;
+#      tests/sqs/test_crash.py: boto3 across a kill -9 of the server;
 #   2. moto 5.2.5's own SQS tests (tests/test_sqs/test_sqs.py and
 #      test_sqs_message_attributes.py from its source distribution on
 #      PyPI) in moto's server mode against Letterbox, less the tests of
@@ -44,6 +47,12 @@ trap cleanup EXIT
 # start ARGS...: a server on a fresh data directory; sets pid and sqs.
 start() {
   rm -rf "$data/db" && mkdir -p "$data/db"
+  start_again "$@"
+}
+
+# start_again ARGS...: a server on the data directory as it is.
+start_again() {
+  : >"$out"
   "$server" serve --data-dir "$data/db" --listen 127.0.0.1:0 \
     --console-listen off "$@" >"$out" 2>"$data/log" &
   pid=$!
@@ -61,6 +70,21 @@ stop() { kill "$pid"; wait "$pid" || true; pid=; }
 log "boto3 against $("$server" --version 2>/dev/null || echo letterbox)"
 start --sqs-listen 127.0.0.1:0
 LETTERBOX_SQS_URL="$sqs" "$py" tests/sqs/test_boto3.py
+stop
+
+log "the AWS CLI against $("$server" --version 2>/dev/null || echo letterbox)"
+start --sqs-listen 127.0.0.1:0
+PATH="$(dirname "$py"):$PATH" LETTERBOX_SQS_URL="$sqs" bash tests/sqs/test_cli.sh
+stop
+
+log "boto3 across a kill -9"
+start --sqs-listen 127.0.0.1:0
+LETTERBOX_SQS_URL="$sqs" "$py" tests/sqs/test_crash.py before "$data/crash.json"
+kill -9 "$pid"
+wait "$pid" || true
+pid=
+start_again --sqs-listen 127.0.0.1:0
+LETTERBOX_SQS_URL="$sqs" "$py" tests/sqs/test_crash.py after "$data/crash.json"
 stop
 
 log "boto3 with principals: SigV4"
