@@ -25,7 +25,9 @@
 //! - **Ends.** `COMPLETED` when the walk is over; `FAILED` when a step
 //!   fails or the queue the messages go to is gone
 //!   (`FailureReason` `AWS.SimpleQueueService.NonExistentQueue`, as SQS
-//!   says it). Leased messages are left in place, as redrive leaves them.
+//!   says it). Leased messages are left in place, as redrive leaves them
+//!   (leases that ran out, such as a receive's visibility of 0, are ended
+//!   before a task starts: those messages move).
 //!
 //! Tasks run while the SQS endpoint is served (they are started and
 //! resumed by it); the console shows them, with their progress, on the
@@ -249,6 +251,12 @@ impl Sqs {
             target: destination.clone(),
             ..RedriveSpec::default()
         };
+        // Leases that ran out (a receive's visibility of 0) end first: their
+        // messages are visible, so the task moves them.
+        self.broker
+            .run_timers()
+            .await
+            .map_err(SqsError::from_queue)?;
         let end = self
             .broker
             .start_redrive(&spec)

@@ -382,7 +382,8 @@ async fn handles_of_earlier_receives_delete_and_a_zero_visibility_shows_the_mess
     s.stop().await;
 }
 
-/// boto3 and the AWS CLI through the dead-letter and FIFO flows, boto3
+/// The README's boto3 and AWS CLI snippets as printed, boto3 and the AWS
+/// CLI through the dead-letter and FIFO flows, boto3
 /// across a kill -9 and with a principal's access key (SigV4), and moto
 /// 5.2.5's own
 /// SQS tests in its server mode, from PyPI (`tests/sqs/run.sh`; skips
@@ -400,6 +401,8 @@ fn boto3_the_aws_cli_and_motos_own_sqs_tests_pass_against_the_endpoint() {
     assert!(
         text.contains("PASS: boto3 dead-letter and FIFO flows")
             && text.contains("PASS: AWS CLI dead-letter and FIFO flows")
+            && text.contains("PASS: the README's python block prints what the README shows")
+            && text.contains("PASS: the README's sh block prints what the README shows")
             && text.contains("PASS: boto3 across a kill -9")
             && text.contains("PASS: boto3 with principals")
             && text.contains("PASS: SQS clients against a real server"),
@@ -591,7 +594,8 @@ async fn each_region_has_its_own_queues() {
 
 /// `@aws-sdk/client-sqs` (which checks the MD5 digests) and `sqs-consumer`
 /// from npm through the dead-letter flow (back with a move task) and a
-/// FIFO flow (`tests/sqs/js.sh`; skips as `skip_or_run` says where npm
+/// FIFO flow, and the README's JavaScript snippet as printed
+/// (`tests/sqs/js.sh`; skips as `skip_or_run` says where npm
 /// cannot be had).
 #[test]
 fn the_javascript_sdk_and_sqs_consumer_run_the_dead_letter_and_fifo_flows() {
@@ -604,7 +608,8 @@ fn the_javascript_sdk_and_sqs_consumer_run_the_dead_letter_and_fifo_flows() {
         return;
     };
     assert!(
-        text.contains("PASS: JavaScript SDK and sqs-consumer dead-letter and FIFO flows"),
+        text.contains("PASS: JavaScript SDK and sqs-consumer dead-letter and FIFO flows")
+            && text.contains("PASS: the README's js block prints what the README shows"),
         "{text}"
     );
 }

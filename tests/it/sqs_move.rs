@@ -196,6 +196,17 @@ async fn a_move_task_puts_dead_letters_back_and_is_listed_as_sqs_lists_it() {
     assert_eq!(none, json!({"Results": []}));
     assert_eq!(count(&sqs, &dlq_url).await, 3);
 
+    // A dead letter just read with a visibility of 0 is visible: it moves
+    // too.
+    let read = sqs
+        .call(
+            "ReceiveMessage",
+            json!({"QueueUrl": dlq_url, "VisibilityTimeout": 0}),
+        )
+        .await
+        .ok();
+    assert_eq!(read["Messages"].as_array().map(Vec::len), Some(1));
+
     // Back to each message's source.
     let h = sqs
         .call("StartMessageMoveTask", json!({"SourceArn": dlq_arn}))

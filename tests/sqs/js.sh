@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The SQS endpoint with JavaScript clients from npm: the AWS SDK for
 # JavaScript v3 (@aws-sdk/client-sqs) and sqs-consumer through the
-# dead-letter flow and a FIFO flow (tests/sqs/js/test.mjs).
+# dead-letter flow and a FIFO flow (tests/sqs/js/test.mjs), and the
+# README's JavaScript block as printed (tests/sqs/readme.sh).
 #
 #   bash tests/sqs/js.sh
 #
@@ -13,6 +14,7 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root"
 . tests/common.sh
+. tests/sqs/readme.sh
 
 dir=target/sqs-js
 mkdir -p "$dir"
@@ -42,6 +44,8 @@ done
 
 log "@aws-sdk/client-sqs and sqs-consumer against $("$server" --version 2>/dev/null || echo letterbox)"
 LETTERBOX_SQS_URL="$sqs" node "$dir/test.mjs"
+log "the README's JavaScript block, as printed"
+readme_check js "$dir/readme.mjs" "$sqs" node
 kill "$pid"
 wait "$pid" || true
 pid=

@@ -5,7 +5,8 @@
 #      FIFO flow; tests/sqs/test_auth.py: boto3's SigV4 signatures with a
 #      principal's access key (made by `letterbox auth new-aws-key`);
 #      tests/sqs/test_cli.sh: the AWS CLI through the same flows;
-#      tests/sqs/test_crash.py: boto3 across a kill -9 of the server;
+#      tests/sqs/test_crash.py: boto3 across a kill -9 of the server; the
+#      README's boto3 and AWS CLI blocks as printed (tests/sqs/readme.sh);
 #   2. moto 5.2.5's own SQS tests (tests/test_sqs/test_sqs.py and
 #      test_sqs_message_attributes.py from its source distribution on
 #      PyPI) in moto's server mode against Letterbox, less the tests of
@@ -22,6 +23,7 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root"
 . tests/common.sh
+. tests/sqs/readme.sh
 
 test_venv target/sqs-venv tests/sqs/requirements.txt
 test_server
@@ -70,6 +72,14 @@ stop() { kill "$pid"; wait "$pid" || true; pid=; }
 log "boto3 against $("$server" --version 2>/dev/null || echo letterbox)"
 start --sqs-listen 127.0.0.1:0
 LETTERBOX_SQS_URL="$sqs" "$py" tests/sqs/test_boto3.py
+stop
+
+log "the README's boto3 and AWS CLI blocks, as printed"
+start --sqs-listen 127.0.0.1:0
+readme_check python "$data/readme.py" "$sqs" "$py"
+stop
+start --sqs-listen 127.0.0.1:0
+PATH="$(dirname "$py"):$PATH" readme_check sh "$data/readme.sh" "$sqs" bash
 stop
 
 log "the AWS CLI against $("$server" --version 2>/dev/null || echo letterbox)"
