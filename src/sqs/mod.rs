@@ -182,16 +182,21 @@ pub(crate) fn queue_name(url: &str) -> Result<String, SqsError> {
     }
 }
 
-/// A request id, as SQS gives one with every answer.
+/// A request id, as SQS gives one with every answer: a UUID-shaped
+/// 128 bits, a random prefix taken once per process and a counter (unique
+/// within the process, and unlikely to repeat across processes), cheap
+/// enough for every request.
 fn request_id() -> String {
-    let (t, _) = crate::auth::new_token();
-    let h: String = t
-        .chars()
-        .filter(char::is_ascii_hexdigit)
-        .chain(std::iter::repeat('0'))
-        .take(32)
-        .collect::<String>()
-        .to_ascii_lowercase();
+    use std::sync::OnceLock;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static PREFIX: OnceLock<u64> = OnceLock::new();
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let prefix = *PREFIX.get_or_init(|| {
+        let (t, _) = crate::auth::new_token();
+        u64::from_str_radix(t.get(..16).unwrap_or("0"), 16).unwrap_or(0)
+    });
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let h = format!("{prefix:016x}{n:016x}");
     format!(
         "{}-{}-{}-{}-{}",
         &h[..8],
@@ -462,6 +467,15 @@ mod tests {
         }
         assert!(queue_name("http://whatever-incorrect-queue-address").is_err());
         assert!(queue_name("").is_err());
+    }
+
+    #[test]
+    fn request_ids_are_uuid_shaped_and_differ() {
+        let (a, b) = (request_id(), request_id());
+        assert_ne!(a, b);
+        let parts: Vec<usize> = a.split('-').map(str::len).collect();
+        assert_eq!(parts, [8, 4, 4, 4, 12], "{a}");
+        assert!(a.chars().all(|c| c == '-' || c.is_ascii_hexdigit()));
     }
 
     #[test]
