@@ -33,7 +33,7 @@ fn meta(pid: u64, size: usize) -> MetaRecord {
         expires_at: 1_700_000_000_000 + 14 * 86_400_000,
         visible_at: 1_700_000_000_000,
         delivery_count: 1,
-        leases: 1,
+        failed_attempts: 0,
         lease: Some(LeaseRecord {
             epoch: 1,
             deadline: 1_700_000_030_000,

@@ -13,6 +13,7 @@
 # /. The package is purged at the end, also when a check fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. tools/lib.sh
 
 if [ "$(id -u)" != 0 ]; then
   echo "smoke-deb: skipped: installing a package needs root"
@@ -52,10 +53,7 @@ work=$(mktemp -d)
 server_pid=
 installed=
 cleanup() {
-  if [ -n "$server_pid" ] && kill -0 "$server_pid" 2>/dev/null; then
-    kill -KILL "$server_pid" 2>/dev/null || true
-    wait "$server_pid" 2>/dev/null || true
-  fi
+  [ -z "$server_pid" ] || kill_pid "$server_pid"
   if [ -n "$installed" ]; then
     apt_get purge letterbox >/dev/null 2>&1 || true
   fi
@@ -115,7 +113,7 @@ echo "smoke-deb: starting, as $user:$group: ${unit_env[*]:+${unit_env[*]} }$exec
 # picks.
 listen=$(sed -n 's/^listen *= *"\(.*\)"$/\1/p' "$conf")
 [ -n "$listen" ] || fail "no listen = in $conf"
-if (exec 3<>"/dev/tcp/${listen%:*}/${listen##*:}") 2>/dev/null; then
+if port_open "${listen##*:}" "${listen%:*}"; then
   echo "smoke-deb: $listen is in use here: LETTERBOX_LISTEN=${listen%:*}:0 for this run"
   unit_env+=("LETTERBOX_LISTEN=${listen%:*}:0")
 fi
@@ -127,18 +125,13 @@ cd /
 setpriv --reuid="$user" --regid="$group" --init-groups \
   env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
   HOME="$(getent passwd "$user" | cut -d: -f6)" USER="$user" LOGNAME="$user" "${unit_env[@]}" \
-  sh -c "exec $exec_start" >"$work/server.out" 2>"$work/server.err" &
+  sh -c "exec $exec_start" >"$work/server.out" 2>"$work/server.log" &
 server_pid=$!
+echo "$server_pid" >"$work/server.job"
 cd - >/dev/null
 
-addr=
-for _ in $(seq 300); do
-  addr=$(sed -n 's/^letterbox listening on //p' "$work/server.out")
-  [ -n "$addr" ] && break
-  kill -0 "$server_pid" 2>/dev/null || { cat "$work/server.err" >&2; fail "the server exited at start"; }
-  sleep 0.1
-done
-[ -n "$addr" ] || { cat "$work/server.err" >&2; fail "the server did not print its address within 30 s"; }
+wait_letterbox "$work" 30 || fail "the server did not print its address"
+addr=$SERVER_ADDR
 [ "$(ps -o user= -p "$server_pid")" = "$user" ] || fail "the server does not run as $user"
 echo "smoke-deb: server $server_pid listening on $addr"
 
@@ -165,8 +158,8 @@ kill -TERM "$server_pid"
 status=0
 wait "$server_pid" || status=$?
 server_pid=
-[ "$status" = 0 ] || { cat "$work/server.err" >&2; fail "the server exited with $status after SIGTERM"; }
-grep -q '"level":"INFO"' "$work/server.err" || fail "the server's log is not JSON (log_format in $conf)"
+[ "$status" = 0 ] || { cat "$work/server.log" >&2; fail "the server exited with $status after SIGTERM"; }
+grep -q '"level":"INFO"' "$work/server.log" || fail "the server's log is not JSON (log_format in $conf)"
 setpriv --reuid="$user" --regid="$group" --init-groups /usr/bin/letterbox verify --data-dir "$data" >"$work/verify.out" ||
   { cat "$work/verify.out" >&2; fail "letterbox verify $data"; }
 echo "smoke-deb: stopped cleanly; verify: $(tail -n 1 "$work/verify.out")"

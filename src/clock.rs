@@ -1,6 +1,11 @@
 //! Time. Every time read of the queue engine goes through [`Clock`], so
 //! tests can drive leases, delays and TTLs with a [`ManualClock`] instead
 //! of sleeping.
+//!
+//! Two readings: [`Clock::now_ms`], the wall clock that instants stored
+//! in the queues are measured on, and [`Clock::monotonic`], the clock the
+//! engine's waits run on (a long poll's deadline, a redrive's pace),
+//! which is never stored.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -13,6 +18,15 @@ use std::time::{SystemTime, UNIX_EPOCH};
 pub trait Clock: Send + Sync + std::fmt::Debug {
     /// Now, in milliseconds since the Unix epoch.
     fn now_ms(&self) -> u64;
+
+    /// Now on the monotonic clock of the runtime's timers, for deadlines
+    /// and paces that are waited out with them (`tokio::time`), never
+    /// stored. The same for every clock by default: a [`ManualClock`]
+    /// moves the stored instants (leases, delays, TTLs), while a wait
+    /// still takes its time on the timer that waits it out.
+    fn monotonic(&self) -> tokio::time::Instant {
+        tokio::time::Instant::now()
+    }
 }
 
 /// The system's real-time clock.

@@ -192,6 +192,11 @@ pub struct ServeArgs {
     /// to other users in the process list).
     #[arg(long, env = "LETTERBOX_METRICS_TOKEN", hide_env_values = true)]
     pub metrics_token: Option<String>,
+    /// Each queue's figures in `/metrics` too (labelled `queue`), not only
+    /// at `/metrics/per-queue`; without it `/metrics` sums them over all
+    /// queues, a scrape whose size does not grow with their number.
+    #[arg(long, env = "LETTERBOX_METRICS_PER_QUEUE")]
+    pub metrics_per_queue: bool,
     /// Address for the Anypoint MQ compatible REST API (off unless given;
     /// port 0 picks a free port, printed on the second line of standard
     /// output).
@@ -356,6 +361,7 @@ impl ServeArgs {
         c.auth = Arc::new(auth);
         c.metrics_listen = self.metrics_listen;
         c.metrics_token = self.metrics_token()?;
+        c.metrics_per_queue = self.metrics_per_queue;
         if self.max_concurrent_streams == 0 {
             return Err("--max-concurrent-streams: must be at least 1".into());
         }
@@ -564,8 +570,11 @@ impl ServeArgs {
         if self.tls_require_client_cert && self.tls_client_ca.is_none() {
             return Err("--tls-require-client-cert: needs --tls-client-ca".into());
         }
+        let cert_pem = read_pem("--tls-cert", cert)?;
+        crate::edge::tls::check_server_cert(&cert_pem)
+            .map_err(|e| format!("--tls-cert {}: {e}", cert.display()))?;
         Ok(Some(TlsConfig {
-            cert_pem: read_pem("--tls-cert", cert)?,
+            cert_pem,
             key_pem: read_pem("--tls-key", key)?,
             client_ca_pem: self
                 .tls_client_ca

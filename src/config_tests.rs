@@ -294,7 +294,7 @@ fn the_packaged_configuration_starts_as_is_and_its_examples_are_valid() {
         .collect();
     let a = parse(&[], &principals).unwrap();
     let names: Vec<&str> = a.principals.iter().map(|p| p.name.as_str()).collect();
-    assert_eq!(names, ["ops", "orders-service"]);
+    assert_eq!(names, ["ops", "orders-service", "billing-sqs"]);
 }
 
 #[test]

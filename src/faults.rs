@@ -1,5 +1,5 @@
 //! Fault injection: the negative controls of the crash tests
-//! (RELIABILITY.md, "Negative controls"; `tools/chaos-controls.sh`).
+//! (RELIABILITY.md, "Negative controls"; `tools/reliability/chaos-controls.sh`).
 //!
 //! Each [`Fault`] breaks one durability or ordering rule on purpose, so
 //! that the chaos tool can show it catches the break. The engine asks
@@ -25,6 +25,16 @@
 //! means no fault; a name that is not one of [`Fault::ALL`] is refused, and
 //! the binary exits before doing anything else. A process that never calls
 //! [`init`] (a test using the library) runs with no fault.
+//!
+//! **Failing reads.** The engine's tests of all-or-nothing operations
+//! (`queue/undo_tests.rs`) also need a read of one stored record to fail in
+//! the middle of an operation, chosen at run time by the test:
+//! `fail_reads` makes every read of one key by the calling thread fail
+//! (the engine reads under its lock on the caller's thread) until the
+//! returned `FailingRead` is dropped, and `Store::get` asks
+//! [`read_fails`] (`fail_reads` and `FailingRead` exist in tests and the
+//! `fault-injection` build only). Like [`on`], [`read_fails`] is a constant false in a
+//! build without tests or the feature.
 
 /// The environment variable that names the fault (builds with the
 /// `fault-injection` feature only).
@@ -35,12 +45,12 @@ pub const ENV: &str = "LETTERBOX_FAULT";
 pub enum Fault {
     /// `ack-before-fsync`: a group commit answers after its log write but
     /// without its fdatasync, which is left to the next group commit
-    /// (`storage/wal/writer.rs`).
+    /// (`storage/local/wal/writer.rs`).
     AckBeforeFsync,
     /// `no-delivery-count`: the delivery count raised by a lease (and the
     /// lease) is kept in memory only, until something else writes the
-    /// message's record (`queue/delivery.rs`, `storage/txn.rs`,
-    /// `storage/commit.rs`, `storage/mod.rs`).
+    /// message's record (`queue/receive.rs`, `storage/txn.rs`,
+    /// `storage/local/submit.rs`, `storage/local/read.rs`).
     NoDeliveryCount,
     /// `dlq-two-steps`: a dead-letter move writes the DLQ copy, waits for
     /// it to be durable, and removes the source 100 ms later in another
@@ -57,19 +67,32 @@ pub enum Fault {
     NoFifoRelease,
     /// `no-log-continuity`: the start does not check that the log goes on
     /// where the last checkpoint says (a missing, zeroed or truncated
-    /// segment is not refused; `storage/open.rs`).
+    /// segment is not refused; `storage/local/open.rs`).
     NoLogContinuity,
+    /// `no-later-write-scan`: replay takes the first place the log's
+    /// records stop as its end without looking past it for records of
+    /// later writes (a zeroed page or damaged records in the middle of the
+    /// log are taken as a torn tail; `storage/local/wal/replay.rs`).
+    NoLaterWriteScan,
+    /// `no-segment-notes`: the log writer answers records written into a
+    /// segment before `CHECKPOINT` lists it, and no checkpoint lists a
+    /// segment's first record (a segment the log moved into since the
+    /// last checkpoint can be truncated or zeroed unnoticed;
+    /// `storage/local/checkpoint.rs`).
+    NoSegmentNotes,
 }
 
 impl Fault {
     /// Every fault.
-    pub const ALL: [Fault; 6] = [
+    pub const ALL: [Fault; 8] = [
         Fault::AckBeforeFsync,
         Fault::NoDeliveryCount,
         Fault::DlqTwoSteps,
         Fault::ExchangeTwoSteps,
         Fault::NoFifoRelease,
         Fault::NoLogContinuity,
+        Fault::NoLaterWriteScan,
+        Fault::NoSegmentNotes,
     ];
 
     /// The name [`ENV`] takes.
@@ -81,6 +104,8 @@ impl Fault {
             Fault::ExchangeTwoSteps => "exchange-two-steps",
             Fault::NoFifoRelease => "no-fifo-release",
             Fault::NoLogContinuity => "no-log-continuity",
+            Fault::NoLaterWriteScan => "no-later-write-scan",
+            Fault::NoSegmentNotes => "no-segment-notes",
         }
     }
 
@@ -157,6 +182,72 @@ pub fn init() -> Result<Option<Fault>, String> {
     Ok(*CHOSEN.get_or_init(|| chosen))
 }
 
+/// A key whose reads fail, with its count of failed reads.
+#[cfg(any(test, feature = "fault-injection"))]
+type FailingKey = (Vec<u8>, std::rc::Rc<std::cell::Cell<u32>>);
+
+#[cfg(any(test, feature = "fault-injection"))]
+thread_local! {
+    /// The keys whose reads fail on this thread.
+    static FAILING_READS: std::cell::RefCell<Vec<FailingKey>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Reads of one key failing on purpose (see [`fail_reads`]); dropping it
+/// ends them.
+#[cfg(any(test, feature = "fault-injection"))]
+#[derive(Debug)]
+#[must_use = "the reads fail only while this is held"]
+pub struct FailingRead {
+    key: Vec<u8>,
+    hits: std::rc::Rc<std::cell::Cell<u32>>,
+}
+
+#[cfg(any(test, feature = "fault-injection"))]
+impl FailingRead {
+    /// How many reads failed so far.
+    pub fn hits(&self) -> u32 {
+        self.hits.get()
+    }
+}
+
+#[cfg(any(test, feature = "fault-injection"))]
+impl Drop for FailingRead {
+    fn drop(&mut self) {
+        FAILING_READS.with(|f| f.borrow_mut().retain(|(k, _)| *k != self.key));
+    }
+}
+
+/// Makes every read of the stored record at `key` (an encoded storage
+/// key) by this thread fail, until the returned guard is dropped.
+#[cfg(any(test, feature = "fault-injection"))]
+pub fn fail_reads(key: Vec<u8>) -> FailingRead {
+    let hits = std::rc::Rc::new(std::cell::Cell::new(0));
+    FAILING_READS.with(|f| f.borrow_mut().push((key.clone(), hits.clone())));
+    FailingRead { key, hits }
+}
+
+/// Whether this read of `key` must fail ([`fail_reads`]); counts it.
+#[cfg(any(test, feature = "fault-injection"))]
+pub fn read_fails(key: &[u8]) -> bool {
+    FAILING_READS.with(|f| match f.borrow().iter().find(|(k, _)| k == key) {
+        Some((_, hits)) => {
+            hits.set(hits.get() + 1);
+            true
+        }
+        None => false,
+    })
+}
+
+/// Whether this read of `key` must fail: never, decided at compile time,
+/// in a build without tests or the `fault-injection` feature.
+#[cfg(not(any(test, feature = "fault-injection")))]
+#[inline(always)]
+pub const fn read_fails(key: &[u8]) -> bool {
+    let _ = key;
+    false
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -173,6 +264,21 @@ mod tests {
             e.contains("dlq-two-steps"),
             "the known names are listed: {e}"
         );
+    }
+
+    #[test]
+    fn a_failing_read_fails_its_key_on_its_thread_while_held() {
+        assert!(!read_fails(b"k"));
+        let failing = fail_reads(b"k".to_vec());
+        assert!(read_fails(b"k"));
+        assert!(!read_fails(b"other"));
+        let elsewhere = std::thread::spawn(|| read_fails(b"k"))
+            .join()
+            .expect("thread");
+        assert!(!elsewhere, "another thread's reads are not failed");
+        assert_eq!(failing.hits(), 1);
+        drop(failing);
+        assert!(!read_fails(b"k"));
     }
 
     #[test]

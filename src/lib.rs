@@ -7,14 +7,18 @@
 //!   dead letters, TTLs, delays and FIFO groups; no I/O of its own.
 //! - [`storage`]: durability. Our write-ahead log with group commit in
 //!   front of sled; the only module that names sled.
-//! - `server`: the gRPC services (tonic), conversions and the status
-//!   mapping; `serve` runs them.
+//! - [`server`]: the composition root: opens the store, starts every
+//!   front end side by side over the one engine, owns shutdown.
+//! - The front ends, each importing the engine and `edge` only: `grpc`
+//!   (the gRPC services with tonic, conversions, the status mapping),
+//!   [`anypoint`] (the optional Anypoint MQ compatible REST facade: Broker
+//!   API, an Admin and Stats subset), [`sqs`] (the Amazon SQS compatible
+//!   endpoint: AWS JSON 1.0 and the query protocol), [`console`] (the web
+//!   console) and `metrics` (the Prometheus endpoint).
+//! - `edge`: what the front ends share: the audit log, connection caps,
+//!   the HTTP listeners, TLS settings, consumers.
 //! - [`pb`]: the generated protobuf types of `letterbox.v1`.
 //! - [`cli`]: the command-line client, over [`client`] only.
-//! - [`anypoint`]: the optional Anypoint MQ compatible REST facade (Broker
-//!   API, an Admin and Stats subset) over the same engine.
-//! - [`sqs`]: the Amazon SQS compatible endpoint (AWS JSON 1.0 and the
-//!   query protocol) over the same engine.
 //! - [`auth`]: principals, credentials and grants (who may do what).
 //! - [`clock`]: wall-clock time, injectable for tests.
 //! - [`faults`]: the crash tests' negative controls, compiled out unless
@@ -32,8 +36,11 @@ pub mod client;
 pub mod clock;
 pub mod config;
 pub mod console;
+mod edge;
 pub mod faults;
+mod grpc;
 pub mod launch;
+mod metrics;
 pub mod pb;
 pub mod queue;
 pub mod server;

@@ -19,7 +19,7 @@ use letterbox::cli;
 use letterbox::clock::SystemClock;
 use letterbox::config::{LogFormat, ServeArgs, read_config_file};
 use letterbox::launch::{ANYPOINT_PREFIX, CONSOLE_PREFIX, GRPC_PREFIX, METRICS_PREFIX, SQS_PREFIX};
-use letterbox::server::{Server, ServerError};
+use letterbox::server::{FrontEnd, Server, ServerError};
 use tracing_subscriber::EnvFilter;
 
 /// mimalloc: the server allocates many small short-lived buffers across
@@ -40,7 +40,10 @@ fn no_transparent_huge_pages() {
     if std::env::var_os("MIMALLOC_ALLOW_THP").is_none()
         && let Err(e) = rustix::thread::disable_transparent_huge_pages(true)
     {
-        tracing::warn!(error = %e, "cannot turn transparent huge pages off");
+        tracing::warn!(
+            error = %e,
+            "cannot turn transparent huge pages off: memory may grow by whole huge pages and the kernel spend CPU zeroing them (set MIMALLOC_ALLOW_THP=1 to leave them to the allocator and silence this)"
+        );
     }
 }
 
@@ -48,6 +51,8 @@ fn no_transparent_huge_pages() {
 #[derive(Debug, Parser)]
 #[command(name = "letterbox", version, about)]
 struct Cli {
+    #[command(flatten)]
+    leading: cli::Leading,
     #[command(subcommand)]
     command: Command,
 }
@@ -107,16 +112,11 @@ fn completions(shell: clap_complete::Shell) -> ExitCode {
 fn man(out_dir: Option<&std::path::Path>) -> ExitCode {
     let cmd = Cli::command();
     let written = match out_dir {
-        Some(dir) => std::fs::create_dir_all(dir)
-            .and_then(|()| clap_mangen::generate_to(cmd, dir))
-            .map_err(|e| format!("{}: {e}", dir.display())),
-        None => {
-            let mut page = Vec::new();
-            match clap_mangen::Man::new(cmd).render(&mut page) {
-                Ok(()) => return emit(&page),
-                Err(e) => Err(e.to_string()),
-            }
-        }
+        Some(dir) => cli::man::write_pages(cmd, dir).map_err(|e| format!("{}: {e}", dir.display())),
+        None => match cli::man::render(cmd) {
+            Ok(page) => return emit(&page),
+            Err(e) => Err(e.to_string()),
+        },
     };
     match written {
         Ok(()) => ExitCode::SUCCESS,
@@ -194,7 +194,7 @@ struct VerifyArgs {
 }
 
 fn verify(args: &VerifyArgs) -> ExitCode {
-    use letterbox::storage::verify::{VerifyOptions, verify};
+    use letterbox::queue::verify::{VerifyOptions, verify};
     let opts = VerifyOptions {
         scratch: args.scratch.clone(),
     };
@@ -246,13 +246,46 @@ fn parse_command_line() -> Result<Cli, clap::Error> {
             args.principals = settings.principals;
         }
     }
+    // Connection flags before the subcommand: for the client commands.
+    let leading = std::mem::take(&mut cli.leading);
+    match (&mut cli.command, matches.subcommand()) {
+        (Command::Client(cmd), Some((_, sub))) => cmd.take_leading(leading, sub),
+        (_, sub) => {
+            if let Some(flag) = leading.given().first() {
+                let name = sub.map_or("letterbox", |(n, _)| n);
+                return Err(Cli::command().error(
+                    clap::error::ErrorKind::ArgumentConflict,
+                    format!(
+                        "{flag} is a connection flag of the client commands (queue, publish, ...), not of `{name}`"
+                    ),
+                ));
+            }
+        }
+    }
     Ok(cli)
 }
 
+/// PostgreSQL's notices (`relation "lb_owner" already exists, skipping`,
+/// which a standby's every attempt at the lease would log at `info`) are
+/// left out unless the filter names `tokio_postgres` itself; its errors
+/// come through the server's own messages.
+const QUIET_PG_NOTICES: &str = "tokio_postgres::connection=warn";
+
 fn init_logs(filter: &str, format: LogFormat) -> Result<(), String> {
-    let filter = EnvFilter::try_new(filter).map_err(|e| format!("--log / LETTERBOX_LOG: {e}"))?;
+    let mut filter =
+        EnvFilter::try_new(filter).map_err(|e| format!("--log / LETTERBOX_LOG: {e}"))?;
+    if !filter.to_string().contains("tokio_postgres")
+        && let Ok(quiet) = QUIET_PG_NOTICES.parse()
+    {
+        filter = filter.add_directive(quiet);
+    }
+    // Colours only for a person at a terminal: a file, a pipe or the
+    // journal gets plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
@@ -337,7 +370,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
         tracing::info!("authentication on: every call needs a principal's credentials");
     } else {
         tracing::warn!(
-            addr = %config.listen,
+            addr = %server.local_addr(),
             "authentication off (no principals configured): every caller may do everything; listening on loopback only unless --allow-remote-without-auth"
         );
     }
@@ -349,37 +382,28 @@ async fn serve(args: ServeArgs) -> ExitCode {
         "recovered"
     );
     // The first line of standard output is the bound address: scripts and
-    // tests started with port 0 read it.
-    announce(&format!("{GRPC_PREFIX}{}", server.local_addr()));
-    tracing::info!(addr = %server.local_addr(), "serving gRPC");
-    // With the Anypoint MQ facade on, its address is the second line.
-    if let Some(addr) = server.anypoint_addr() {
-        announce(&format!("{ANYPOINT_PREFIX}{addr}"));
-        tracing::info!(%addr, "serving the Anypoint MQ REST API");
-    }
-    if let Some(m) = server.metrics_addr() {
-        let scheme = if config.tls.is_some() {
-            "https"
-        } else {
-            "http"
+    // tests started with port 0 read it. Then one line per other listener
+    // (src/launch.rs), and for each a log line with its TLS settings.
+    for l in server.listening() {
+        let line = match l.front_end {
+            FrontEnd::Grpc => format!("{GRPC_PREFIX}{}", l.addr),
+            FrontEnd::Anypoint => format!("{ANYPOINT_PREFIX}{}", l.addr),
+            FrontEnd::Metrics => format!("{METRICS_PREFIX}{}", l.url()),
+            FrontEnd::Console => format!("{CONSOLE_PREFIX}{}", l.url()),
+            FrontEnd::Sqs => format!("{SQS_PREFIX}{}", l.url()),
         };
-        announce(&format!("{METRICS_PREFIX}{scheme}://{m}/metrics"));
+        announce(&line);
         tracing::info!(
-            addr = %m,
-            tls = config.tls.is_some(),
-            token = config.metrics_token.is_some(),
-            "serving metrics"
+            listener = %l.front_end.name(),
+            url = %l.url(),
+            tls = %if l.tls { "on" } else { "off" },
+            client_certs = %l.client_certs.as_str(),
+            "serving {}",
+            l.front_end.what()
         );
-    }
-    if let Some(at) = server.console_addr() {
-        let url = letterbox::console::url(at, config.tls.is_some());
-        announce(&format!("{CONSOLE_PREFIX}{url}"));
-        tracing::info!(%url, "serving the web console");
-    }
-    if let Some(at) = server.sqs_addr() {
-        let url = letterbox::sqs::url(at, config.tls.is_some());
-        announce(&format!("{SQS_PREFIX}{url}"));
-        tracing::info!(%url, "serving the SQS endpoint");
+        if l.front_end == FrontEnd::Metrics && config.metrics_token.is_some() {
+            tracing::info!("metrics require a bearer token");
+        }
     }
     match server.serve(shutdown).await {
         Ok(()) => {

@@ -1,7 +1,7 @@
 //! The generated protobuf types and gRPC services of `letterbox.v1`.
 //!
 //! This is the only place that includes generated code. Generated types are
-//! used by `server/` and `client/` only; the queue engine never sees them.
+//! used by `grpc/` and `client/` only; the queue engine never sees them.
 #![allow(missing_docs, unreachable_pub, clippy::all, clippy::pedantic)]
 
 tonic::include_proto!("letterbox.v1");

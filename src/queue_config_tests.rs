@@ -138,7 +138,7 @@ fn an_update_to_every_value_gives_exactly_those_values() {
 
 #[test]
 fn the_grpc_message_carries_every_value() {
-    use crate::server::convert::{config_input, config_pb};
+    use crate::grpc::convert::{config_input, config_pb};
     for c in [full(), full_standard()] {
         let pb = config_pb(&c);
         if !c.kind.is_fifo() {
@@ -207,7 +207,7 @@ struct Flags {
 
 #[test]
 fn the_command_line_flags_set_every_value() {
-    use crate::server::convert::config_input;
+    use crate::grpc::convert::config_input;
     let flags = Flags::try_parse_from(std::iter::once("queue").chain(FULL_FLAGS.iter().copied()))
         .expect("flags parse");
     let pb = flags.config.to_pb().expect("converts");
@@ -221,7 +221,7 @@ fn the_command_line_flags_set_every_value() {
 
 #[test]
 fn the_command_lines_json_names_every_value_as_the_definitions_do() {
-    use crate::server::convert::config_pb;
+    use crate::grpc::convert::config_pb;
     let c = full();
     let shown = crate::cli::output::config_json(&config_pb(&c));
     let mut def = serde_json::to_value(definitions::queue_def("orders", &c)).expect("json");

@@ -115,10 +115,11 @@ test_venv() {
 }
 
 # test_server: sets server to the server binary, LETTERBOX_BIN (which must
-# be an executable file) or target/debug/letterbox, built with
-# `cargo build --bin letterbox` only if it is missing.
+# be an executable file) or target/debug/letterbox (under CARGO_TARGET_DIR
+# when that is set), built with `cargo build --bin letterbox` only if it is
+# missing.
 test_server() {
-  server="${LETTERBOX_BIN:-target/debug/letterbox}"
+  server="${LETTERBOX_BIN:-${CARGO_TARGET_DIR:-target}/debug/letterbox}"
   if [[ -x "$server" ]]; then
     log "server binary $server exists (not rebuilt)"
   elif [[ -n "${LETTERBOX_BIN:-}" ]]; then

@@ -162,7 +162,7 @@ async fn authorize(
         .await
         .map_err(|e| {
             super::audit_who(&format!("client id {id}"), |who| {
-                crate::server::audit::refused(who, "authenticate", "-", &e.to_string());
+                crate::edge::audit::refused(who, "authenticate", "-", &e.to_string());
             });
             ApiError::from_auth(e)
         })?;
@@ -706,12 +706,12 @@ fn nacked(end: Option<&LeaseEnd>) -> String {
         Some(LeaseEnd::DeadLettered {
             queue,
             reason,
-            delivery_count,
+            failed_attempts,
         }) => {
             let why = match reason {
-                DeadLetterReason::MaxDeliveries => {
-                    format!("it reached the queue's maxDeliveries ({delivery_count} deliveries)")
-                }
+                DeadLetterReason::MaxDeliveries => format!(
+                    "it reached the queue's maxDeliveries ({failed_attempts} failed attempts)"
+                ),
                 DeadLetterReason::Expired => "its time to live had run out".to_string(),
                 other => format!("reason {}", message::reason_name(*other)),
             };

@@ -9,8 +9,8 @@ use serde_json::json;
 
 use super::json_response;
 use crate::auth::AuthError;
-use crate::queue::{Exhausted, QueueError};
-use crate::storage::StorageError;
+use crate::edge::status::http_status;
+use crate::queue::QueueError;
 
 /// Which API's error shape to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,44 +86,6 @@ impl ApiError {
     }
 }
 
-/// The HTTP status of an engine error, for every HTTP door (this facade,
-/// the console). A message over the size limit is 413, as the Anypoint MQ
-/// API answers it; the other limits are 429.
-pub(crate) fn http_status(e: &QueueError) -> StatusCode {
-    match e {
-        QueueError::InvalidArgument { .. } | QueueError::FailedPrecondition(_) => {
-            StatusCode::BAD_REQUEST
-        }
-        QueueError::NotFound { .. } => StatusCode::NOT_FOUND,
-        QueueError::AlreadyExists { .. } => StatusCode::CONFLICT,
-        QueueError::ResourceExhausted { kind, .. } => match kind {
-            Exhausted::MessageTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-            Exhausted::QueueFull | Exhausted::DiskLow | Exhausted::DiskFloor => {
-                StatusCode::TOO_MANY_REQUESTS
-            }
-        },
-        QueueError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
-        QueueError::DataLoss(_) => StatusCode::INTERNAL_SERVER_ERROR,
-        QueueError::Storage(s) => storage_status(s),
-    }
-}
-
-fn storage_status(e: &StorageError) -> StatusCode {
-    if e.is_disk_full() {
-        return StatusCode::SERVICE_UNAVAILABLE;
-    }
-    match e {
-        StorageError::Stopped { .. } => StatusCode::SERVICE_UNAVAILABLE,
-        StorageError::Corrupt { .. }
-        | StorageError::Io { .. }
-        | StorageError::Db { .. }
-        | StorageError::FormatVersion { .. }
-        | StorageError::NotDataDir { .. }
-        | StorageError::Locked { .. }
-        | StorageError::Pg(_) => StatusCode::INTERNAL_SERVER_ERROR,
-    }
-}
-
 /// The REST name of an engine request field, so that errors speak the
 /// caller's vocabulary (`messages[2].ttl_ms` → `messages[2].headers.ttl`).
 pub(crate) fn rest_field(field: &str) -> String {
@@ -176,6 +138,7 @@ impl IntoResponse for ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::queue::Exhausted;
 
     #[test]
     fn engine_fields_are_renamed() {

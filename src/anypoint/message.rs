@@ -11,16 +11,19 @@
 //!
 //! A delivered message carries the headers as strings: `messageId`,
 //! `lockId` (the engine's ack token), `created` (publish time, RFC 1123),
-//! `deliveryCount`, `ttl` (its time to live in this queue, ms) and, when
-//! known, `messageGroupId` and `deliveryDelay`. The body is the UTF-8
+//! `deliveryCount` (its deliveries in this queue, this one included: it
+//! never goes down, a FIFO release included), `failedAttempts` (the
+//! deliveries before this one that ended without an ack: what the queue's
+//! `maxDeliveries` counts), `ttl` (its time to live in this queue, ms)
+//! and, when known, `messageGroupId` and `deliveryDelay`. The body is the UTF-8
 //! text; a body that is not UTF-8 (published over gRPC) is sent in
 //! base64 with the header `payloadEncoding: base64`.
 //!
 //! A message that entered its queue by a move to it as a dead letter
 //! queue also carries its dead-letter record (the last move, as gRPC's
 //! `Browse` shows it) in the properties named by [`DeadLetterProps`]:
-//! where it came from, why, after how many deliveries, the last error a
-//! consumer gave and when.
+//! where it came from, why, after how many deliveries and failed
+//! attempts, the last error a consumer gave and when.
 
 use base64::Engine as _;
 use bytes::Bytes;
@@ -45,6 +48,8 @@ impl DeadLetterProps {
     pub(crate) const REASON: &str = "x-letterbox-dead-letter-reason";
     /// Its delivery count in that queue when it was moved.
     pub(crate) const DELIVERY_COUNT: &str = "x-letterbox-dead-letter-delivery-count";
+    /// Its failed attempts in that queue when it was moved.
+    pub(crate) const FAILED_ATTEMPTS: &str = "x-letterbox-dead-letter-failed-attempts";
     /// The last reason a consumer gave when it nacked it (absent when none
     /// did: the Anypoint nack carries no reason).
     pub(crate) const LAST_ERROR: &str = "x-letterbox-dead-letter-last-error";
@@ -421,6 +426,10 @@ pub(crate) fn delivery(mut d: Delivery, visibility: Visibility) -> Value {
             DeadLetterProps::DELIVERY_COUNT,
             dl.delivery_count.to_string(),
         );
+        put(
+            DeadLetterProps::FAILED_ATTEMPTS,
+            dl.failed_attempts.to_string(),
+        );
         if !dl.last_nack_reason.is_empty() {
             put(DeadLetterProps::LAST_ERROR, dl.last_nack_reason);
         }
@@ -436,6 +445,10 @@ pub(crate) fn delivery(mut d: Delivery, visibility: Visibility) -> Value {
     }
     headers.insert("created".into(), rfc1123(d.published_at).into());
     headers.insert("deliveryCount".into(), d.delivery_count.to_string().into());
+    headers.insert(
+        "failedAttempts".into(),
+        d.failed_attempts.to_string().into(),
+    );
     headers.insert(
         "ttl".into(),
         d.expires_at
@@ -492,6 +505,7 @@ mod tests {
             properties,
             ack_token: None,
             delivery_count: 1,
+            failed_attempts: 0,
             published_at: 0,
             first_delivered_at: 0,
             enqueued_at: 0,
@@ -522,7 +536,8 @@ mod tests {
         props.sort();
         let d = Delivery {
             ack_token: Some("tok".into()),
-            delivery_count: 2,
+            delivery_count: 3,
+            failed_attempts: 1,
             published_at: 1_641_002_902_000,
             enqueued_at: 1_000,
             expires_at: 61_000,
@@ -537,7 +552,8 @@ mod tests {
             v["headers"],
             json!({
                 "messageId": "m-1", "lockId": "tok", "created": "Sat, 01 Jan 2022 02:08:22 GMT",
-                "deliveryCount": "2", "ttl": "60000", "deliveryDelay": "1500"
+                "deliveryCount": "3", "failedAttempts": "1", "ttl": "60000",
+                "deliveryDelay": "1500"
             })
         );
         assert_eq!(v["body"], "héllo");
@@ -644,7 +660,8 @@ mod tests {
         let record = DeadLetter {
             source_queue: "orders".into(),
             reason: DeadLetterReason::MaxDeliveries,
-            delivery_count: 3,
+            delivery_count: 4,
+            failed_attempts: 3,
             last_nack_reason: "payment service down".into(),
             at: 5_000,
             note: String::new(),
@@ -669,7 +686,8 @@ mod tests {
                 "a": "b",
                 "x-letterbox-dead-letter-source": "orders",
                 "x-letterbox-dead-letter-reason": "MAX_DELIVERIES",
-                "x-letterbox-dead-letter-delivery-count": "3",
+                "x-letterbox-dead-letter-delivery-count": "4",
+                "x-letterbox-dead-letter-failed-attempts": "3",
                 "x-letterbox-dead-letter-last-error": "payment service down",
                 "x-letterbox-dead-letter-time": "Thu, 01 Jan 1970 00:00:05 GMT",
             })

@@ -28,6 +28,7 @@
 //! authentication is off, the local-developer default).
 
 mod admin;
+mod bindings;
 mod broker;
 mod error;
 mod message;
@@ -47,10 +48,10 @@ use axum::response::{IntoResponse, Response};
 use serde_json::Value;
 
 use crate::auth::{Action, Authenticator, Credentials, Principal};
+use crate::edge::audit;
+use crate::edge::http::{GatedListener, Peer};
 use crate::queue::Broker;
 use crate::queue::model::HOUR;
-use crate::server::audit;
-use crate::server::http::{GatedListener, Peer};
 
 /// Who makes the call being served: its peer address (set for every call)
 /// and its principal (once authenticated), for the audit log.
@@ -128,7 +129,6 @@ fn audit_who<R>(presented: &str, f: impl FnOnce(audit::Who<'_>) -> R) -> R {
     })
 }
 use error::ApiError;
-pub(crate) use error::http_status;
 
 /// The organization id `authorize` answers in `simple_client` (every id
 /// is served alike).
@@ -182,7 +182,7 @@ pub(crate) struct Api {
     tokens: tokens::Tokens,
     opts: AnypointOptions,
     /// Who consumes each queue (for the metrics).
-    consumers: Arc<crate::server::consumers::Consumers>,
+    consumers: Arc<crate::edge::consumers::Consumers>,
 }
 
 impl Api {
@@ -329,11 +329,11 @@ pub fn router(broker: Arc<Broker>, auth: Arc<Authenticator>, opts: AnypointOptio
 }
 
 /// [`router`], counting the peers that consume in `consumers`.
-pub(crate) fn router_with(
+fn router_with(
     broker: Arc<Broker>,
     auth: Arc<Authenticator>,
     opts: AnypointOptions,
-    consumers: Arc<crate::server::consumers::Consumers>,
+    consumers: Arc<crate::edge::consumers::Consumers>,
 ) -> Router {
     let limit = opts.max_body_bytes;
     let api = Arc::new(Api {
@@ -352,13 +352,20 @@ pub(crate) fn router_with(
         .with_state(api)
 }
 
-/// Serves `app` on `listener` until `shutdown` resolves, then finishes the
-/// calls in flight (long polls end at once: the engine's shutdown wakes
-/// them and they answer 204).
-pub(crate) async fn serve(
+/// Serves the facade over `shared`'s engine on `listener` until
+/// `shutdown` resolves, then finishes the calls in flight (long polls end
+/// at once: the engine's shutdown wakes them and they answer 204).
+pub(crate) fn serve(
     listener: GatedListener,
-    app: Router,
+    shared: &crate::edge::Shared,
+    opts: AnypointOptions,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) {
-    crate::server::http::serve(listener, app, shutdown).await;
+) -> impl Future<Output = ()> + Send + 'static {
+    let app = router_with(
+        Arc::clone(&shared.broker),
+        Arc::clone(&shared.auth),
+        opts,
+        Arc::clone(&shared.consumers),
+    );
+    crate::edge::http::serve(listener, app, shutdown)
 }

@@ -17,7 +17,7 @@ use serde_json::json;
 
 use super::output::Out;
 use super::usage;
-use crate::client::{ClientError, ErrorKind, Result};
+use crate::client::{ClientError, Code, ErrorKind, Result};
 
 /// Connection profile commands.
 #[derive(Debug, Subcommand)]
@@ -143,7 +143,7 @@ fn check_name(name: &str) -> Result<()> {
 
 fn io_err(what: &str, path: &Path, e: &std::io::Error) -> ClientError {
     ClientError::new(
-        ErrorKind::Rpc(tonic::Code::FailedPrecondition),
+        ErrorKind::Rpc(Code::FailedPrecondition),
         format!("{what} {}: {e}", path.display()),
     )
 }

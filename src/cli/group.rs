@@ -27,7 +27,8 @@ pub enum GroupCmd {
         #[arg(long, default_value = "")]
         note: String,
     },
-    /// Release a parked group: its head is delivered again.
+    /// Release a parked group: its head is delivered again, its failed
+    /// attempts reset to 0 (its delivery count stays).
     Release {
         /// FIFO queue.
         queue: String,
@@ -67,7 +68,8 @@ pub(super) async fn run(client: &Client, out: &Out, cmd: GroupCmd) -> Result<()>
                         json!({"group_id": g.group_id, "state": output::group_state_name(g.state), "backlog": g.backlog,
                                "in_flight": g.in_flight, "oldest_message_age_ms": g.oldest_message_age_ms,
                                "reason": g.reason, "head_message_id": g.head_message_id,
-                               "head_delivery_count": g.head_delivery_count})
+                               "head_delivery_count": g.head_delivery_count,
+                               "head_failed_attempts": g.head_failed_attempts})
                     })
                     .collect();
                 out.doc(&json!(v));

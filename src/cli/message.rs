@@ -8,7 +8,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 
 use super::output::{self, Out};
-use super::usage;
+use super::{in_flag_words, usage};
 use crate::client::{Client, Result, pb};
 use crate::units::Millis;
 
@@ -24,7 +24,7 @@ fn key_value(s: &str) -> std::result::Result<(String, String), String> {
 pub struct PublishArgs {
     /// The queue (unless --exchange is given), then message bodies, one
     /// message each.
-    #[arg(value_name = "QUEUE BODY")]
+    #[arg(value_name = "QUEUE BODY", required_unless_present = "exchange")]
     words: Vec<String>,
     /// Publish through this exchange instead of into a queue.
     #[arg(long)]
@@ -56,6 +56,30 @@ pub struct PublishArgs {
     /// Messages per publish call (1 to 1000).
     #[arg(long, default_value_t = 100)]
     batch: usize,
+}
+
+impl PublishArgs {
+    /// What can be told before connecting: a queue (or an exchange) and
+    /// something to publish.
+    pub(super) fn check(&self) -> Result<()> {
+        let bodies = match &self.exchange {
+            Some(_) => self.words.len(),
+            None => {
+                if self.words.is_empty() {
+                    return Err(usage(
+                        "give a queue to publish into (or --exchange NAME): letterbox publish QUEUE BODY...",
+                    ));
+                }
+                self.words.len() - 1
+            }
+        };
+        if bodies == 0 && self.file.is_none() && !self.stdin {
+            return Err(usage(
+                "nothing to publish: give bodies, --file or --stdin (letterbox publish QUEUE BODY...)",
+            ));
+        }
+        Ok(())
+    }
 }
 
 pub(super) async fn publish(client: &Client, out: &Out, a: PublishArgs) -> Result<()> {
@@ -123,10 +147,11 @@ pub(super) async fn publish(client: &Client, out: &Out, a: PublishArgs) -> Resul
         }
         let chunk: Vec<_> = pending.drain(..pending.len().min(batch)).collect();
         let n = chunk.len() as u64;
-        results.extend(match &a.exchange {
-            Some(x) => client.publish_to_exchange(x, chunk).await?,
-            None => client.publish(&target, chunk).await?,
-        });
+        let published = match &a.exchange {
+            Some(x) => client.publish_to_exchange(x, chunk).await,
+            None => client.publish(&target, chunk).await,
+        };
+        results.extend(published.map_err(|e| in_flag_words(e, |f| publish_flag(f, &a)))?);
         if let Some(b) = &bar {
             b.inc(n);
         }
@@ -170,6 +195,22 @@ pub(super) async fn publish(client: &Client, out: &Out, a: PublishArgs) -> Resul
         );
     }
     Ok(())
+}
+
+/// The flag of a message field the server refused
+/// (`messages[3].ttl_ms`), and the value this command gave it.
+fn publish_flag(field: &str, a: &PublishArgs) -> Option<(&'static str, Option<String>)> {
+    let (_, name) = field.strip_prefix("messages[")?.split_once("].")?;
+    let shown = |v: Option<Millis>| v.map(|m| m.to_string());
+    Some(match name {
+        "ttl_ms" => ("--ttl", shown(a.ttl)),
+        "delay_ms" => ("--delay", shown(a.delay)),
+        "group_id" => ("--group", a.group.clone()),
+        "dedup_id" => ("--dedup-id", a.dedup_id.clone()),
+        "message_id" => ("--id", a.id.clone()),
+        "properties" => ("--property", None),
+        _ => return None,
+    })
 }
 
 /// Flags of `consume`.
@@ -228,7 +269,7 @@ pub(super) async fn consume(client: &Client, out: &Out, a: ConsumeArgs) -> Resul
     };
     if a.reject && dlq.is_none() {
         return Err(crate::client::ClientError::new(
-            crate::client::ErrorKind::Rpc(tonic::Code::FailedPrecondition),
+            crate::client::ErrorKind::Rpc(crate::client::Code::FailedPrecondition),
             format!(
                 "queue {:?} has no dead letter queue, so --reject has nowhere to put a message; give it one (`letterbox queue update {} --dlq NAME`) or use --nack",
                 a.queue, a.queue
@@ -250,7 +291,12 @@ pub(super) async fn consume(client: &Client, out: &Out, a: ConsumeArgs) -> Resul
             ack_tokens: Vec::new(),
             max_per_group: a.max_per_group.unwrap_or(0),
         };
-        let got = client.receive_with(req).await?;
+        let got = client.receive_with(req).await.map_err(|e| {
+            in_flag_words(e, |f| {
+                (f == "ack_timeout_ms")
+                    .then(|| ("--ack-timeout", a.ack_timeout.map(|m| m.to_string())))
+            })
+        })?;
         if got.is_empty() {
             if a.follow {
                 continue;
@@ -262,9 +308,10 @@ pub(super) async fn consume(client: &Client, out: &Out, a: ConsumeArgs) -> Resul
                 out.line(&output::delivery_json(d));
             } else {
                 say!(
-                    "{}  delivery {}  {}",
+                    "{}  delivery {} ({} failed)  {}",
                     d.message_id,
                     d.delivery_count,
+                    d.failed_attempts,
                     output::body_cell(&d.body)
                 );
             }
@@ -348,10 +395,11 @@ pub(super) async fn browse(client: &Client, out: &Out, a: BrowseArgs) -> Result<
         .map(|m| {
             let dl = m.dead_letters.last().map_or("-".into(), |d| {
                 let mut cell = format!(
-                    "{} from {} after {}",
+                    "{} from {} after {} deliveries ({} failed)",
                     output::reason_name(d.reason),
                     d.source_queue,
-                    d.delivery_count
+                    d.delivery_count,
+                    d.failed_attempts
                 );
                 if !d.last_nack_reason.is_empty() {
                     cell.push_str(&format!(": {:?}", d.last_nack_reason));
@@ -365,6 +413,7 @@ pub(super) async fn browse(client: &Client, out: &Out, a: BrowseArgs) -> Result<
                 m.message_id.clone(),
                 output::state_name(m.state),
                 m.delivery_count.to_string(),
+                m.failed_attempts.to_string(),
                 if m.group_id.is_empty() {
                     "-".into()
                 } else {
@@ -380,6 +429,7 @@ pub(super) async fn browse(client: &Client, out: &Out, a: BrowseArgs) -> Result<
             "MESSAGE ID",
             "STATE",
             "DELIVERIES",
+            "FAILED",
             "GROUP",
             "DEAD-LETTERED",
             "BODY",

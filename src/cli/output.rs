@@ -77,7 +77,7 @@ pub(super) fn time(ms: u64) -> String {
 
 /// A duration in ms, shortly: `500ms`, `30s`, `2m`, `7d` (what the
 /// duration flags accept).
-pub(super) fn dur(ms: u64) -> String {
+pub(crate) fn dur(ms: u64) -> String {
     crate::units::Millis(std::time::Duration::from_millis(ms)).to_string()
 }
 
@@ -193,7 +193,8 @@ fn history_json(dead_letters: &[pb::DeadLetterRecord], attempts: &[pb::Attempt])
             .iter()
             .map(|d| {
                 json!({"source_queue": d.source_queue, "reason": reason_name(d.reason), "delivery_count": d.delivery_count,
-                       "last_nack_reason": d.last_nack_reason, "at": time(d.at_unix_ms), "note": d.note})
+                       "failed_attempts": d.failed_attempts, "last_nack_reason": d.last_nack_reason,
+                       "at": time(d.at_unix_ms), "note": d.note})
             })
             .collect(),
         attempts
@@ -207,7 +208,7 @@ pub(super) fn delivery_json(d: &pb::Delivery) -> Value {
     let (dl, at) = history_json(&d.dead_letters, &d.attempts);
     json!({
         "queue": d.queue, "message_id": d.message_id, "body": body_json(&d.body), "properties": d.properties,
-        "delivery_count": d.delivery_count, "group_id": d.group_id,
+        "delivery_count": d.delivery_count, "failed_attempts": d.failed_attempts, "group_id": d.group_id,
         "published_at": time(d.published_at_unix_ms), "first_delivered_at": time(d.first_delivered_at_unix_ms),
         "lease_deadline": time(d.lease_deadline_unix_ms), "dead_letters": dl, "attempts": at,
     })
@@ -217,7 +218,8 @@ pub(super) fn browsed_json(m: &pb::BrowsedMessage) -> Value {
     let (dl, at) = history_json(&m.dead_letters, &m.attempts);
     json!({
         "message_id": m.message_id, "body": body_json(&m.body), "properties": m.properties,
-        "state": state_name(m.state), "delivery_count": m.delivery_count, "group_id": m.group_id,
+        "state": state_name(m.state), "delivery_count": m.delivery_count,
+        "failed_attempts": m.failed_attempts, "group_id": m.group_id,
         "published_at": time(m.published_at_unix_ms), "enqueued_at": time(m.enqueued_at_unix_ms),
         "expires_at": time(m.expires_at_unix_ms), "dead_letters": dl, "attempts": at,
     })

@@ -5,8 +5,8 @@ use indicatif::ProgressBar;
 use serde_json::json;
 
 use super::output::{self, Out, dur};
-use super::usage;
-use crate::client::{Client, Result, pb};
+use super::{in_flag_words, usage};
+use crate::client::{Client, ClientError, Code, ErrorKind, Result, pb};
 use crate::units::Millis;
 
 /// Queue commands.
@@ -190,6 +190,138 @@ fn parse_backoff(s: &str) -> Result<pb::RetryBackoff> {
     })
 }
 
+/// A value of a queue's configuration as the flags write it (`--ttl 1h`),
+/// the API's name of it given (`message_ttl_ms`, as the server lists the
+/// values that differ); `None` when it is not set.
+fn as_flags(field: &str, c: &pb::QueueConfig) -> Option<String> {
+    let d = |v: Option<u64>| v.map(dur);
+    match field {
+        "kind" => (c.kind == pb::QueueKind::Fifo as i32).then(|| "--fifo".into()),
+        "message_ttl_ms" => d(c.message_ttl_ms).map(|v| format!("--ttl {v}")),
+        "ack_timeout_ms" => d(c.ack_timeout_ms).map(|v| format!("--ack-timeout {v}")),
+        "delivery_delay_ms" => d(c.delivery_delay_ms).map(|v| format!("--delay {v}")),
+        "dead_letter" => c.dead_letter.as_ref().map(|p| {
+            if p.max_deliveries == 0 {
+                format!("--dlq {}", p.queue)
+            } else {
+                format!("--dlq {} --max-deliveries {}", p.queue, p.max_deliveries)
+            }
+        }),
+        "retry_backoff" => c.retry_backoff.as_ref().map(|b| {
+            format!(
+                "--backoff {},{},{}",
+                dur(b.initial_ms),
+                dur(b.max_ms),
+                b.multiplier
+            )
+        }),
+        "dead_letter_on_expiry" => c
+            .dead_letter_on_expiry
+            .map(|v| format!("--dead-letter-on-expiry {v}")),
+        "max_length" => c.max_length.map(|v| format!("--max-length {v}")),
+        "max_lease_total_ms" => d(c.max_lease_total_ms).map(|v| format!("--max-lease-total {v}")),
+        "dedup_window_ms" => d(c.dedup_window_ms).map(|v| format!("--dedup-window {v}")),
+        "on_poison" => match pb::PoisonPolicy::try_from(c.on_poison) {
+            Ok(pb::PoisonPolicy::ParkGroup) => Some("--on-poison park".into()),
+            Ok(pb::PoisonPolicy::DeadLetterAndContinue) => Some("--on-poison dead-letter".into()),
+            _ => None,
+        },
+        "content_based_dedup" => c
+            .content_based_dedup
+            .map(|v| format!("--content-based-dedup {v}")),
+        _ => None,
+    }
+}
+
+/// The flag of a value, for one that is not set (`--dlq` for
+/// `dead_letter`).
+fn flag_of(field: &str) -> &'static str {
+    match field {
+        "kind" => "--fifo",
+        "message_ttl_ms" => "--ttl",
+        "ack_timeout_ms" => "--ack-timeout",
+        "delivery_delay_ms" => "--delay",
+        "dead_letter" => "--dlq",
+        "retry_backoff" => "--backoff",
+        "dead_letter_on_expiry" => "--dead-letter-on-expiry",
+        "max_length" => "--max-length",
+        "max_lease_total_ms" => "--max-lease-total",
+        "dedup_window_ms" => "--dedup-window",
+        "on_poison" => "--on-poison",
+        "content_based_dedup" => "--content-based-dedup",
+        _ => "a flag",
+    }
+}
+
+/// The flag of a configuration field the server refused
+/// (`config.message_ttl_ms`), and the value this command gave it.
+fn config_flag(field: &str, requested: &pb::QueueConfig) -> Option<(&'static str, Option<String>)> {
+    let field = field.strip_prefix("config.")?;
+    if field == "dead_letter.max_deliveries" {
+        let given = requested
+            .dead_letter
+            .as_ref()
+            .map(|d| d.max_deliveries.to_string());
+        return Some(("--max-deliveries", given));
+    }
+    let part = match field {
+        "retry_backoff.initial_ms" => Some("--backoff INITIAL"),
+        "retry_backoff.max_ms" => Some("--backoff MAX"),
+        "retry_backoff.multiplier" => Some("--backoff MULTIPLIER"),
+        _ => None,
+    };
+    let top = field.split('.').next().unwrap_or(field);
+    let flag = flag_of(top);
+    if flag == "a flag" {
+        return None;
+    }
+    let given = as_flags(top, requested).map(|v| {
+        let value = v.strip_prefix(flag).unwrap_or(&v).trim();
+        // `--dlq NAME --max-deliveries N`: the queue alone.
+        value.split(" --").next().unwrap_or(value).to_string()
+    });
+    Some((part.unwrap_or(flag), given.filter(|g| !g.is_empty())))
+}
+
+/// `queue create` of a queue that exists with another configuration: the
+/// settings that differ, as flags, the queue's and this command's.
+async fn exists_otherwise(
+    client: &Client,
+    name: &str,
+    requested: &pb::QueueConfig,
+    e: &ClientError,
+) -> ClientError {
+    let differ: Vec<String> = e
+        .error_info()
+        .and_then(|(_, meta)| meta.get("differ").cloned())
+        .map(|d| d.split(',').map(str::to_string).collect())
+        .unwrap_or_default();
+    let existing = match client.get_queue(name).await {
+        Ok(q) => q.config.unwrap_or_default(),
+        Err(_) => return ClientError::new(e.kind(), e.to_string()),
+    };
+    if differ.is_empty() {
+        return ClientError::new(e.kind(), e.to_string());
+    }
+    let parts: Vec<String> = differ
+        .iter()
+        .map(|field| {
+            let has =
+                as_flags(field, &existing).unwrap_or_else(|| format!("no {}", flag_of(field)));
+            let asked = as_flags(field, requested)
+                .unwrap_or_else(|| format!("no {} (the default)", flag_of(field)));
+            format!("the queue has {has}, this command {asked}")
+        })
+        .collect();
+    ClientError::new(
+        ErrorKind::Rpc(Code::AlreadyExists),
+        format!(
+            "queue {name:?} already exists with other settings: {}; change them with `letterbox queue update {name} ...`, or create it with the flags it has",
+            parts.join("; ")
+        ),
+    )
+}
+
 fn show_queue(out: &Out, q: &pb::Queue) {
     if out.json {
         return out.doc(&output::queue_json(q));
@@ -255,7 +387,13 @@ fn show_queue(out: &Out, q: &pb::Queue) {
 pub(super) async fn run(client: &Client, out: &Out, cmd: QueueCmd) -> Result<()> {
     match cmd {
         QueueCmd::Create { name, config } => {
-            let q = client.create_queue(&name, config.to_pb()?).await?;
+            let requested = config.to_pb()?;
+            let q = match client.create_queue(&name, requested.clone()).await {
+                Err(e) if e.code() == Some(Code::AlreadyExists) => {
+                    return Err(exists_otherwise(client, &name, &requested, &e).await);
+                }
+                r => r.map_err(|e| in_flag_words(e, |f| config_flag(f, &requested)))?,
+            };
             show_queue(out, &q);
         }
         QueueCmd::Get { name } => show_queue(out, &client.get_queue(&name).await?),
@@ -289,15 +427,17 @@ pub(super) async fn run(client: &Client, out: &Out, cmd: QueueCmd) -> Result<()>
             remove_backoff,
             remove_max_length,
         } => {
+            let requested = config.to_pb()?;
             let q = client
                 .update_queue(pb::UpdateQueueRequest {
                     name,
-                    config: Some(config.to_pb()?),
+                    config: Some(requested.clone()),
                     remove_dead_letter: remove_dlq,
                     remove_retry_backoff: remove_backoff,
                     remove_max_length,
                 })
-                .await?;
+                .await
+                .map_err(|e| in_flag_words(e, |f| config_flag(f, &requested)))?;
             show_queue(out, &q);
         }
         QueueCmd::Delete { name, force } => {

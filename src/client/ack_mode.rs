@@ -345,9 +345,16 @@ impl Message {
         &self.delivery.body
     }
 
-    /// Deliveries so far, this one included.
+    /// Deliveries so far in this queue, this one included: 1 on the first
+    /// delivery, higher on every later one (a FIFO release included).
     pub fn delivery_count(&self) -> u32 {
         self.delivery.delivery_count
+    }
+
+    /// Failed attempts before this delivery (nacks, leases that ran out,
+    /// streams closed with it): what the queue's `max_deliveries` counts.
+    pub fn failed_attempts(&self) -> u32 {
+        self.delivery.failed_attempts
     }
 
     /// The ack token (empty in IMMEDIATE mode).

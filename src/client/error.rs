@@ -58,6 +58,32 @@ impl ClientError {
         self.status.as_ref()
     }
 
+    /// The `ErrorInfo` detail of the server's status, if it has one: its
+    /// `reason` (`QUEUE_FULL`, `CONFIGURATION_DIFFERS`, ...) and its
+    /// metadata.
+    pub fn error_info(&self) -> Option<(String, std::collections::HashMap<String, String>)> {
+        use tonic_types::StatusExt as _;
+        let info = self.status.as_ref()?.get_details_error_info()?;
+        Some((info.reason, info.metadata))
+    }
+
+    /// The `BadRequest` field violations of the server's status: each
+    /// field as the API names it (`config.message_ttl_ms`) and what is
+    /// wrong with its value.
+    pub fn field_violations(&self) -> Vec<(String, String)> {
+        use tonic_types::StatusExt as _;
+        self.status
+            .as_ref()
+            .and_then(|s| s.get_details_bad_request())
+            .map(|b| {
+                b.field_violations
+                    .into_iter()
+                    .map(|v| (v.field, v.description))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     /// True when retrying later may succeed (server unavailable or
     /// overloaded, connection trouble).
     pub fn is_retryable(&self) -> bool {
@@ -108,7 +134,14 @@ impl ClientError {
                 message: explain_transport(endpoint, e),
                 status: None,
             },
-            None => s.into(),
+            None => match not_grpc(endpoint, &s) {
+                Some(message) => ClientError {
+                    kind: ErrorKind::Rpc(s.code()),
+                    message,
+                    status: Some(s),
+                },
+                None => s.into(),
+            },
         }
     }
 }
@@ -180,10 +213,8 @@ fn explain_transport(endpoint: &str, err: &(dyn std::error::Error + 'static)) ->
         let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
         return format!("cannot resolve the host name {host:?} of {endpoint} ({detail})");
     }
-    if has(&["invalid peer certificate"]) {
-        return format!(
-            "the certificate of the server at {addr} is not trusted ({detail}); give --ca-cert with the CA that signed it, and use the host name the certificate names"
-        );
+    if let Some(problem) = certificate_problem(err) {
+        return refused_certificate(addr, &problem);
     }
     if tls
         && has(&[
@@ -194,10 +225,31 @@ fn explain_transport(endpoint: &str, err: &(dyn std::error::Error + 'static)) ->
     {
         return format!("the server at {addr} does not speak TLS: use http://{addr} ({detail})");
     }
-    if tls && has(&["received fatal alert"]) {
-        return format!(
-            "the server at {addr} refused the TLS connection, most likely the client certificate (missing, or not signed by a CA it trusts): give --client-cert and --client-key ({detail})"
-        );
+    // The server's TLS alert: found as rustls's error, or only in the
+    // words of the error that carried it (an HTTP/2 connection error).
+    let alert = match find_in_chain::<tokio_rustls::rustls::Error>(err) {
+        Some(tokio_rustls::rustls::Error::AlertReceived(a)) => Some(format!("{a:?}")),
+        _ => detail
+            .split_once("received fatal alert: ")
+            .map(|(_, rest)| {
+                rest.split([':', ' ', ')'])
+                    .next()
+                    .unwrap_or(rest)
+                    .to_string()
+            }),
+    };
+    if let Some(alert) = alert {
+        return match alert.as_str() {
+            "NoApplicationProtocol" => format!(
+                "the server at {addr} speaks TLS but not HTTP/2, so it is no gRPC listener (a Letterbox console, REST or metrics port?): give the address of the server's gRPC listener, its first start line `letterbox listening on ADDR`"
+            ),
+            "ProtocolVersion" | "InsufficientSecurity" => format!(
+                "the server at {addr} refused the TLS connection: no TLS version or cipher suite in common"
+            ),
+            _ => format!(
+                "the server at {addr} refused the TLS connection, most likely the client certificate (missing, or not signed by a CA it trusts): give --client-cert and --client-key"
+            ),
+        };
     }
     let closed = has_io_kind(err, Io::ConnectionReset)
         || has_io_kind(err, Io::BrokenPipe)
@@ -228,6 +280,119 @@ fn explain_transport(endpoint: &str, err: &(dyn std::error::Error + 'static)) ->
     format!("cannot talk to the server at {addr}: {detail}")
 }
 
+/// When the answer was not gRPC (an HTTP server answered a page, or an
+/// error without a gRPC status), words that say so and where to look;
+/// tonic's own words are of its decoding ("invalid compression flag").
+fn not_grpc(endpoint: &str, s: &tonic::Status) -> Option<String> {
+    let text = s.message();
+    let http_status = text
+        .split_once("HTTP status code ")
+        .or_else(|| text.split_once("response with status: "))
+        .map(|(_, rest)| rest.trim());
+    let decoding = text.contains("invalid compression flag");
+    let mapped = text.contains("grpc-status header missing");
+    if !decoding && !mapped {
+        return None;
+    }
+    let addr = authority(endpoint);
+    let status = http_status.map_or_else(String::new, |h| format!(" (HTTP status {h})"));
+    Some(format!(
+        "the server at {addr} answered in plain HTTP{status}, not gRPC: is {addr} the gRPC listener? (a Letterbox server prints it first: `letterbox listening on ADDR`)"
+    ))
+}
+
+/// The first error of a chain that is `T`, looking through `io::Error`s.
+fn find_in_chain<'a, T: std::error::Error + 'static>(
+    top: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a T> {
+    let mut cur = Some(top);
+    while let Some(e) = cur {
+        if let Some(found) = e.downcast_ref::<T>() {
+            return Some(found);
+        }
+        cur = match e
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+        {
+            Some(inner) => Some(inner as &(dyn std::error::Error + 'static)),
+            None => e.source(),
+        };
+    }
+    None
+}
+
+/// The server's certificate as the client refused it, if that is the
+/// failure.
+fn certificate_problem(
+    err: &(dyn std::error::Error + 'static),
+) -> Option<tokio_rustls::rustls::CertificateError> {
+    match find_in_chain::<tokio_rustls::rustls::Error>(err)? {
+        tokio_rustls::rustls::Error::InvalidCertificate(c) => Some(c.clone()),
+        _ => None,
+    }
+}
+
+/// A name as the certificate error presents it (`DnsName("localhost")`,
+/// `IpAddress(127.0.0.1)`), as written.
+fn presented_name(n: &str) -> &str {
+    let inner = n
+        .split_once('(')
+        .and_then(|(_, rest)| rest.strip_suffix(')'))
+        .unwrap_or(n);
+    inner.trim_matches('"')
+}
+
+/// What is wrong with the certificate of the server at `addr`, and what
+/// to do, in words.
+fn refused_certificate(addr: &str, problem: &tokio_rustls::rustls::CertificateError) -> String {
+    use tokio_rustls::rustls::CertificateError as C;
+    let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let not_trusted = format!("the certificate of the server at {addr} is not trusted");
+    let other = |what: &str| format!("{not_trusted}: {what}");
+    match problem {
+        C::UnknownIssuer => format!(
+            "{not_trusted}: it is not signed by a CA the client trusts; give --ca-cert with the CA that signed it (`letterbox tls init` writes it as ca.pem)"
+        ),
+        C::NotValidForName | C::NotValidForNameContext { .. } => {
+            let named = match problem {
+                C::NotValidForNameContext { presented, .. } if !presented.is_empty() => format!(
+                    " (it names {})",
+                    presented
+                        .iter()
+                        .map(|n| presented_name(n))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+                _ => String::new(),
+            };
+            format!(
+                "{not_trusted}: it is not made out for {host:?}{named}; connect with a host name the certificate names, or give the server a certificate for {host:?} (`letterbox tls init DIR --name {host}`)"
+            )
+        }
+        C::Expired | C::ExpiredContext { .. } => {
+            other("it has expired; give the server a new certificate")
+        }
+        C::NotValidYet | C::NotValidYetContext { .. } => other(
+            "it is not valid yet (its start date is in the future: check the clocks of both machines)",
+        ),
+        C::Revoked => other("it has been revoked"),
+        C::BadSignature => {
+            other("its signature does not verify (is --ca-cert the CA that signed it?)")
+        }
+        C::BadEncoding => other("it does not parse as an X.509 certificate"),
+        C::InvalidPurpose | C::InvalidPurposeContext { .. } => other(
+            "it is not made out for a TLS server (extended key usage); give the server a server certificate",
+        ),
+        C::Other(o) if o.to_string().contains("CaUsedAsEndEntity") => other(
+            "the server presents a CA certificate (basic constraints CA:TRUE) as its own, which TLS clients refuse; it needs a certificate signed by that CA (`letterbox tls init DIR --name HOST` makes both)",
+        ),
+        _ => other(
+            "the certificate or its chain was refused; give --ca-cert with the CA that signed it, and use a host name the certificate names",
+        ),
+    }
+}
+
 /// The canonical upper-case name of a status code.
 pub fn code_name(c: Code) -> &'static str {
     match c {
@@ -253,3 +418,47 @@ pub fn code_name(c: Code) -> &'static str {
 
 /// Result of client calls.
 pub type Result<T, E = ClientError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_answer_in_plain_http_is_said_so() {
+        let page = tonic::Status::internal(
+            "protocol error: received message with invalid compression flag: 60 (valid flags are 0 and 1) while receiving response with status: 403 Forbidden",
+        );
+        let e = ClientError::from_call("http://127.0.0.1:8025", page);
+        assert_eq!(
+            e.to_string(),
+            "the server at 127.0.0.1:8025 answered in plain HTTP (HTTP status 403 Forbidden), not gRPC: is 127.0.0.1:8025 the gRPC listener? (a Letterbox server prints it first: `letterbox listening on ADDR`)"
+        );
+        let missing = tonic::Status::unimplemented(
+            "grpc-status header missing, mapped from HTTP status code 404",
+        );
+        let e = ClientError::from_call("http://h:1", missing);
+        assert!(
+            e.to_string()
+                .contains("answered in plain HTTP (HTTP status 404)"),
+            "{e}"
+        );
+        // A TLS alert known only by the words of the error carrying it.
+        let alert = |name: &str| {
+            std::io::Error::other(format!("connection error: received fatal alert: {name}"))
+        };
+        let text = explain_transport("https://h:1", &alert("CertificateRequired"));
+        assert!(
+            text.contains("give --client-cert and --client-key"),
+            "{text}"
+        );
+        assert!(!text.contains("CertificateRequired"), "{text}");
+        let text = explain_transport("https://h:1", &alert("NoApplicationProtocol"));
+        assert!(text.contains("it is no gRPC listener"), "{text}");
+        // A server's own answer is left as it is.
+        let e = ClientError::from_call(
+            "http://h:1",
+            tonic::Status::not_found("queue \"x\" not found"),
+        );
+        assert_eq!(e.to_string(), "NOT_FOUND: queue \"x\" not found");
+    }
+}

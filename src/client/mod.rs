@@ -35,7 +35,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use tonic::Code;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
@@ -44,6 +43,9 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 pub use crate::pb;
 use crate::pb::admin_service_client::AdminServiceClient;
 use crate::pb::messaging_service_client::MessagingServiceClient;
+
+/// The status code of a failed call, as [`ErrorKind::Rpc`] carries it.
+pub use tonic::Code;
 
 pub use ack_mode::{AckMode, HandlerError, Message};
 pub use circuit::{CircuitBreaker, CircuitConfig, CircuitState};
@@ -508,14 +510,27 @@ impl Client {
         .await
     }
 
-    /// Receives with every option of the request.
+    /// Receives with every option of the request. With `ack_tokens`, a
+    /// receive that fails after the acks took effect is an error like any
+    /// other here (their outcomes are lost to the caller): use
+    /// [`Client::receive_response`] to read them.
     pub async fn receive_with(&self, req: pb::ReceiveRequest) -> Result<Vec<pb::Delivery>> {
-        Ok(self.receive_response(req).await?.deliveries)
+        let r = self.receive_response(req).await?;
+        if r.receive_code != 0 {
+            return Err(ClientError::new(
+                ErrorKind::Rpc(Code::from(r.receive_code)),
+                r.receive_error,
+            ));
+        }
+        Ok(r.deliveries)
     }
 
     /// [`Client::receive_with`] returning the whole answer: with
     /// `ack_tokens` in the request (acks riding on the receive), the
-    /// deliveries and `ack_results`, one per token in request order.
+    /// deliveries and `ack_results`, one per token in request order. The
+    /// acks' outcomes are there even when the receive failed after they
+    /// took effect: `receive_code` is then not 0 and `receive_error` says
+    /// why.
     pub async fn receive_response(&self, req: pb::ReceiveRequest) -> Result<pb::ReceiveResponse> {
         let extra = Duration::from_millis(req.wait_ms);
         self.call_with(true, extra, req, |req| {

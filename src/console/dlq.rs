@@ -295,7 +295,7 @@ async fn render(
                 thead { tr {
                     th { input #select-page type="checkbox" title="select the rows of this page"; }
                     th { "message id" } th { "source" } th { "reason" } th.num { "deliveries" }
-                    th { "last error" } th { "dead-lettered at" } th { "body" }
+                    th.num { "failed" } th { "last error" } th { "dead-lettered at" } th { "body" }
                 } }
                 tbody {
                     @for m in &rows {
@@ -306,12 +306,13 @@ async fn render(
                             td data-col="source" { (d.map_or("", |d| d.source_queue.as_str())) }
                             td data-col="reason" { (d.map_or("", |d| d.reason.name())) }
                             td.num data-col="deliveries" { (d.map_or(m.delivery_count, |d| d.delivery_count)) }
+                            td.num data-col="failed_attempts" { (d.map_or(m.failed_attempts, |d| d.failed_attempts)) }
                             td data-col="last_error" { (last_error(m)) }
                             td data-col="dead_lettered_at" { (d.map_or_else(String::new, |d| time(d.at))) }
                             td.muted { (layout::preview(&m.body)) }
                         }
                     }
-                    @if rows.is_empty() { tr { td colspan="8" .muted { @if filter.is_empty() { "No dead letters." } @else { "No dead letter matches the filter." } } } }
+                    @if rows.is_empty() { tr { td colspan="9" .muted { @if filter.is_empty() { "No dead letters." } @else { "No dead letter matches the filter." } } } }
                 }
             }
             @if let Some(n) = &next { p.pager { a #next-page href=(next_link(n)) { "more →" } } }
@@ -423,6 +424,7 @@ struct Picked {
     source: String,
     reason: &'static str,
     deliveries: u32,
+    failed_attempts: u32,
     last_error: String,
 }
 
@@ -457,6 +459,7 @@ async fn destinations(c: &Shared, spec: &RedriveSpec) -> Result<(String, Vec<Pic
                             source: d.source_queue.clone(),
                             reason: d.reason.name(),
                             deliveries: d.delivery_count,
+                            failed_attempts: d.failed_attempts,
                             last_error: last_error(m).to_string(),
                         });
                     }
@@ -542,14 +545,14 @@ async fn redrive_inner(
             to,
             c.now(),
             move |spec, total, ended| {
-                crate::server::audit::done(
-                    crate::server::audit::Who {
+                crate::edge::audit::done(
+                    crate::edge::audit::Who {
                         principal: &who,
                         peer,
                     },
                     "redrive.end",
                     &spec.dlq,
-                    &crate::server::redrive::end_detail(spec, total, ended),
+                    &crate::edge::audit::redrive_end(spec, total, ended),
                 );
             },
         );
@@ -583,12 +586,12 @@ async fn redrive_inner(
         @if !sample.is_empty() {
             h2 { "The selection" @if movable > sample.len() as u64 { " (the first " (sample.len()) ")" } }
             table #redrive-sample {
-                thead { tr { th { "message id" } th { "source" } th { "reason" } th.num { "deliveries" } th { "last error" } } }
+                thead { tr { th { "message id" } th { "source" } th { "reason" } th.num { "deliveries" } th.num { "failed" } th { "last error" } } }
                 tbody {
                     @for p in &sample {
                         tr data-message-id=(p.id) {
                             td { a href=(format!("/queues/{name}/messages/{}", p.position)) { (p.id) } }
-                            td { (p.source) } td { (p.reason) } td.num { (p.deliveries) } td { (p.last_error) }
+                            td { (p.source) } td { (p.reason) } td.num { (p.deliveries) } td.num { (p.failed_attempts) } td { (p.last_error) }
                         }
                     }
                 }

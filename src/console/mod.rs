@@ -38,7 +38,6 @@ mod overview;
 mod queue;
 mod session;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -49,9 +48,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
 use crate::auth::{Action, Authenticator, Principal};
+use crate::edge::audit;
+use crate::edge::http::{GatedListener, Peer};
 use crate::queue::Broker;
-use crate::server::audit;
-use crate::server::http::{GatedListener, Peer};
 
 pub(crate) use session::Session;
 
@@ -132,7 +131,7 @@ impl Failure {
 
 impl From<crate::queue::QueueError> for Failure {
     fn from(e: crate::queue::QueueError) -> Failure {
-        Failure::new(crate::anypoint::http_status(&e), e.to_string())
+        Failure::new(crate::edge::status::http_status(&e), e.to_string())
     }
 }
 
@@ -413,36 +412,32 @@ fn loopback_host(h: &HeaderMap) -> bool {
             .is_ok_and(|ip| ip.is_loopback())
 }
 
-/// Serves the console on `listener` until `shutdown` resolves; the
-/// sampler of the plots' history runs meanwhile.
-pub(crate) async fn serve(
+/// Serves the console over `shared`'s engine on `listener` until
+/// `shutdown` resolves; the sampler of the plots' history runs meanwhile.
+pub(crate) fn serve(
     listener: GatedListener,
-    broker: Arc<Broker>,
-    auth: Arc<Authenticator>,
+    shared: &crate::edge::Shared,
     opts: ConsoleOptions,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) {
-    let console = Arc::new(Console {
-        history: history::History::new(opts.sample_every),
-        sessions: session::Sessions::new(),
-        logins: session::login_throttle(),
-        jobs: jobs::Jobs::new(),
-        started: Instant::now(),
-        broker,
-        auth,
-        opts,
-    });
-    let (stop_sampler, sampler_stopped) = tokio::sync::oneshot::channel::<()>();
-    let sampler = tokio::spawn(history::sample(Arc::clone(&console), sampler_stopped));
-    crate::server::http::serve(listener, router(console), shutdown).await;
-    let _ = stop_sampler.send(());
-    let _ = sampler.await;
-}
-
-/// The address a console answers on, for the line printed at start.
-pub fn url(addr: SocketAddr, tls: bool) -> String {
-    let scheme = if tls { "https" } else { "http" };
-    format!("{scheme}://{addr}/")
+) -> impl std::future::Future<Output = ()> + Send + 'static {
+    let (broker, auth) = (Arc::clone(&shared.broker), Arc::clone(&shared.auth));
+    async move {
+        let console = Arc::new(Console {
+            history: history::History::new(opts.sample_every),
+            sessions: session::Sessions::new(),
+            logins: session::login_throttle(),
+            jobs: jobs::Jobs::new(),
+            started: Instant::now(),
+            broker,
+            auth,
+            opts,
+        });
+        let (stop_sampler, sampler_stopped) = tokio::sync::oneshot::channel::<()>();
+        let sampler = tokio::spawn(history::sample(Arc::clone(&console), sampler_stopped));
+        crate::edge::http::serve(listener, router(console), shutdown).await;
+        let _ = stop_sampler.send(());
+        let _ = sampler.await;
+    }
 }
 
 #[cfg(test)]

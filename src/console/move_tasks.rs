@@ -1,4 +1,4 @@
-//! SQS message move tasks of a dead letter queue (`crate::sqs::tasks`:
+//! SQS message move tasks of a dead letter queue (`crate::edge::move_tasks`:
 //! Letterbox redrives started with `StartMessageMoveTask`, kept with the
 //! queue): listed on its dead-letter page, each with its progress on a
 //! page of its own that refreshes itself while the task runs, and a Stop
@@ -15,7 +15,7 @@ use maud::{Markup, html};
 use super::layout::{self, csrf, time};
 use super::{Failure, Posted, Session, Shared, allow};
 use crate::auth::Action;
-use crate::sqs::tasks::{self, CancelRefused, Status, Task};
+use crate::edge::move_tasks::{self as tasks, CancelRefused, Status, Task};
 
 /// Where the task's messages go, as said to the user.
 fn to(t: &Task) -> String {

@@ -200,7 +200,7 @@ fn config_view(info: &QueueInfo) -> Markup {
             dt { "dead letter queue" } dd {
                 @if let Some(d) = &c.dead_letter {
                     a.dlq-link href=(format!("/queues/{}", d.queue)) { (d.queue) }
-                    " after " (d.max_deliveries) " deliveries"
+                    " after " (d.max_deliveries) " failed attempts"
                 } @else { "none" }
             }
             dt { "dead letter queue of" } dd {
@@ -306,7 +306,7 @@ fn config_request(form: &Posted) -> Result<(QueueConfigInput, QueueRemovals), Fa
 fn messages_table(name: &str, msgs: &[BrowsedMessage]) -> Markup {
     html! {
         table #messages {
-            thead { tr { th.num { "#" } th { "message id" } th { "state" } th.num { "deliveries" } th { "group" } th { "enqueued" } th { "body" } } }
+            thead { tr { th.num { "#" } th { "message id" } th { "state" } th.num { "deliveries" } th.num { "failed" } th { "group" } th { "enqueued" } th { "body" } } }
             tbody {
                 @for m in msgs {
                     tr data-message-id=(m.message_id) {
@@ -314,12 +314,13 @@ fn messages_table(name: &str, msgs: &[BrowsedMessage]) -> Markup {
                         td { a href=(format!("/queues/{name}/messages/{}", m.position)) { (m.message_id) } }
                         td { (m.state.name()) }
                         td.num data-col="deliveries" { (m.delivery_count) }
+                        td.num data-col="failed_attempts" { (m.failed_attempts) }
                         td { (m.group_id.as_deref().unwrap_or("")) }
                         td { (time(m.enqueued_at)) }
                         td.muted { @if m.damaged.is_empty() { (layout::preview(&m.body)) } @else { "damaged: " (m.damaged) } }
                     }
                 }
-                @if msgs.is_empty() { tr { td colspan="7" .muted { "No messages." } } }
+                @if msgs.is_empty() { tr { td colspan="8" .muted { "No messages." } } }
             }
         }
     }
@@ -541,6 +542,7 @@ pub(crate) async fn message(
         dl #message-facts .facts {
             dt { "state" } dd { (m.state.name()) }
             dt { "deliveries" } dd data-col="deliveries" { (m.delivery_count) }
+            dt { "failed attempts" } dd data-col="failed_attempts" { (m.failed_attempts) }
             dt { "group" } dd { (m.group_id.as_deref().unwrap_or("")) }
             dt { "published" } dd { (time(m.published_at)) }
             dt { "enqueued" } dd { (time(m.enqueued_at)) }
@@ -574,12 +576,12 @@ pub(crate) async fn message(
         }
         h2 { "Dead-letter history" }
         table #dead-letter-history {
-            thead { tr { th { "at" } th { "from" } th { "reason" } th.num { "deliveries" } th { "last error" } th { "note" } } }
+            thead { tr { th { "at" } th { "from" } th { "reason" } th.num { "deliveries" } th.num { "failed" } th { "last error" } th { "note" } } }
             tbody {
                 @for d in &m.dead_letters {
-                    tr { td { (time(d.at)) } td { (d.source_queue) } td { (d.reason.name()) } td.num { (d.delivery_count) } td { (d.last_nack_reason) } td { (d.note) } }
+                    tr { td { (time(d.at)) } td { (d.source_queue) } td { (d.reason.name()) } td.num { (d.delivery_count) } td.num { (d.failed_attempts) } td { (d.last_nack_reason) } td { (d.note) } }
                 }
-                @if m.dead_letters.is_empty() { tr { td colspan="6" .muted { "never dead-lettered" } } }
+                @if m.dead_letters.is_empty() { tr { td colspan="7" .muted { "never dead-lettered" } } }
             }
         }
         @if let Some(last) = m.dead_letters.last() {
@@ -635,7 +637,7 @@ fn groups_page(
             a.(if only_parked { "on" } else { "" }) href=(format!("/queues/{name}/groups?state=parked")) { "parked" }
         }
         table #groups {
-            thead { tr { th { "group" } th { "state" } th.num { "backlog" } th.num { "in flight" } th { "oldest" } th { "head" } th.num { "head deliveries" } th { "why" } th {} } }
+            thead { tr { th { "group" } th { "state" } th.num { "backlog" } th.num { "in flight" } th { "oldest" } th { "head" } th.num { "head deliveries" } th.num { "head failed" } th { "why" } th {} } }
             tbody {
                 @for g in &rows {
                     tr data-group=(g.group_id) {
@@ -646,6 +648,7 @@ fn groups_page(
                         td { (age(g.oldest_age)) }
                         td { (g.head_message_id) }
                         td.num { (g.head_delivery_count) }
+                        td.num { (g.head_failed_attempts) }
                         td { (g.reason) }
                         td {
                             @if admin {

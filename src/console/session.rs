@@ -23,8 +23,8 @@ use subtle::ConstantTimeEq;
 use super::{Failure, Posted, Shared, layout};
 use crate::auth::failures::Failures;
 use crate::auth::{Credentials, Principal, hex_sha256, new_token};
+use crate::edge::audit;
 use crate::queue::model::{HOUR, MINUTE, SECOND};
-use crate::server::audit;
 
 /// The cookie's name.
 pub(crate) const COOKIE: &str = "letterbox_session";
@@ -247,7 +247,7 @@ fn login_form(c: &Shared, next: Option<&str>, error: Option<&str>, status: Statu
 pub(crate) async fn login(State(c): State<Shared>, req: axum::extract::Request) -> Response {
     let peer = req
         .extensions()
-        .get::<axum::extract::ConnectInfo<crate::server::http::Peer>>()
+        .get::<axum::extract::ConnectInfo<crate::edge::http::Peer>>()
         .map(|p| p.0.0);
     let body = match axum::body::to_bytes(req.into_body(), 64 << 10).await {
         Ok(b) => b,

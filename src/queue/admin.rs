@@ -9,7 +9,7 @@ use super::model::{
     QueueRemovals, QueueStats,
 };
 use super::state::{EntryState, QueueState};
-use super::{Broker, Change, State, durable, persist, validate};
+use super::{Broker, State, durable, persist, validate};
 
 /// Messages deleted per transaction by purge and delete.
 const CHUNK: usize = 4096;
@@ -45,35 +45,40 @@ impl Broker {
                 if existing.config == config {
                     return Ok((info(&st, qid)?, false));
                 }
+                let (detail, differ) = describe_difference(&existing.config, &config);
                 return Err(QueueError::AlreadyExists {
                     kind: "queue",
                     name: name.to_string(),
-                    detail: describe_difference(&existing.config, &config),
+                    detail,
+                    differ,
                 });
             }
             check_dead_letter(&st, name, &config)?;
-            let qid = st.next_qid;
-            st.next_qid += 1;
-            let mut change = Change::default();
-            change.txn.put_sys(SysKey::NextQid, u64::from(st.next_qid));
-            change
-                .txn
-                .put_queue(name, &persist::queue_record(qid, now, &config));
-            if !annotations.is_empty() {
-                super::annotations::put(&mut change, qid, &annotations);
-            }
-            change.touch(qid);
-            if let Some(dl) = &config.dead_letter {
-                st.dlq_sources
-                    .entry(dl.queue.clone())
-                    .or_default()
-                    .insert(name.to_string());
-            }
-            st.names.insert(name.to_string(), qid);
-            let mut q = QueueState::new(qid, name.to_string(), config, now);
-            q.annotations = annotations;
-            st.queues.insert(qid, q);
-            self.submit(&st, change)
+            // Everything checked: nothing below fails.
+            let ((), commit) = self.decide(&mut st, |st, change| {
+                let qid = st.next_qid;
+                st.next_qid += 1;
+                change.txn.put_sys(SysKey::NextQid, u64::from(st.next_qid));
+                change
+                    .txn
+                    .put_queue(name, &persist::queue_record(qid, now, &config));
+                if !annotations.is_empty() {
+                    super::annotations::put(change, qid, &annotations);
+                }
+                change.touch(qid);
+                if let Some(dl) = &config.dead_letter {
+                    st.dlq_sources
+                        .entry(dl.queue.clone())
+                        .or_default()
+                        .insert(name.to_string());
+                }
+                st.names.insert(name.to_string(), qid);
+                let mut q = QueueState::new(qid, name.to_string(), config, now);
+                q.annotations = annotations;
+                st.queues.insert(qid, q);
+                Ok(())
+            })?;
+            commit
         };
         durable(commit).await?;
         let st = self.lock();
@@ -153,28 +158,33 @@ impl Broker {
                 .then(|| super::annotations::applied(&q.annotations, annotations))
                 .transpose()?;
             let old_dl = q.config.dead_letter.clone();
-            q.config = config.clone();
-            let mut change = Change::default();
-            if let Some(a) = pairs {
-                super::annotations::put(&mut change, qid, &a);
-                q.annotations = a;
-            }
-            if let Some(dl) = old_dl
-                && let Some(s) = st.dlq_sources.get_mut(&dl.queue)
-            {
-                s.remove(name);
-            }
-            if let Some(dl) = &config.dead_letter {
-                st.dlq_sources
-                    .entry(dl.queue.clone())
-                    .or_default()
-                    .insert(name.to_string());
-            }
-            change
-                .txn
-                .put_queue(name, &persist::queue_record(qid, created_at, &config));
-            change.wake(qid);
-            self.submit(&st, change)
+            // Everything checked: nothing below fails.
+            let ((), commit) = self.decide(&mut st, |st, change| {
+                if let Some(q) = st.queues.get_mut(&qid) {
+                    q.config = config.clone();
+                    if let Some(a) = pairs {
+                        super::annotations::put(change, qid, &a);
+                        q.annotations = a;
+                    }
+                }
+                if let Some(dl) = old_dl
+                    && let Some(s) = st.dlq_sources.get_mut(&dl.queue)
+                {
+                    s.remove(name);
+                }
+                if let Some(dl) = &config.dead_letter {
+                    st.dlq_sources
+                        .entry(dl.queue.clone())
+                        .or_default()
+                        .insert(name.to_string());
+                }
+                change
+                    .txn
+                    .put_queue(name, &persist::queue_record(qid, created_at, &config));
+                change.wake(qid);
+                Ok(())
+            })?;
+            commit
         };
         durable(commit).await?;
         self.get_queue(name)
@@ -197,31 +207,33 @@ impl Broker {
                     sources.join(", ")
                 )));
             }
-            let mut change = Change::default();
-            // Detach the sources: they lose their dead letter queue.
-            for src in &sources {
-                let Some(&sqid) = st.names.get(src) else {
-                    continue;
-                };
-                let sq = st.queue(sqid)?;
-                sq.config.dead_letter = None;
-                sq.config.dead_letter_on_expiry = false;
-                let rec = persist::queue_record(sqid, sq.created_at, &sq.config);
-                change.txn.put_queue(src, &rec);
-            }
-            st.dlq_sources.remove(name);
-            let q = st.queue(qid)?;
-            if let Some(dl) = q.config.dead_letter.clone()
-                && let Some(s) = st.dlq_sources.get_mut(&dl.queue)
-            {
-                s.remove(name);
-            }
-            change.txn.delete(Key::Queue(name));
-            change.txn.delete(Key::Counters(qid));
-            change.txn.delete(Key::Annotations(qid));
-            super::exchange::unbind_everywhere(&mut st, name, &mut change);
-            st.names.remove(name);
-            (qid, self.submit(&st, change))
+            let own_dl = st.queue(qid)?.config.dead_letter.clone();
+            // Everything checked: nothing below fails.
+            let ((), commit) = self.decide(&mut st, |st, change| {
+                // Detach the sources: they lose their dead letter queue.
+                for src in &sources {
+                    let Some(sq) = st.names.get(src).and_then(|q| st.queues.get_mut(q)) else {
+                        continue;
+                    };
+                    sq.config.dead_letter = None;
+                    sq.config.dead_letter_on_expiry = false;
+                    let rec = persist::queue_record(sq.qid, sq.created_at, &sq.config);
+                    change.txn.put_queue(src, &rec);
+                }
+                st.dlq_sources.remove(name);
+                if let Some(dl) = own_dl
+                    && let Some(s) = st.dlq_sources.get_mut(&dl.queue)
+                {
+                    s.remove(name);
+                }
+                change.txn.delete(Key::Queue(name));
+                change.txn.delete(Key::Counters(qid));
+                change.txn.delete(Key::Annotations(qid));
+                super::exchange::unbind_everywhere(st, name, change);
+                st.names.remove(name);
+                Ok(())
+            })?;
+            (qid, commit)
         };
         durable(commit).await?;
         // The queue is gone for every caller; now drop its messages in
@@ -253,31 +265,55 @@ impl Broker {
         loop {
             let commit = {
                 let mut st = self.lock();
-                let State { queues, timers, .. } = &mut *st;
-                let Some(q) = queues.get_mut(&qid) else { break };
+                let Some(q) = st.queues.get(&qid) else { break };
                 let chunk: Vec<u64> = q.msgs.range(..upto).take(CHUNK).map(|(p, _)| p).collect();
                 if chunk.is_empty() {
                     break;
                 }
-                let mut change = Change::default();
-                for pos in &chunk {
-                    if let Some((_, pid)) = q.remove(*pos, timers) {
-                        change.txn.delete(Key::Meta(qid, *pos));
-                        change.txn.delete(Key::Payload(pid));
+                let ((), commit) = self.decide(&mut st, |st, change| {
+                    let State {
+                        queues,
+                        timers,
+                        undo,
+                        ..
+                    } = st;
+                    let Some(q) = queues.get_mut(&qid) else {
+                        return Ok(());
+                    };
+                    for pos in &chunk {
+                        if let Some((_, pid)) = q.remove(*pos, timers, undo) {
+                            change.txn.delete(Key::Meta(qid, *pos));
+                            change.txn.delete(Key::Payload(pid));
+                        }
                     }
-                }
+                    if !gone {
+                        q.counters_mut(undo).purged += chunk.len() as u64;
+                        change.touch(qid);
+                    }
+                    Ok(())
+                })?;
                 total += chunk.len() as u64;
-                if !gone {
-                    q.counters.purged += chunk.len() as u64;
-                    change.touch(qid);
-                }
-                self.submit(&st, change)
+                commit
             };
             durable(commit).await?;
         }
-        if let Some(q) = self.lock().queues.get_mut(&qid) {
-            q.client_ids.retain(|_, p| *p >= upto);
-        }
+        // The client ids of the messages gone (nothing to store).
+        let mut st = self.lock();
+        self.decide(&mut st, |st, _| {
+            let State { queues, undo, .. } = st;
+            if let Some(q) = queues.get_mut(&qid) {
+                let gone: Vec<String> = q
+                    .client_ids
+                    .iter()
+                    .filter(|(_, p)| **p < upto)
+                    .map(|(id, _)| id.clone())
+                    .collect();
+                for id in gone {
+                    q.forget_client_id(&id, undo);
+                }
+            }
+            Ok(())
+        })?;
         Ok(total)
     }
 
@@ -401,6 +437,7 @@ impl Broker {
                 properties: payload.properties,
                 state,
                 delivery_count: meta.delivery_count(),
+                failed_attempts: meta.failed_attempts(),
                 published_at: payload.published_at,
                 enqueued_at: meta.enqueued_at(),
                 expires_at: meta.expires_at(),
@@ -515,16 +552,15 @@ fn check_dead_letter(st: &State, name: &str, config: &QueueConfig) -> Result<()>
     Ok(())
 }
 
-fn describe_difference(old: &QueueConfig, new: &QueueConfig) -> String {
-    let mut diffs = Vec::new();
-    macro_rules! cmp {
-        ($($f:ident),*) => {$(
-            if old.$f != new.$f {
-                diffs.push(format!("{}: {:?} (requested {:?})", stringify!($f), old.$f, new.$f));
-            }
-        )*};
-    }
-    cmp!(
+/// How an existing queue's configuration differs from a requested one:
+/// the words (each value as the API gives it, no debug text) and the
+/// names of the values that differ.
+pub(super) fn describe_difference(
+    old: &QueueConfig,
+    new: &QueueConfig,
+) -> (String, Vec<&'static str>) {
+    // Both named whole: a new field does not compile until it is compared.
+    let QueueConfig {
         kind,
         message_ttl,
         ack_timeout,
@@ -536,9 +572,83 @@ fn describe_difference(old: &QueueConfig, new: &QueueConfig) -> String {
         max_lease_total,
         dedup_window,
         on_poison,
-        content_based_dedup
-    );
-    format!("with a different configuration: {}", diffs.join(", "))
+        content_based_dedup,
+    } = old;
+    let wanted = new;
+    let dl = |d: &Option<super::model::DeadLetterPolicy>| {
+        d.as_ref().map_or_else(
+            || "none".to_string(),
+            |d| format!("{:?} after {} deliveries", d.queue, d.max_deliveries),
+        )
+    };
+    let backoff = |b: &Option<super::model::RetryBackoff>| {
+        b.as_ref().map_or_else(
+            || "none".to_string(),
+            |b| format!("{}ms to {}ms, times {}", b.initial, b.max, b.multiplier),
+        )
+    };
+    let length = |n: &Option<u64>| n.map_or_else(|| "none".to_string(), |n| n.to_string());
+    // The API's name of each value, the existing one, the requested one.
+    let all: [(&'static str, String, String); 12] = [
+        ("kind", kind.name().into(), wanted.kind.name().into()),
+        (
+            "message_ttl_ms",
+            message_ttl.to_string(),
+            wanted.message_ttl.to_string(),
+        ),
+        (
+            "ack_timeout_ms",
+            ack_timeout.to_string(),
+            wanted.ack_timeout.to_string(),
+        ),
+        (
+            "delivery_delay_ms",
+            delivery_delay.to_string(),
+            wanted.delivery_delay.to_string(),
+        ),
+        ("dead_letter", dl(dead_letter), dl(&wanted.dead_letter)),
+        (
+            "retry_backoff",
+            backoff(retry_backoff),
+            backoff(&wanted.retry_backoff),
+        ),
+        (
+            "dead_letter_on_expiry",
+            dead_letter_on_expiry.to_string(),
+            wanted.dead_letter_on_expiry.to_string(),
+        ),
+        ("max_length", length(max_length), length(&wanted.max_length)),
+        (
+            "max_lease_total_ms",
+            max_lease_total.to_string(),
+            wanted.max_lease_total.to_string(),
+        ),
+        (
+            "dedup_window_ms",
+            dedup_window.to_string(),
+            wanted.dedup_window.to_string(),
+        ),
+        (
+            "on_poison",
+            on_poison.name().into(),
+            wanted.on_poison.name().into(),
+        ),
+        (
+            "content_based_dedup",
+            content_based_dedup.to_string(),
+            wanted.content_based_dedup.to_string(),
+        ),
+    ];
+    let differ: Vec<_> = all.iter().filter(|(_, a, b)| a != b).collect();
+    let text = differ
+        .iter()
+        .map(|(field, a, b)| format!("{field} {a} (requested {b})"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    (
+        format!("with a different configuration: {text}"),
+        differ.iter().map(|(field, _, _)| *field).collect(),
+    )
 }
 
 /// A queue's counts and counters, oldest age left at 0.

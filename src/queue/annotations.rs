@@ -148,34 +148,46 @@ impl Broker {
         let (out, commit) = {
             let mut st = self.lock();
             let qid = st.qid(queue)?;
-            let mut change = Change::default();
-            let mut out = Vec::with_capacity(parsed.len());
-            for t in &parsed {
-                if t.qid != qid {
-                    out.push(Deleted::OtherQueue);
-                    continue;
+            self.decide(&mut st, |st, change| {
+                let mut out = Vec::with_capacity(parsed.len());
+                for t in &parsed {
+                    if t.qid != qid {
+                        out.push(Deleted::OtherQueue);
+                        continue;
+                    }
+                    let super::State {
+                        queues,
+                        timers,
+                        undo,
+                        ..
+                    } = &mut *st;
+                    let Some(q) = queues.get_mut(&qid) else {
+                        out.push(Deleted::Gone);
+                        continue;
+                    };
+                    if !q.msgs.contains(t.pos) {
+                        out.push(Deleted::Gone);
+                        continue;
+                    }
+                    let meta = if q.client_ids.is_empty() {
+                        None
+                    } else {
+                        Some(self.meta(qid, t.pos)?)
+                    };
+                    if let Some((_, pid)) = q.remove(t.pos, timers, undo) {
+                        if let Some(meta) = meta {
+                            super::delivery::forget_client_id(q, &meta, undo);
+                        }
+                        change.txn.delete(Key::Meta(qid, t.pos));
+                        change.txn.delete(Key::Payload(pid));
+                        q.counters_mut(undo).acked += 1;
+                        change.touch(qid);
+                        change.wake(qid);
+                    }
+                    out.push(Deleted::Deleted);
                 }
-                let super::State { queues, timers, .. } = &mut *st;
-                let Some(q) = queues.get_mut(&qid) else {
-                    out.push(Deleted::Gone);
-                    continue;
-                };
-                if !q.msgs.contains(t.pos) {
-                    out.push(Deleted::Gone);
-                    continue;
-                }
-                let meta = self.meta(qid, t.pos)?;
-                if let Some((_, pid)) = q.remove(t.pos, timers) {
-                    super::delivery::forget_client_id(q, &meta);
-                    change.txn.delete(Key::Meta(qid, t.pos));
-                    change.txn.delete(Key::Payload(pid));
-                    q.counters.acked += 1;
-                    change.touch(qid);
-                    change.wake(qid);
-                }
-                out.push(Deleted::Deleted);
-            }
-            (out, self.submit(&st, change))
+                Ok(out)
+            })?
         };
         durable(commit).await?;
         Ok(out)

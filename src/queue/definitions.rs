@@ -20,7 +20,7 @@ use super::model::{
     DeadLetterInput, PoisonPolicy, QueueConfig, QueueConfigInput, QueueKind, RetryBackoff,
 };
 use super::state::QueueState;
-use super::{Broker, Change, durable, persist, validate};
+use super::{Broker, durable, persist, validate};
 use crate::storage::SysKey;
 
 /// The definitions document.
@@ -349,13 +349,13 @@ impl Broker {
             for (i, (d, cfg)) in defs.queues.iter().zip(&configs).enumerate() {
                 match st.names.get(&d.name).and_then(|qid| st.queues.get(qid)) {
                     Some(q) if q.config == *cfg => {}
-                    Some(_) => {
+                    Some(q) => {
+                        let (detail, differ) = super::admin::describe_difference(&q.config, cfg);
                         return Err(QueueError::AlreadyExists {
                             kind: "queue",
                             name: d.name.clone(),
-                            detail: format!(
-                                "with a different configuration (queues[{i}]); change it with UpdateQueue"
-                            ),
+                            detail: format!("{detail} (queues[{i}]); change it with UpdateQueue"),
+                            differ,
                         });
                     }
                     None => {
@@ -444,55 +444,57 @@ impl Broker {
                 validate::filter(&format!("bindings[{i}].filter"), &filter)?;
             }
 
-            // Everything checked: apply in one transaction.
-            let mut change = Change::default();
-            let mut report = ImportReport::default();
-            for (_, name, cfg) in new_queues {
-                let qid = st.next_qid;
-                st.next_qid += 1;
-                change.txn.put_sys(SysKey::NextQid, u64::from(st.next_qid));
-                change
-                    .txn
-                    .put_queue(&name, &persist::queue_record(qid, now, &cfg));
-                change.touch(qid);
-                if let Some(dl) = &cfg.dead_letter {
-                    st.dlq_sources
-                        .entry(dl.queue.clone())
-                        .or_default()
-                        .insert(name.clone());
+            // Everything checked: apply in one transaction; nothing below
+            // fails.
+            self.decide(&mut st, |st, change| {
+                let mut report = ImportReport::default();
+                for (_, name, cfg) in new_queues {
+                    let qid = st.next_qid;
+                    st.next_qid += 1;
+                    change.txn.put_sys(SysKey::NextQid, u64::from(st.next_qid));
+                    change
+                        .txn
+                        .put_queue(&name, &persist::queue_record(qid, now, &cfg));
+                    change.touch(qid);
+                    if let Some(dl) = &cfg.dead_letter {
+                        st.dlq_sources
+                            .entry(dl.queue.clone())
+                            .or_default()
+                            .insert(name.clone());
+                    }
+                    st.names.insert(name.clone(), qid);
+                    st.queues.insert(qid, QueueState::new(qid, name, cfg, now));
+                    report.queues_created += 1;
                 }
-                st.names.insert(name.clone(), qid);
-                st.queues.insert(qid, QueueState::new(qid, name, cfg, now));
-                report.queues_created += 1;
-            }
-            for x in &defs.exchanges {
-                if !st.exchanges.contains_key(&x.name) {
-                    let e = ExchangeState {
-                        created_at: now,
-                        bindings: BTreeMap::new(),
-                    };
-                    change.txn.put_exchange(&x.name, &e.record());
-                    st.exchanges.insert(x.name.clone(), e);
-                    report.exchanges_created += 1;
+                for x in &defs.exchanges {
+                    if !st.exchanges.contains_key(&x.name) {
+                        let e = ExchangeState {
+                            created_at: now,
+                            bindings: BTreeMap::new(),
+                        };
+                        change.txn.put_exchange(&x.name, &e.record());
+                        st.exchanges.insert(x.name.clone(), e);
+                        report.exchanges_created += 1;
+                    }
                 }
-            }
-            let mut touched = BTreeSet::new();
-            for b in &defs.bindings {
-                let filter: Vec<(String, String)> = b.filter.clone().into_iter().collect();
-                if let Some(e) = st.exchanges.get_mut(&b.exchange)
-                    && e.bindings.get(&b.queue) != Some(&filter)
-                {
-                    e.bindings.insert(b.queue.clone(), filter);
-                    touched.insert(b.exchange.clone());
-                    report.bindings_changed += 1;
+                let mut touched = BTreeSet::new();
+                for b in &defs.bindings {
+                    let filter: Vec<(String, String)> = b.filter.clone().into_iter().collect();
+                    if let Some(e) = st.exchanges.get_mut(&b.exchange)
+                        && e.bindings.get(&b.queue) != Some(&filter)
+                    {
+                        e.bindings.insert(b.queue.clone(), filter);
+                        touched.insert(b.exchange.clone());
+                        report.bindings_changed += 1;
+                    }
                 }
-            }
-            for name in touched {
-                if let Some(e) = st.exchanges.get(&name) {
-                    change.txn.put_exchange(&name, &e.record());
+                for name in touched {
+                    if let Some(e) = st.exchanges.get(&name) {
+                        change.txn.put_exchange(&name, &e.record());
+                    }
                 }
-            }
-            (report, self.submit(&st, change))
+                Ok(report)
+            })?
         };
         durable(commit).await?;
         Ok(report)

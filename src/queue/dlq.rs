@@ -41,21 +41,24 @@ impl Broker {
         if !faults::on(Fault::NoFifoRelease) {
             self.release_followers(st, qid, pos, &meta, now, change)?;
         }
-        let q = st.queue(qid)?;
-        q.counters.nacked += 1;
+        let State { queues, undo, .. } = &mut *st;
+        let q = queues
+            .get_mut(&qid)
+            .ok_or_else(|| QueueError::Unavailable(format!("queue number {qid} vanished")))?;
+        q.counters_mut(undo).nacked += 1;
         change.touch(qid);
         let config = q.config.clone();
-        let moved = |reason, delivery_count| LeaseEnd::DeadLettered {
+        let moved = |reason, failed_attempts| LeaseEnd::DeadLettered {
             queue: config
                 .dead_letter
                 .as_ref()
                 .map(|d| d.queue.clone())
                 .unwrap_or_default(),
             reason,
-            delivery_count,
+            failed_attempts,
         };
         if outcome == AttemptOutcome::Rejected {
-            let end = moved(DeadLetterReason::Rejected, meta.delivery_count());
+            let end = moved(DeadLetterReason::Rejected, meta.failed_attempts());
             self.dead_letter(
                 st,
                 qid,
@@ -70,7 +73,7 @@ impl Broker {
         }
         if meta.expires_at() <= now {
             let end = if config.dead_letter_on_expiry && config.dead_letter.is_some() {
-                moved(DeadLetterReason::Expired, meta.delivery_count())
+                moved(DeadLetterReason::Expired, meta.failed_attempts())
             } else {
                 LeaseEnd::Expired
             };
@@ -78,13 +81,13 @@ impl Broker {
             return Ok(end);
         }
         if let Some(dl) = &config.dead_letter
-            && meta.delivery_count() >= dl.max_deliveries
+            && meta.failed_attempts() >= dl.max_deliveries
         {
             if config.on_poison == PoisonPolicy::ParkGroup && config.kind.is_fifo() {
                 self.park(st, qid, pos, meta, now, change)?;
                 return Ok(LeaseEnd::Parked);
             }
-            let end = moved(DeadLetterReason::MaxDeliveries, meta.delivery_count());
+            let end = moved(DeadLetterReason::MaxDeliveries, meta.failed_attempts());
             self.dead_letter(
                 st,
                 qid,
@@ -99,13 +102,18 @@ impl Broker {
         }
         let backoff = config
             .retry_backoff
-            .map(|b| b.delay(meta.delivery_count()))
+            .map(|b| b.delay(meta.failed_attempts()))
             .unwrap_or(0);
         meta.visible_from(now + delay.unwrap_or(backoff))?;
         persist::put(&mut change.txn, qid, pos, &meta);
-        let State { queues, timers, .. } = st;
+        let State {
+            queues,
+            timers,
+            undo,
+            ..
+        } = st;
         if let Some(q) = queues.get_mut(&qid) {
-            q.release(pos, meta.visible_at(), now, timers);
+            q.release(pos, meta.visible_at(), now, timers, undo);
         }
         change.wake(qid);
         Ok(LeaseEnd::Requeued)
@@ -114,9 +122,9 @@ impl Broker {
     /// FIFO (SPEC §3): the lease of `failed` (at `pos`) ends without an
     /// ack, so every later message of its group still leased is released
     /// with it, in the same transaction: its lease ends (the token is
-    /// fenced), its delivery is not counted (the count the lease raised
-    /// goes back down), the attempt history records the release naming
-    /// `failed`, and it is ready again behind `failed`, where the group
+    /// fenced), its delivery stays counted but is no failed attempt, the
+    /// attempt history records the release naming `failed`, and it is
+    /// ready again behind `failed`, where the group
     /// restarts. Without this a consumer could ack a later message while
     /// the earlier one waits for its redelivery, and order within the
     /// group would be lost. Only the group's leased messages are visited.
@@ -173,9 +181,14 @@ impl Broker {
                 message_id: meta.id().to_string(),
                 because_of: failed.id().to_string(),
             });
-            let State { queues, timers, .. } = &mut *st;
+            let State {
+                queues,
+                timers,
+                undo,
+                ..
+            } = &mut *st;
             if let Some(q) = queues.get_mut(&qid) {
-                q.release(p, now, now, timers);
+                q.release(p, now, now, timers, undo);
             }
         }
         change.wake(qid);
@@ -244,7 +257,7 @@ impl Broker {
 
     /// Expires a message whose time to live ran out. Its record is read
     /// as `change` leaves it: the same sweep may have just released it
-    /// (SPEC §3), uncounting its delivery.
+    /// (SPEC §3), ending its lease.
     pub(crate) fn expire(
         &self,
         st: &mut State,
@@ -270,8 +283,11 @@ impl Broker {
         now: u64,
         change: &mut Change,
     ) -> Result<()> {
-        let q = st.queue(qid)?;
-        q.counters.expired += 1;
+        let State { queues, undo, .. } = &mut *st;
+        let q = queues
+            .get_mut(&qid)
+            .ok_or_else(|| QueueError::Unavailable(format!("queue number {qid} vanished")))?;
+        q.counters_mut(undo).expired += 1;
         change.touch(qid);
         if q.config.dead_letter_on_expiry && q.config.dead_letter.is_some() {
             return self.dead_letter(
@@ -285,11 +301,16 @@ impl Broker {
                 change,
             );
         }
-        let State { queues, timers, .. } = st;
+        let State {
+            queues,
+            timers,
+            undo,
+            ..
+        } = st;
         if let Some(q) = queues.get_mut(&qid)
-            && let Some((_, pid)) = q.remove(pos, timers)
+            && let Some((_, pid)) = q.remove(pos, timers, undo)
         {
-            forget_client_id(q, &meta);
+            forget_client_id(q, &meta, undo);
             change.txn.delete(Key::Meta(qid, pos));
             change.txn.delete(Key::Payload(pid));
         }
@@ -308,7 +329,12 @@ impl Broker {
         now: u64,
         change: &mut Change,
     ) -> Result<()> {
-        let State { queues, timers, .. } = st;
+        let State {
+            queues,
+            timers,
+            undo,
+            ..
+        } = st;
         let q = queues
             .get_mut(&qid)
             .ok_or_else(|| QueueError::Unavailable(format!("queue number {qid} vanished")))?;
@@ -318,9 +344,9 @@ impl Broker {
             return Ok(());
         };
         let reason = format!(
-            "head message {} failed {} deliveries (on_poison = PARK_GROUP)",
+            "head message {} failed {} attempts (on_poison = PARK_GROUP)",
             meta.id(),
-            meta.delivery_count()
+            meta.failed_attempts()
         );
         let group = meta.group().unwrap_or_default().to_string();
         change.txn.put_group(
@@ -333,8 +359,8 @@ impl Broker {
         );
         // Parked first, so that releasing the lease does not make the
         // group ready.
-        q.set_parked(gidx, Some((now, reason)));
-        q.release(pos, now, now, timers);
+        q.set_parked(gidx, Some((now, reason)), undo);
+        q.release(pos, now, now, timers, undo);
         tracing::warn!(queue = %q.name, group = %group, message_id = %meta.id(), "FIFO group parked");
         Ok(())
     }
@@ -375,15 +401,20 @@ pub(crate) fn move_message(
     change: &mut Change,
 ) -> Result<Option<(u64, Message)>> {
     let new_pos = st.alloc_pos(&mut change.txn);
-    let State { queues, timers, .. } = st;
+    let State {
+        queues,
+        timers,
+        undo,
+        ..
+    } = st;
     let q = queues
         .get_mut(&m.from)
         .ok_or_else(|| QueueError::Unavailable(format!("queue number {} vanished", m.from)))?;
-    let Some((old, pid)) = q.remove(m.pos, timers) else {
+    let Some((old, pid)) = q.remove(m.pos, timers, undo) else {
         return Ok(None);
     };
-    forget_client_id(q, &meta);
-    *(m.out)(&mut q.counters) += 1;
+    forget_client_id(q, &meta, undo);
+    *(m.out)(q.counters_mut(undo)) += 1;
     let t = queues
         .get_mut(&m.to)
         .ok_or_else(|| QueueError::Unavailable(format!("queue number {} vanished", m.to)))?;
@@ -393,13 +424,10 @@ pub(crate) fn move_message(
         m.delay.unwrap_or(t.config.delivery_delay),
         t.config.kind.is_fifo(),
     );
-    let group = match &mut t.fifo {
-        Some(f) => f.group_index(meta.group().unwrap_or("")),
-        None => 0,
-    };
-    *(m.into)(&mut t.counters) += 1;
+    let group = t.group(meta.group().unwrap_or(""), undo);
+    *(m.into)(t.counters_mut(undo)) += 1;
     if meta.client_id() {
-        t.client_ids.insert(meta.id().to_string(), new_pos);
+        t.set_client_id(meta.id(), new_pos, undo);
     }
     let (state, due) = if meta.visible_at() > now {
         (EntryState::Delayed, meta.visible_at())
@@ -411,6 +439,7 @@ pub(crate) fn move_message(
         Entry::new(state, due, meta.expires_at(), 0, old.size(), group),
         pid,
         timers,
+        undo,
     );
     change.touch(m.from);
     change.touch(m.to);

@@ -34,6 +34,9 @@ pub enum QueueError {
         name: String,
         /// How the existing one differs.
         detail: String,
+        /// For a queue, the values of its configuration that differ, as
+        /// the API names them (`message_ttl_ms`, `dead_letter`, ...).
+        differ: Vec<&'static str>,
     },
     /// The system is not in a state that allows the call.
     #[error("{0}")]

@@ -93,10 +93,11 @@ impl Broker {
                 created_at: now,
                 bindings: BTreeMap::new(),
             };
-            let mut change = Change::default();
-            change.txn.put_exchange(name, &x.record());
-            st.exchanges.insert(name.to_string(), x.clone());
-            (info(name, &x), self.submit(&st, change))
+            self.decide(&mut st, |st, change| {
+                change.txn.put_exchange(name, &x.record());
+                st.exchanges.insert(name.to_string(), x.clone());
+                Ok(info(name, &x))
+            })?
         };
         durable(commit).await?;
         Ok((x, true))
@@ -136,12 +137,14 @@ impl Broker {
     pub async fn delete_exchange(&self, name: &str) -> Result<()> {
         let commit = {
             let mut st = self.lock();
-            if st.exchanges.remove(name).is_none() {
-                return Err(no_exchange(name));
-            }
-            let mut change = Change::default();
-            change.txn.delete(Key::Exchange(name));
-            self.submit(&st, change)
+            let ((), commit) = self.decide(&mut st, |st, change| {
+                if st.exchanges.remove(name).is_none() {
+                    return Err(no_exchange(name));
+                }
+                change.txn.delete(Key::Exchange(name));
+                Ok(())
+            })?;
+            commit
         };
         durable(commit).await
     }
@@ -160,15 +163,15 @@ impl Broker {
         let (x, commit) = {
             let mut st = self.lock();
             check_bindable(&st, queue)?;
-            let x = st
-                .exchanges
-                .get_mut(exchange)
-                .ok_or_else(|| no_exchange(exchange))?;
-            x.bindings.insert(queue.to_string(), filter);
-            let mut change = Change::default();
-            change.txn.put_exchange(exchange, &x.record());
-            let x = info(exchange, x);
-            (x, self.submit(&st, change))
+            self.decide(&mut st, |st, change| {
+                let x = st
+                    .exchanges
+                    .get_mut(exchange)
+                    .ok_or_else(|| no_exchange(exchange))?;
+                x.bindings.insert(queue.to_string(), filter);
+                change.txn.put_exchange(exchange, &x.record());
+                Ok(info(exchange, x))
+            })?
         };
         durable(commit).await?;
         Ok(x)
@@ -178,20 +181,20 @@ impl Broker {
     pub async fn unbind(&self, exchange: &str, queue: &str) -> Result<ExchangeInfo> {
         let (x, commit) = {
             let mut st = self.lock();
-            let x = st
-                .exchanges
-                .get_mut(exchange)
-                .ok_or_else(|| no_exchange(exchange))?;
-            if x.bindings.remove(queue).is_none() {
-                return Err(QueueError::NotFound {
-                    kind: "binding",
-                    name: format!("{exchange} -> {queue}"),
-                });
-            }
-            let mut change = Change::default();
-            change.txn.put_exchange(exchange, &x.record());
-            let x = info(exchange, x);
-            (x, self.submit(&st, change))
+            self.decide(&mut st, |st, change| {
+                let x = st
+                    .exchanges
+                    .get_mut(exchange)
+                    .ok_or_else(|| no_exchange(exchange))?;
+                if x.bindings.remove(queue).is_none() {
+                    return Err(QueueError::NotFound {
+                        kind: "binding",
+                        name: format!("{exchange} -> {queue}"),
+                    });
+                }
+                change.txn.put_exchange(exchange, &x.record());
+                Ok(info(exchange, x))
+            })?
         };
         durable(commit).await?;
         Ok(x)
@@ -254,7 +257,6 @@ impl Broker {
                     dups.insert((qid, *k), d.is_some());
                 }
             }
-            let mut change = Change::default();
             // Negative control: the copies into the first queue routed to
             // go in a transaction of their own, made durable 100 ms before
             // the rest (the crash tests must catch the split).
@@ -263,52 +265,50 @@ impl Broker {
             } else {
                 None
             };
-            let mut first = Change::default();
-            let mut results = Vec::with_capacity(msgs.len());
-            for (i, (m, payload)) in msgs.iter().zip(payloads).enumerate() {
-                let id = match &m.message_id {
-                    Some(id) => (id.clone(), true),
-                    None => (new_message_id(now, st.next_pos), false),
-                };
-                let mut routed_to = Vec::new();
-                for &qid in &routes[i] {
-                    if dups.get(&(qid, i)).copied().unwrap_or(false) {
-                        continue;
-                    }
-                    let target = if split == Some(qid) {
-                        &mut first
-                    } else {
-                        &mut change
+            self.decide(&mut st, |st, change| {
+                let mut first = Change::default();
+                let mut results = Vec::with_capacity(msgs.len());
+                for (i, (m, payload)) in msgs.iter().zip(payloads).enumerate() {
+                    let id = match &m.message_id {
+                        Some(id) => (id.clone(), true),
+                        None => (new_message_id(now, st.next_pos), false),
                     };
-                    store_new(
-                        &mut st,
-                        qid,
-                        m,
-                        id.clone(),
-                        payload.clone(),
-                        &[],
-                        now,
-                        target,
-                    )?;
-                    let q = st.queue(qid)?;
-                    q.counters.published += 1;
-                    routed_to.push(q.name.clone());
-                    target.touch(qid);
-                    target.wake(qid);
+                    let mut routed_to = Vec::new();
+                    for &qid in &routes[i] {
+                        if dups.get(&(qid, i)).copied().unwrap_or(false) {
+                            continue;
+                        }
+                        let target = if split == Some(qid) {
+                            &mut first
+                        } else {
+                            &mut *change
+                        };
+                        store_new(st, qid, m, id.clone(), payload.clone(), &[], now, target)?;
+                        let State { queues, undo, .. } = &mut *st;
+                        let q = queues.get_mut(&qid).ok_or_else(|| {
+                            QueueError::Unavailable(format!("queue number {qid} vanished"))
+                        })?;
+                        q.counters_mut(undo).published += 1;
+                        routed_to.push(q.name.clone());
+                        target.touch(qid);
+                        target.wake(qid);
+                    }
+                    results.push(Published {
+                        message_id: id.0,
+                        duplicate: routed_to.is_empty() && !routes[i].is_empty(),
+                        routed_to,
+                    });
                 }
-                results.push(Published {
-                    message_id: id.0,
-                    duplicate: routed_to.is_empty() && !routes[i].is_empty(),
-                    routed_to,
-                });
-            }
-            if split.is_some()
-                && let Some(c) = self.submit(&st, first)
-            {
-                c.wait_blocking();
-                std::thread::sleep(std::time::Duration::from_millis(100));
-            }
-            (results, self.submit(&st, change))
+                // Nothing fails after this point: the first part may be
+                // submitted on its own.
+                if split.is_some()
+                    && let Some(c) = self.submit(st, first)
+                {
+                    c.wait_blocking();
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                }
+                Ok(results)
+            })?
         };
         Ok(Publishing::new(results, commit))
     }

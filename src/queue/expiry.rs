@@ -56,6 +56,33 @@ impl ExpiryOrder {
         }
     }
 
+    /// Whether a message is in the rising half.
+    pub(crate) fn is_rising(&self, pos: u64) -> bool {
+        self.rising.contains(pos)
+    }
+
+    /// The position and expiry of the last message that joined the rising
+    /// half.
+    pub(crate) fn last(&self) -> (u64, u64) {
+        self.last
+    }
+
+    /// Sets what [`ExpiryOrder::last`] says (putting back the order of a
+    /// failed operation, `undo.rs`).
+    pub(crate) fn set_last(&mut self, last: (u64, u64)) {
+        self.last = last;
+    }
+
+    /// Puts a message back in the half it was in (a failed operation's
+    /// slot, `undo.rs`, with [`ExpiryOrder::set_last`] as it was).
+    pub(crate) fn put_back(&mut self, expires_at: u64, pos: u64, rising: bool) {
+        if rising {
+            self.rising.insert(pos);
+        } else {
+            self.rest.insert((expires_at, pos));
+        }
+    }
+
     /// The order of the given messages, `(expires_at, pos)` in position
     /// order (the rebuild at start): the same as inserting them one by one,
     /// with the B-tree built in bulk.

@@ -97,6 +97,7 @@ impl Broker {
                     .map(|m| m.id().to_string())
                     .unwrap_or_default(),
                 head_delivery_count: meta.as_ref().map_or(0, |m| m.delivery_count()),
+                head_failed_attempts: meta.as_ref().map_or(0, |m| m.failed_attempts()),
             });
         }
         let next = if more {
@@ -136,28 +137,30 @@ impl Broker {
                     "the head of group {group:?} is leased by a consumer; wait for its lease to end"
                 )));
             }
-            let mut change = Change::default();
-            unpark(&mut st, qid, gidx, group, &mut change)?;
-            let meta = self.meta(qid, pos)?;
-            let id = meta.id().to_string();
-            self.dead_letter(
-                &mut st,
-                qid,
-                pos,
-                meta,
-                DeadLetterReason::Skipped,
-                note,
-                now,
-                &mut change,
-            )?;
-            (id, self.submit(&st, change))
+            self.decide(&mut st, |st, change| {
+                unpark(st, qid, gidx, group, change)?;
+                let meta = self.meta(qid, pos)?;
+                let id = meta.id().to_string();
+                self.dead_letter(
+                    st,
+                    qid,
+                    pos,
+                    meta,
+                    DeadLetterReason::Skipped,
+                    note,
+                    now,
+                    change,
+                )?;
+                Ok(id)
+            })?
         };
         durable(commit).await?;
         Ok(id)
     }
 
-    /// Releases a parked FIFO group: its head is deliverable again with a
-    /// fresh delivery count. Returns the head's id.
+    /// Releases a parked FIFO group: its head is deliverable again with no
+    /// failed attempts counted (its deliveries stay counted). Returns the
+    /// head's id.
     pub async fn release_group(&self, queue: &str, group: &str) -> Result<String> {
         let (id, commit) = {
             let mut st = self.lock();
@@ -174,17 +177,18 @@ impl Broker {
                     "group {group:?} of queue {queue:?} is not parked"
                 )));
             }
-            let mut change = Change::default();
-            let mut id = String::new();
-            if let Some(pos) = pos {
-                let mut meta = self.meta(qid, pos)?;
-                meta.reset_deliveries();
-                id = meta.id().to_string();
-                persist::put(&mut change.txn, qid, pos, &meta);
-            }
-            unpark(&mut st, qid, gidx, group, &mut change)?;
-            change.wake(qid);
-            (id, self.submit(&st, change))
+            self.decide(&mut st, |st, change| {
+                let mut id = String::new();
+                if let Some(pos) = pos {
+                    let mut meta = self.meta(qid, pos)?;
+                    meta.reset_failures();
+                    id = meta.id().to_string();
+                    persist::put(&mut change.txn, qid, pos, &meta);
+                }
+                unpark(st, qid, gidx, group, change)?;
+                change.wake(qid);
+                Ok(id)
+            })?
         };
         durable(commit).await?;
         Ok(id)
@@ -212,14 +216,17 @@ fn head_of(q: &QueueState, group: &str) -> Result<(u32, Option<u64>)> {
 }
 
 fn unpark(st: &mut State, qid: u32, gidx: u32, group: &str, change: &mut Change) -> Result<()> {
-    let q = st.queue(qid)?;
+    let State { queues, undo, .. } = st;
+    let q = queues
+        .get_mut(&qid)
+        .ok_or_else(|| QueueError::Unavailable(format!("queue number {qid} vanished")))?;
     let parked = q
         .fifo
         .as_ref()
         .and_then(|f| f.groups.get(&gidx))
         .is_some_and(|g| g.parked.is_some());
     if parked {
-        q.set_parked(gidx, None);
+        q.set_parked(gidx, None, undo);
         change.txn.delete(Key::Group(qid, group));
         change.wake(qid);
     }

@@ -10,9 +10,11 @@
 //! does. A model predicts which of its tokens the engine released (a
 //! failure of an earlier message of the group, SPEC §3) and how many
 //! failed attempts each message had; the checker verifies every settle
-//! outcome against it, that the messages of each group are acknowledged in
-//! publish order (minus the dead-lettered ones), and that only messages
-//! that failed `max_deliveries` times reach the DLQ.
+//! outcome against it, both counts of every delivery (its deliveries, a
+//! release included, and its failed attempts, a release not included),
+//! that the messages of each group are acknowledged in publish order
+//! (minus the dead-lettered ones), and that only messages that failed
+//! `max_deliveries` times reach the DLQ.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
@@ -116,6 +118,8 @@ async fn run(ops: Vec<Op>) -> std::result::Result<(), TestCaseError> {
     let mut published: BTreeMap<u8, u64> = BTreeMap::new();
     // Failed attempts per message, as the model counts them.
     let mut failures: HashMap<(u8, u64), u32> = HashMap::new();
+    // Deliveries per message.
+    let mut deliveries: HashMap<(u8, u64), u32> = HashMap::new();
     let dead_lettered = |b: &Broker| -> BTreeSet<(u8, u64)> {
         b.browse("fdlq", 1000, "")
             .expect("browse")
@@ -186,6 +190,18 @@ async fn run(ops: Vec<Op>) -> std::result::Result<(), TestCaseError> {
                         );
                     }
                     in_batch.insert((g, seq));
+                    // Every delivery counts, a released one included; only
+                    // failures count as failed attempts.
+                    let n = deliveries.entry((g, seq)).or_default();
+                    *n += 1;
+                    prop_assert_eq!(d.delivery_count, *n, "{}-{} deliveries", g, seq);
+                    prop_assert_eq!(
+                        d.failed_attempts,
+                        failures.get(&(g, seq)).copied().unwrap_or(0),
+                        "{}-{} failed attempts",
+                        g,
+                        seq
+                    );
                 }
                 for d in got {
                     let (group, seq) = parse(&d.body);
@@ -291,11 +307,19 @@ async fn run(ops: Vec<Op>) -> std::result::Result<(), TestCaseError> {
         }
     }
     // Only messages that failed max_deliveries times were dead-lettered,
-    // with that count: releases did not count.
+    // with that count: releases did not count as failures, but as
+    // deliveries.
     let b = broker.as_ref().expect("open");
     for m in b.browse("fdlq", 1000, "").expect("browse").messages {
         let (g, seq) = parse(&m.body);
-        prop_assert_eq!(m.dead_letters[0].delivery_count, 3);
+        prop_assert_eq!(m.dead_letters[0].failed_attempts, 3);
+        prop_assert_eq!(
+            m.dead_letters[0].delivery_count,
+            deliveries.get(&(g, seq)).copied().unwrap_or(0),
+            "{}-{} deliveries",
+            g,
+            seq
+        );
         prop_assert_eq!(failures.get(&(g, seq)).copied(), Some(3), "{}-{}", g, seq);
     }
     Ok(())

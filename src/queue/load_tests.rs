@@ -182,7 +182,7 @@ fn dump(st: &State) -> Vec<String> {
 
 /// Every entry of every space the load reads, in the order read.
 fn spaces<S: LoadSource>(src: &S) -> Vec<String> {
-    fn all<T: serde::de::DeserializeOwned + std::fmt::Debug, S: LoadSource>(
+    fn all<T: crate::storage::records::Record + std::fmt::Debug, S: LoadSource>(
         src: &S,
         space: Space,
     ) -> Vec<String> {

@@ -6,10 +6,16 @@
 //! - a delivery is counted by one, and only by a lease or an auto-ack
 //!   take of a message that is not leased ([`Message::lease`],
 //!   [`Message::take`]); the count goes back down only when that lease is
-//!   taken back before anything was handed out, or released because an
-//!   earlier message of its FIFO group failed ([`Message::take_back`],
-//!   [`Message::release`]), or when an operator releases its parked group
-//!   ([`Message::reset_deliveries`]);
+//!   taken back before anything was handed out ([`Message::take_back`]):
+//!   a FIFO release ([`Message::release`]) and an operator's release of a
+//!   parked group leave it. The delivery count is also the current
+//!   lease's epoch;
+//! - a failed attempt is counted by one, and only by a lease that ends
+//!   without an ack ([`Message::fail`]: a nack, a reject, a lease that ran
+//!   out, a stream closed with it); a FIFO release is not one. The failed
+//!   attempts alone decide the move to the dead letter queue, and only an
+//!   operator's release of the message's parked group resets them
+//!   ([`Message::reset_failures`]);
 //! - a lease ends with exactly one attempt in the history (a failure or a
 //!   release), so the lease of epoch `e` is found from the end of the
 //!   history;
@@ -109,10 +115,11 @@ pub(crate) struct Stored {
     pub expires_at: u64,
     /// Not deliverable before this instant.
     pub visible_at: u64,
-    /// Deliveries in this queue so far.
+    /// Deliveries in this queue so far; the current lease's epoch.
     pub delivery_count: u32,
-    /// Leases granted at this position so far.
-    pub leases: u32,
+    /// Failed attempts in this queue since it entered it, or since its
+    /// parked group was last released.
+    pub failed_attempts: u32,
     /// The current lease.
     pub lease: Option<Lease>,
     /// First delivery in this queue, 0 if never.
@@ -139,7 +146,7 @@ pub(crate) struct Message {
     expires_at: u64,
     visible_at: u64,
     delivery_count: u32,
-    leases: u32,
+    failed_attempts: u32,
     lease: Option<Lease>,
     first_delivered_at: u64,
     attempts: Vec<Attempt>,
@@ -160,7 +167,7 @@ impl Message {
             expires_at: p.expires_at,
             visible_at: p.visible_at,
             delivery_count: 0,
-            leases: 0,
+            failed_attempts: 0,
             lease: None,
             first_delivered_at: 0,
             attempts: Vec::new(),
@@ -181,7 +188,7 @@ impl Message {
             expires_at: s.expires_at,
             visible_at: s.visible_at,
             delivery_count: s.delivery_count,
-            leases: s.leases,
+            failed_attempts: s.failed_attempts,
             lease: s.lease,
             first_delivered_at: s.first_delivered_at,
             attempts: s.attempts,
@@ -229,15 +236,18 @@ impl Message {
         self.visible_at
     }
 
-    /// Deliveries in this queue so far.
+    /// Deliveries in this queue so far (leases and auto-ack takes); never
+    /// lowered but by a lease taken back unseen. The current lease's
+    /// epoch: the lease of epoch `e` is the `e`-th.
     pub(crate) fn delivery_count(&self) -> u32 {
         self.delivery_count
     }
 
-    /// Leases granted at this position so far; never lowered but by a
-    /// lease taken back unseen. The current lease's epoch.
-    pub(crate) fn leases(&self) -> u32 {
-        self.leases
+    /// Failed attempts in this queue (nacks, rejects, leases that ran out,
+    /// streams closed with the lease) since it entered it or its parked
+    /// group was last released: what `max_deliveries` counts.
+    pub(crate) fn failed_attempts(&self) -> u32 {
+        self.failed_attempts
     }
 
     /// The current lease, if leased.
@@ -281,23 +291,22 @@ impl Message {
             return Err(Refused::Leased(self.id.clone()));
         }
         self.delivery_count = self.delivery_count.saturating_add(1);
-        self.leases = self.leases.saturating_add(1);
         if self.first_delivered_at == 0 {
             self.first_delivered_at = now;
         }
         Ok(())
     }
 
-    /// Leases the message from `now` until `deadline`: one more delivery
-    /// and one more lease, whose count is the lease's epoch (returned).
+    /// Leases the message from `now` until `deadline`: one more delivery,
+    /// whose count is the lease's epoch (returned).
     pub(crate) fn lease(&mut self, now: u64, deadline: u64) -> Result<u32, Refused> {
         self.count_delivery(now)?;
         self.lease = Some(Lease {
-            epoch: self.leases,
+            epoch: self.delivery_count,
             deadline,
             started: now,
         });
-        Ok(self.leases)
+        Ok(self.delivery_count)
     }
 
     /// Takes the message for an auto-ack delivery (at most once): counted
@@ -307,16 +316,15 @@ impl Message {
     }
 
     /// Takes back the current lease before anything was handed out: the
-    /// delivery and the lease it counted go back down (so the next grant
-    /// reuses the epoch of a token no one saw), and a first delivery made
-    /// `now` is forgotten. Returns false, changing nothing, when the
-    /// message is not leased.
+    /// delivery it counted goes back down (so the next grant reuses the
+    /// epoch of a token no one saw), and a first delivery made `now` is
+    /// forgotten. Returns false, changing nothing, when the message is not
+    /// leased.
     pub(crate) fn take_back(&mut self, now: u64) -> bool {
         if self.lease.take().is_none() {
             return false;
         }
         self.delivery_count = self.delivery_count.saturating_sub(1);
-        self.leases = self.leases.saturating_sub(1);
         if self.delivery_count == 0 && self.first_delivered_at == now {
             self.first_delivered_at = 0;
         }
@@ -340,8 +348,8 @@ impl Message {
     }
 
     /// Ends the current lease without an ack (nack, reject, lease expiry,
-    /// a closed stream): the attempt is recorded. The delivery stays
-    /// counted.
+    /// a closed stream): one more failed attempt, recorded in the history.
+    /// The delivery stays counted.
     pub(crate) fn fail(
         &mut self,
         now: u64,
@@ -354,20 +362,21 @@ impl Message {
         if self.lease.take().is_none() {
             return Err(Refused::NotLeased(self.id.clone()));
         }
+        self.failed_attempts = self.failed_attempts.saturating_add(1);
         self.push_attempt(now, outcome, reason);
         Ok(())
     }
 
-    /// FIFO: ends the current lease because `because_of`, an earlier
-    /// message of its group leased with it, failed first: the delivery is
-    /// not counted (a release never brings a message nearer its dead
-    /// letter queue), the attempt records the release with `reason`, and
-    /// the message is visible again `now`.
+    /// FIFO: ends the current lease because an earlier message of its
+    /// group, leased with it, failed first: the delivery stays counted (it
+    /// reached a consumer), but it is no failed attempt (a release never
+    /// brings a message nearer its dead letter queue); the attempt history
+    /// records the release with `reason`, and the message is visible again
+    /// `now`.
     pub(crate) fn release(&mut self, now: u64, reason: &str) -> Result<(), Refused> {
         if self.lease.take().is_none() {
             return Err(Refused::NotLeased(self.id.clone()));
         }
-        self.delivery_count = self.delivery_count.saturating_sub(1);
         self.visible_at = now;
         self.push_attempt(now, AttemptOutcome::Released, reason);
         Ok(())
@@ -383,16 +392,17 @@ impl Message {
         Ok(())
     }
 
-    /// An operator released its parked FIFO group: it starts again with
-    /// no deliveries counted (its lease history stays).
-    pub(crate) fn reset_deliveries(&mut self) {
-        self.delivery_count = 0;
+    /// An operator released its parked FIFO group: it starts again with no
+    /// failed attempts counted. Its deliveries (and so its lease epochs)
+    /// and its attempt history stay.
+    pub(crate) fn reset_failures(&mut self) {
+        self.failed_attempts = 0;
     }
 
     /// Records a move out of `source` to its dead letter queue `now`, for
     /// `reason` (with an operator's or the engine's `note`): the record
-    /// keeps the delivery count and the last nack reason. The move itself
-    /// is [`Message::enter_queue`].
+    /// keeps both counts and the last nack reason. The move itself is
+    /// [`Message::enter_queue`].
     pub(crate) fn dead_letter(
         &mut self,
         source: String,
@@ -411,6 +421,7 @@ impl Message {
             source_queue: source,
             reason,
             delivery_count: self.delivery_count,
+            failed_attempts: self.failed_attempts,
             last_nack_reason,
             at: now,
             note: note.to_string(),
@@ -419,13 +430,14 @@ impl Message {
     }
 
     /// Starts a new life in another queue (a dead-letter move or a
-    /// redrive), `now`: no deliveries, no lease, no attempts, its time to
-    /// live `ttl` and its delay `delay` counted from now, the queue's time
-    /// to live rather than one of its own, its group kept only into a
-    /// FIFO queue. Its id, payload and dead-letter history go with it.
+    /// redrive), `now`: no deliveries, no failed attempts, no lease, no
+    /// attempts in its history, its time to live `ttl` and its delay
+    /// `delay` counted from now, the queue's time to live rather than one
+    /// of its own, its group kept only into a FIFO queue. Its id, payload
+    /// and dead-letter history go with it.
     pub(crate) fn enter_queue(&mut self, now: u64, ttl: u64, delay: u64, fifo: bool) {
         self.delivery_count = 0;
-        self.leases = 0;
+        self.failed_attempts = 0;
         self.lease = None;
         self.first_delivered_at = 0;
         self.attempts.clear();
@@ -495,7 +507,7 @@ mod tests {
         assert_eq!(m.group(), Some("g"));
         assert_eq!(m.size(), 5);
         assert!(m.own_ttl());
-        assert_eq!((m.delivery_count(), m.leases()), (0, 0));
+        assert_eq!((m.delivery_count(), m.failed_attempts()), (0, 0));
         assert_eq!(m.current_lease(), None);
         assert_eq!(m.first_delivered_at(), 0);
         assert!(m.attempts().is_empty());
@@ -507,7 +519,7 @@ mod tests {
         let mut m = published();
         assert_eq!(m.lease(2_000, 12_000), Ok(1));
         assert_eq!(m.delivery_count(), 1);
-        assert_eq!(m.leases(), 1);
+        assert_eq!(m.failed_attempts(), 0);
         assert_eq!(m.first_delivered_at(), 2_000);
         assert_eq!(
             m.current_lease(),
@@ -519,7 +531,7 @@ mod tests {
         );
         m.fail(3_000, AttemptOutcome::Nacked, "").expect("leased");
         assert_eq!(m.lease(4_000, 14_000), Ok(2));
-        assert_eq!(m.delivery_count(), 2);
+        assert_eq!((m.delivery_count(), m.failed_attempts()), (2, 1));
         // The first delivery stays the first.
         assert_eq!(m.first_delivered_at(), 2_000);
     }
@@ -540,7 +552,7 @@ mod tests {
     fn an_auto_ack_take_counts_a_delivery_without_a_lease() {
         let mut m = published();
         m.take(2_000).expect("not leased");
-        assert_eq!((m.delivery_count(), m.leases()), (1, 1));
+        assert_eq!((m.delivery_count(), m.failed_attempts()), (1, 0));
         assert_eq!(m.first_delivered_at(), 2_000);
         assert_eq!(m.current_lease(), None);
     }
@@ -549,7 +561,7 @@ mod tests {
     fn a_lease_taken_back_unseen_is_not_counted() {
         let mut m = leased(2_000);
         assert!(m.take_back(2_000));
-        assert_eq!((m.delivery_count(), m.leases()), (0, 0));
+        assert_eq!((m.delivery_count(), m.failed_attempts()), (0, 0));
         assert_eq!(m.current_lease(), None);
         assert_eq!(m.first_delivered_at(), 0);
         assert!(m.attempts().is_empty());
@@ -566,7 +578,8 @@ mod tests {
             .expect("leased");
         m.lease(4_000, 5_000).expect("not leased");
         assert!(m.take_back(4_000));
-        assert_eq!((m.delivery_count(), m.leases()), (1, 1));
+        // The failure stays; the delivery taken back unseen does not.
+        assert_eq!((m.delivery_count(), m.failed_attempts()), (1, 1));
         assert_eq!(m.first_delivered_at(), 2_000);
         let mut once = leased(2_000);
         // Taken back at another instant than the grant's: kept.
@@ -598,7 +611,7 @@ mod tests {
         m.fail(3_000, AttemptOutcome::Nacked, "busy")
             .expect("leased");
         assert_eq!(m.current_lease(), None);
-        assert_eq!(m.delivery_count(), 1);
+        assert_eq!((m.delivery_count(), m.failed_attempts()), (1, 1));
         assert_eq!(
             m.attempts(),
             &[Attempt {
@@ -628,15 +641,14 @@ mod tests {
     }
 
     #[test]
-    fn a_release_uncounts_the_delivery_and_makes_the_message_visible() {
+    fn a_release_counts_the_delivery_but_no_failure_and_makes_the_message_visible() {
         let mut m = leased(2_000);
         m.release(3_000, "released: m-0 failed first")
             .expect("leased");
         assert_eq!(m.current_lease(), None);
-        assert_eq!(m.delivery_count(), 0);
-        // The lease count is an epoch: it never goes back for a lease
-        // that was seen.
-        assert_eq!(m.leases(), 1);
+        // The delivery reached a consumer: it stays counted (and it is
+        // the epoch of a token that was seen). It is no failed attempt.
+        assert_eq!((m.delivery_count(), m.failed_attempts()), (1, 0));
         assert_eq!(m.visible_at(), 3_000);
         assert_eq!(m.attempts().len(), 1);
         assert_eq!(m.attempts()[0].outcome, AttemptOutcome::Released);
@@ -664,12 +676,11 @@ mod tests {
     }
 
     #[test]
-    fn releasing_a_parked_group_resets_the_delivery_count_only() {
+    fn releasing_a_parked_group_resets_the_failed_attempts_only() {
         let mut m = leased(2_000);
         m.fail(3_000, AttemptOutcome::Nacked, "no").expect("leased");
-        m.reset_deliveries();
-        assert_eq!(m.delivery_count(), 0);
-        assert_eq!(m.leases(), 1);
+        m.reset_failures();
+        assert_eq!((m.delivery_count(), m.failed_attempts()), (1, 0));
         assert_eq!(m.attempts().len(), 1);
         assert_eq!(m.lease(1_000, 2_000), Ok(2));
     }
@@ -694,6 +705,7 @@ mod tests {
                 source_queue: "orders".to_string(),
                 reason: DeadLetterReason::MaxDeliveries,
                 delivery_count: 2,
+                failed_attempts: 2,
                 // The last reason given, not the last (empty) one.
                 last_nack_reason: "bad input".to_string(),
                 at: 6_000,
@@ -710,7 +722,7 @@ mod tests {
         m.dead_letter("orders".to_string(), DeadLetterReason::Rejected, "", 3_000);
         let mut standard = m.clone();
         m.enter_queue(4_000, 100_000, 0, true);
-        assert_eq!((m.delivery_count(), m.leases()), (0, 0));
+        assert_eq!((m.delivery_count(), m.failed_attempts()), (0, 0));
         assert_eq!(m.current_lease(), None);
         assert_eq!(m.first_delivered_at(), 0);
         assert!(m.attempts().is_empty());
@@ -765,7 +777,7 @@ mod tests {
         Fail(u8),
         Release,
         Visible(u64),
-        Reset,
+        ResetFailures,
         DeadLetter,
         Enter(bool),
     }
@@ -778,7 +790,7 @@ mod tests {
             2 => (0u8..5).prop_map(Op::Fail),
             1 => Just(Op::Release),
             1 => (0u64..100_000).prop_map(Op::Visible),
-            1 => Just(Op::Reset),
+            1 => Just(Op::ResetFailures),
             1 => Just(Op::DeadLetter),
             1 => any::<bool>().prop_map(Op::Enter),
         ]
@@ -786,10 +798,12 @@ mod tests {
 
     proptest! {
         /// Whatever the order of transitions: a delivery is counted by one
-        /// and only by a lease; the lease count never falls below the
-        /// delivery count; every lease that ended left exactly one attempt
-        /// (what finds a released token's attempt from the end); a refused
-        /// transition changes nothing.
+        /// and only by a lease, and goes back down only when that lease is
+        /// taken back unseen; a failed attempt is counted by one and only
+        /// by a failure, and reset only by an operator's release (or a new
+        /// queue); a release counts neither way; every lease that ended
+        /// left exactly one attempt (what finds a released token's attempt
+        /// from the end); a refused transition changes nothing.
         #[test]
         fn transitions_keep_the_counts_and_the_history_in_step(
             ops in proptest::collection::vec(op(), 1..40)
@@ -820,8 +834,8 @@ mod tests {
                     }
                     Op::Release => m.release(now, "released"),
                     Op::Visible(at) => m.visible_from(at),
-                    Op::Reset => {
-                        m.reset_deliveries();
+                    Op::ResetFailures => {
+                        m.reset_failures();
                         Ok(())
                     }
                     Op::DeadLetter => {
@@ -840,18 +854,41 @@ mod tests {
                 match op {
                     Op::Lease(_) => {
                         prop_assert_eq!(m.delivery_count(), before.delivery_count() + 1);
-                        prop_assert_eq!(m.leases(), before.leases() + 1);
-                        prop_assert_eq!(m.current_lease().map(|l| l.epoch), Some(m.leases()));
+                        prop_assert_eq!(m.failed_attempts(), before.failed_attempts());
+                        prop_assert_eq!(m.current_lease().map(|l| l.epoch), Some(m.delivery_count()));
                     }
-                    Op::Fail(_) | Op::Release => ended += 1,
-                    Op::Enter(_) => ended = 0,
-                    _ => prop_assert!(m.delivery_count() <= before.delivery_count()),
+                    Op::Fail(_) => {
+                        ended += 1;
+                        prop_assert_eq!(m.delivery_count(), before.delivery_count());
+                        prop_assert_eq!(m.failed_attempts(), before.failed_attempts() + 1);
+                    }
+                    Op::Release => {
+                        ended += 1;
+                        prop_assert_eq!(m.delivery_count(), before.delivery_count());
+                        prop_assert_eq!(m.failed_attempts(), before.failed_attempts());
+                    }
+                    Op::Enter(_) => {
+                        ended = 0;
+                        prop_assert_eq!((m.delivery_count(), m.failed_attempts()), (0, 0));
+                    }
+                    Op::ResetFailures => {
+                        prop_assert_eq!(m.delivery_count(), before.delivery_count());
+                        prop_assert_eq!(m.failed_attempts(), 0);
+                    }
+                    Op::TakeBack => {
+                        prop_assert!(m.delivery_count() <= before.delivery_count());
+                        prop_assert_eq!(m.failed_attempts(), before.failed_attempts());
+                    }
+                    Op::Extend(_) | Op::Visible(_) | Op::DeadLetter => {
+                        prop_assert_eq!(m.delivery_count(), before.delivery_count());
+                        prop_assert_eq!(m.failed_attempts(), before.failed_attempts());
+                    }
                 }
                 if let Some(l) = m.current_lease() {
                     prop_assert!(l.deadline <= l.started + 300_000);
                 }
-                prop_assert!(m.delivery_count() <= m.leases());
-                prop_assert_eq!(m.leases(), ended + u32::from(m.current_lease().is_some()));
+                prop_assert!(m.failed_attempts() <= m.delivery_count());
+                prop_assert_eq!(m.delivery_count(), ended + u32::from(m.current_lease().is_some()));
                 let kept = usize::try_from(ended).unwrap_or(usize::MAX).min(HISTORY_LIMIT);
                 prop_assert_eq!(m.attempts().len(), kept);
             }

@@ -15,6 +15,19 @@
 //! 4. release the lock and wait for the transaction to be durable before
 //!    answering.
 //!
+//! **All or nothing.** Steps 2 and 3 run in `Broker::decide`: an
+//! operation either ends with its whole change submitted, the indexes
+//! changed with it, or fails leaving the indexes exactly as they were and
+//! nothing submitted. A step can fail after earlier ones changed the
+//! indexes (a batch ack whose third record does not read, a nack whose
+//! second token's message the store disagrees about, a redrive or a
+//! dead-letter move half done); every change to the indexes is recorded
+//! by the transition that makes it (`undo.rs`), and `decide` puts them
+//! back when the operation fails, before the lock is released. So memory
+//! never holds a change the store was not given, and a restart after a
+//! failed operation finds the state the operation found. Nothing after
+//! the submit fails but the wait for durability, which is fail-stop.
+//!
 //! Because the log is ordered, a receive that leases a message whose
 //! publish is not yet durable answers only after the publish is.
 //!
@@ -36,13 +49,16 @@ pub mod model;
 mod persist;
 mod publish;
 pub use publish::Publishing;
+mod receive;
 mod recovery;
 pub mod redrive;
 mod state;
 pub mod subscription;
 mod timers;
 pub mod token;
+mod undo;
 pub mod validate;
+pub mod verify;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
@@ -96,6 +112,9 @@ pub(crate) struct State {
     pub next_pos: u64,
     pub pos_reserved: u64,
     pub next_qid: u32,
+    /// What the current operation changed in the indexes, to put back if
+    /// it fails (`undo.rs`).
+    pub undo: undo::Undo,
 }
 
 impl State {
@@ -117,6 +136,7 @@ impl State {
     /// Hands out the next message position, reserving a new block in the
     /// transaction when the current one is used up.
     pub(crate) fn alloc_pos(&mut self, txn: &mut Txn) -> u64 {
+        self.undo.positions(self.next_pos, self.pos_reserved);
         if self.next_pos >= self.pos_reserved {
             self.pos_reserved = self.next_pos + POS_BLOCK;
             txn.put_sys(SysKey::PosReserved, self.pos_reserved);
@@ -163,7 +183,7 @@ impl Change {
     pub(crate) fn finish(mut self, st: &State) -> Txn {
         for qid in &self.touched {
             if let Some(q) = st.queues.get(qid) {
-                self.txn.put_counters(*qid, &q.counters);
+                self.txn.put_counters(*qid, &(&q.counters).into());
             }
         }
         for qid in &self.woken {
@@ -367,7 +387,34 @@ impl Broker {
         }
     }
 
-    /// Submits a change under the lock and returns its commit.
+    /// Runs one state-changing operation under the lock: `decide` builds
+    /// a fresh change (and changes the indexes, each change recorded in
+    /// `st.undo`). If it succeeds, the change is submitted and its commit
+    /// returned with its result; if it fails, the indexes are put back as
+    /// they were (`State::roll_back`) and nothing is submitted. Every
+    /// state-changing section of the engine runs in here (module docs).
+    pub(crate) fn decide<T>(
+        &self,
+        st: &mut State,
+        decide: impl FnOnce(&mut State, &mut Change) -> Result<T>,
+    ) -> Result<(T, Option<crate::storage::Commit>)> {
+        st.undo.clear();
+        let mut change = Change::default();
+        match decide(st, &mut change) {
+            Ok(out) => {
+                st.undo.clear();
+                Ok((out, self.submit(st, change)))
+            }
+            Err(e) => {
+                st.roll_back();
+                Err(e)
+            }
+        }
+    }
+
+    /// Submits a change under the lock and returns its commit: what
+    /// [`Broker::decide`] does with a change that succeeded (and the
+    /// exchange negative control with its first part).
     pub(crate) fn submit(&self, st: &State, change: Change) -> Option<crate::storage::Commit> {
         let wait = change.answers_from_others;
         let txn = change.finish(st);
@@ -402,6 +449,10 @@ pub(crate) async fn durable(commit: Option<crate::storage::Commit>) -> Result<()
 }
 
 #[cfg(test)]
+mod damage_tests;
+#[cfg(test)]
+mod fifo_rules_tests;
+#[cfg(test)]
 mod fifo_tests;
 #[cfg(test)]
 mod load_tests;
@@ -409,3 +460,5 @@ mod load_tests;
 mod model_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod undo_tests;

@@ -1,8 +1,7 @@
 //! The engine's own types: queue configurations, messages, deliveries,
-//! dead-letter records, figures. No protobuf type appears here, and one
-//! storage type, the queue counters' record ([`QueueCounters`]), which the
-//! engine keeps as it is stored; `server/convert.rs` and the engine's
-//! persistence code translate the rest.
+//! dead-letter records, figures. No protobuf or storage type appears
+//! here; the front ends and the engine's persistence code (`persist.rs`)
+//! translate them.
 //!
 //! Durations and instants are milliseconds (instants since the Unix epoch).
 
@@ -133,7 +132,7 @@ impl PoisonPolicy {
 pub struct DeadLetterPolicy {
     /// The dead letter queue's name.
     pub queue: String,
-    /// Deliveries before the move.
+    /// Failed attempts before the move (a FIFO release is not one).
     pub max_deliveries: u32,
 }
 
@@ -143,8 +142,8 @@ pub struct DeadLetterPolicy {
 pub struct DeadLetterInput {
     /// The dead letter queue's name.
     pub queue: String,
-    /// Deliveries before the move; `None` (or 0, which the wire formats
-    /// send for "not given") takes the default.
+    /// Failed attempts before the move; `None` (or 0, which the wire
+    /// formats send for "not given") takes the default.
     pub max_deliveries: Option<u32>,
 }
 
@@ -170,9 +169,9 @@ pub struct RetryBackoff {
 }
 
 impl RetryBackoff {
-    /// The delay after the `delivery_count`-th failed delivery (1-based).
-    pub fn delay(&self, delivery_count: u32) -> u64 {
-        let exp = i32::try_from(delivery_count.saturating_sub(1).min(64)).unwrap_or(64);
+    /// The delay after the `failed_attempts`-th failed attempt (1-based).
+    pub fn delay(&self, failed_attempts: u32) -> u64 {
+        let exp = i32::try_from(failed_attempts.saturating_sub(1).min(64)).unwrap_or(64);
         let d = self.initial as f64 * self.multiplier.powi(exp);
         if d.is_finite() && d < self.max as f64 {
             // The value is below `max`, a u64: the conversion is exact
@@ -424,8 +423,10 @@ pub struct DeadLetter {
     pub source_queue: String,
     /// Why.
     pub reason: DeadLetterReason,
-    /// Delivery count at the move.
+    /// Deliveries in the source queue at the move.
     pub delivery_count: u32,
+    /// Failed attempts in the source queue at the move.
+    pub failed_attempts: u32,
     /// Last nack reason.
     pub last_nack_reason: String,
     /// When.
@@ -446,8 +447,8 @@ pub enum AttemptOutcome {
     /// The subscribe stream closed.
     StreamClosed,
     /// FIFO: released, not failed: an earlier message of its group, leased
-    /// with it, failed first (the reason names it). Not counted as a
-    /// delivery.
+    /// with it, failed first (the reason names it). Counted as a delivery,
+    /// not as a failed attempt.
     Released,
 }
 
@@ -515,8 +516,11 @@ pub struct Delivery {
     pub properties: Vec<(String, String)>,
     /// Token for ack/nack/extend; `None` for auto-ack.
     pub ack_token: Option<String>,
-    /// Deliveries so far, this one included.
+    /// Deliveries so far in this queue, this one included.
     pub delivery_count: u32,
+    /// Failed attempts so far in this queue (since its parked group was
+    /// last released, if it was).
+    pub failed_attempts: u32,
     /// First publish time.
     pub published_at: u64,
     /// First delivery from this queue.
@@ -533,6 +537,17 @@ pub struct Delivery {
     pub dead_letters: Vec<DeadLetter>,
     /// Recent failed attempts.
     pub attempts: Vec<Attempt>,
+}
+
+/// What a receive with acks riding on it did
+/// ([`crate::queue::Broker::receive_acking`]).
+#[derive(Debug)]
+pub struct AckedReceive {
+    /// One outcome per ack token, in order, durable. Empty without acks.
+    pub acks: Vec<Settled>,
+    /// The deliveries, or why the receive failed after the acks took
+    /// effect.
+    pub received: crate::queue::Result<Vec<Delivery>>,
 }
 
 /// The message a current lease is on (see [`crate::queue::Broker::lease_holder`]).
@@ -587,8 +602,8 @@ pub enum LeaseEnd {
         queue: String,
         /// Why.
         reason: DeadLetterReason,
-        /// Its delivery count in the queue it left.
-        delivery_count: u32,
+        /// Its failed attempts in the queue it left, this one included.
+        failed_attempts: u32,
     },
     /// Its time to live had run out: deleted.
     Expired,
@@ -630,9 +645,30 @@ pub struct QueueStats {
 }
 
 /// A queue's counters since it was created, as the engine keeps them and
-/// as they are stored (one record per queue, written with the change
-/// that moved them): the one declaration of the counters.
-pub use crate::storage::records::CountersRecord as QueueCounters;
+/// answers them. Stored as a `CountersRecord` (one record per queue,
+/// written with the change that moved them), mapped field by field in
+/// `persist.rs`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QueueCounters {
+    /// Messages published into the queue.
+    pub published: u64,
+    /// Messages acknowledged.
+    pub acked: u64,
+    /// Failed attempts.
+    pub nacked: u64,
+    /// Messages expired.
+    pub expired: u64,
+    /// Messages moved out to the DLQ.
+    pub dead_lettered: u64,
+    /// Messages moved in from source queues.
+    pub dead_letters_received: u64,
+    /// Messages deleted by purges.
+    pub purged: u64,
+    /// Messages moved out by redrives.
+    pub redriven: u64,
+    /// Messages moved in by redrives.
+    pub redrive_received: u64,
+}
 
 /// Where a message stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -676,8 +712,11 @@ pub struct BrowsedMessage {
     pub properties: Vec<(String, String)>,
     /// Where it stands.
     pub state: MessageState,
-    /// Deliveries so far.
+    /// Deliveries so far in this queue.
     pub delivery_count: u32,
+    /// Failed attempts so far in this queue (since its parked group was
+    /// last released, if it was).
+    pub failed_attempts: u32,
     /// First publish time.
     pub published_at: u64,
     /// When it entered this queue.
@@ -752,4 +791,6 @@ pub struct GroupInfo {
     pub head_message_id: String,
     /// Head delivery count.
     pub head_delivery_count: u32,
+    /// Head failed attempts (since the group was last released).
+    pub head_failed_attempts: u32,
 }

@@ -4,13 +4,15 @@
 //! by field, and reading and writing it through the store.
 
 use crate::storage::records::LeaseRecord;
-use crate::storage::records::{AttemptRecord, DeadLetterRec, MetaRecord, QueueRecord};
+use crate::storage::records::{
+    AttemptRecord, CountersRecord, DeadLetterRec, MetaRecord, QueueRecord,
+};
 use crate::storage::{AnyBackend, LoadSource, OwnedKey, Space, Store, Txn};
 
 use super::message::{Lease, Message, Stored};
 use super::model::{
     Attempt, AttemptOutcome, DeadLetter, DeadLetterPolicy, DeadLetterReason, PoisonPolicy,
-    QueueConfig, QueueKind, RetryBackoff,
+    QueueConfig, QueueCounters, QueueKind, RetryBackoff,
 };
 
 pub(crate) fn queue_record(qid: u32, created_at: u64, c: &QueueConfig) -> QueueRecord {
@@ -113,7 +115,7 @@ pub(crate) fn message(r: MetaRecord) -> Message {
         expires_at: r.expires_at,
         visible_at: r.visible_at,
         delivery_count: r.delivery_count,
-        leases: r.leases,
+        failed_attempts: r.failed_attempts,
         lease: r.lease.map(|l| Lease {
             epoch: l.epoch,
             deadline: l.deadline,
@@ -136,6 +138,7 @@ pub(crate) fn message(r: MetaRecord) -> Message {
                 source_queue: d.source_queue,
                 reason: reason(d.reason),
                 delivery_count: d.delivery_count,
+                failed_attempts: d.failed_attempts,
                 last_nack_reason: d.last_nack_reason,
                 at: d.at,
                 note: d.note,
@@ -157,7 +160,7 @@ pub(crate) fn meta_record(m: &Message) -> MetaRecord {
         expires_at: m.expires_at(),
         visible_at: m.visible_at(),
         delivery_count: m.delivery_count(),
-        leases: m.leases(),
+        failed_attempts: m.failed_attempts(),
         lease: m.current_lease().map(|l| LeaseRecord {
             epoch: l.epoch,
             deadline: l.deadline,
@@ -180,6 +183,7 @@ pub(crate) fn meta_record(m: &Message) -> MetaRecord {
                 source_queue: d.source_queue.clone(),
                 reason: reason_code(d.reason),
                 delivery_count: d.delivery_count,
+                failed_attempts: d.failed_attempts,
                 last_nack_reason: d.last_nack_reason.clone(),
                 at: d.at,
                 note: d.note.clone(),
@@ -235,6 +239,60 @@ pub(crate) fn scan<S: LoadSource>(
         .map(|item| item.map(|(key, rec)| (key, message(rec))))
 }
 
+impl From<&CountersRecord> for QueueCounters {
+    fn from(r: &CountersRecord) -> QueueCounters {
+        let CountersRecord {
+            published,
+            acked,
+            nacked,
+            expired,
+            dead_lettered,
+            dead_letters_received,
+            purged,
+            redriven,
+            redrive_received,
+        } = *r;
+        QueueCounters {
+            published,
+            acked,
+            nacked,
+            expired,
+            dead_lettered,
+            dead_letters_received,
+            purged,
+            redriven,
+            redrive_received,
+        }
+    }
+}
+
+impl From<&QueueCounters> for CountersRecord {
+    fn from(c: &QueueCounters) -> CountersRecord {
+        let QueueCounters {
+            published,
+            acked,
+            nacked,
+            expired,
+            dead_lettered,
+            dead_letters_received,
+            purged,
+            redriven,
+            redrive_received,
+        } = *c;
+        CountersRecord {
+            published,
+            acked,
+            nacked,
+            expired,
+            dead_lettered,
+            dead_letters_received,
+            purged,
+            redriven,
+            redrive_received,
+        }
+    }
+}
+
 #[cfg(test)]
 mod message_tests {
     use super::*;
@@ -253,17 +311,25 @@ mod message_tests {
         (
             ".{0,8}",
             1u8..=5,
-            any::<u32>(),
+            (any::<u32>(), any::<u32>()),
             ".{0,8}",
             any::<u64>(),
             ".{0,8}",
         )
             .prop_map(
-                |(source_queue, reason, delivery_count, last_nack_reason, at, note)| {
+                |(
+                    source_queue,
+                    reason,
+                    (delivery_count, failed_attempts),
+                    last_nack_reason,
+                    at,
+                    note,
+                )| {
                     DeadLetterRec {
                         source_queue,
                         reason,
                         delivery_count,
+                        failed_attempts,
                         last_nack_reason,
                         at,
                         note,
@@ -298,7 +364,7 @@ mod message_tests {
         )
             .prop_map(
                 |(
-                    (pid, message_id, client_id, enqueued_at, expires_at, visible_at, dc, leases),
+                    (pid, message_id, client_id, enqueued_at, expires_at, visible_at, dc, failed),
                     (lease, first, attempts, dead_letters, group, size, own_ttl),
                 )| MetaRecord {
                     pid,
@@ -308,7 +374,7 @@ mod message_tests {
                     expires_at,
                     visible_at,
                     delivery_count: dc,
-                    leases,
+                    failed_attempts: failed,
                     lease: lease.map(|(epoch, deadline, started)| LeaseRecord {
                         epoch,
                         deadline,
@@ -333,7 +399,7 @@ mod message_tests {
             prop_assert_eq!(m.pid(), rec.pid);
             prop_assert_eq!(m.id(), rec.message_id.as_str());
             prop_assert_eq!(m.delivery_count(), rec.delivery_count);
-            prop_assert_eq!(m.leases(), rec.leases);
+            prop_assert_eq!(m.failed_attempts(), rec.failed_attempts);
             prop_assert_eq!(m.attempts().len(), rec.attempts.len());
             prop_assert_eq!(m.dead_letters().len(), rec.dead_letters.len());
             let back = meta_record(&m);
@@ -356,7 +422,7 @@ mod message_tests {
             expires_at: 3,
             visible_at: 4,
             delivery_count: 5,
-            leases: 6,
+            failed_attempts: 6,
             lease: Some(LeaseRecord {
                 epoch: 7,
                 deadline: 8,
@@ -372,6 +438,7 @@ mod message_tests {
                 source_queue: "src".to_string(),
                 reason: 4,
                 delivery_count: 12,
+                failed_attempts: 15,
                 last_nack_reason: "last".to_string(),
                 at: 13,
                 note: "note".to_string(),
@@ -391,7 +458,10 @@ mod message_tests {
             ),
             (1, "id", true, 2, 3)
         );
-        assert_eq!((m.visible_at(), m.delivery_count(), m.leases()), (4, 5, 6));
+        assert_eq!(
+            (m.visible_at(), m.delivery_count(), m.failed_attempts()),
+            (4, 5, 6)
+        );
         assert_eq!(
             m.current_lease(),
             Some(Lease {
@@ -415,6 +485,7 @@ mod message_tests {
                 source_queue: "src".to_string(),
                 reason: DeadLetterReason::Skipped,
                 delivery_count: 12,
+                failed_attempts: 15,
                 last_nack_reason: "last".to_string(),
                 at: 13,
                 note: "note".to_string(),
@@ -482,5 +553,35 @@ mod tests {
         // Any other number reads as standard, as a start always took it.
         assert_eq!(QueueKind::from_code(0), QueueKind::Standard);
         assert_eq!(QueueKind::from_code(9), QueueKind::Standard);
+    }
+
+    #[test]
+    fn counters_map_to_their_record_and_back_field_by_field() {
+        let c = QueueCounters {
+            published: 1,
+            acked: 2,
+            nacked: 3,
+            expired: 4,
+            dead_lettered: 5,
+            dead_letters_received: 6,
+            purged: 7,
+            redriven: 8,
+            redrive_received: 9,
+        };
+        let r = CountersRecord::from(&c);
+        assert_eq!(
+            (r.published, r.acked, r.nacked, r.expired, r.dead_lettered),
+            (1, 2, 3, 4, 5)
+        );
+        assert_eq!(
+            (
+                r.dead_letters_received,
+                r.purged,
+                r.redriven,
+                r.redrive_received
+            ),
+            (6, 7, 8, 9)
+        );
+        assert_eq!(QueueCounters::from(&r), c);
     }
 }

@@ -103,47 +103,41 @@ impl Broker {
             let at: Vec<usize> = (0..msgs.len()).collect();
             let dups = self.admit(q, &msgs, &at, &keys, now, None)?;
             let new_count = dups.iter().filter(|d| d.is_none()).count() as u64;
-            let mut change = Change::default();
-            let mut results: Vec<Published> = Vec::with_capacity(msgs.len());
-            for (i, (m, payload)) in msgs.iter().zip(payloads).enumerate() {
-                let first = match &dups[i] {
-                    Some(Dup::Stored(id)) => Some(id.clone()),
-                    Some(Dup::Earlier(j)) => results.get(*j).map(|r| r.message_id.clone()),
-                    None => None,
-                };
-                if let Some(message_id) = first {
+            self.decide(&mut st, |st, change| {
+                let mut results: Vec<Published> = Vec::with_capacity(msgs.len());
+                for (i, (m, payload)) in msgs.iter().zip(payloads).enumerate() {
+                    let first = match &dups[i] {
+                        Some(Dup::Stored(id)) => Some(id.clone()),
+                        Some(Dup::Earlier(j)) => results.get(*j).map(|r| r.message_id.clone()),
+                        None => None,
+                    };
+                    if let Some(message_id) = first {
+                        results.push(Published {
+                            message_id,
+                            duplicate: true,
+                            routed_to: Vec::new(),
+                        });
+                        continue;
+                    }
+                    let id = match &m.message_id {
+                        Some(id) => (id.clone(), true),
+                        None => (new_message_id(now, st.next_pos), false),
+                    };
+                    store_new(st, qid, m, id.clone(), payload, &keys[i], now, change)?;
                     results.push(Published {
-                        message_id,
-                        duplicate: true,
+                        message_id: id.0,
+                        duplicate: false,
                         routed_to: Vec::new(),
                     });
-                    continue;
                 }
-                let id = match &m.message_id {
-                    Some(id) => (id.clone(), true),
-                    None => (new_message_id(now, st.next_pos), false),
-                };
-                store_new(
-                    &mut st,
-                    qid,
-                    m,
-                    id.clone(),
-                    payload,
-                    &keys[i],
-                    now,
-                    &mut change,
-                )?;
-                results.push(Published {
-                    message_id: id.0,
-                    duplicate: false,
-                    routed_to: Vec::new(),
-                });
-            }
-            let q = st.queue(qid)?;
-            q.counters.published += new_count;
-            change.touch(qid);
-            change.wake(qid);
-            (results, self.submit(&st, change))
+                let State { queues, undo, .. } = st;
+                if let Some(q) = queues.get_mut(&qid) {
+                    q.counters_mut(undo).published += new_count;
+                }
+                change.touch(qid);
+                change.wake(qid);
+                Ok(results)
+            })?
         };
         Ok(Publishing::new(results, commit))
     }
@@ -217,7 +211,12 @@ pub(crate) fn store_new(
     change: &mut Change,
 ) -> Result<()> {
     let pos = st.alloc_pos(&mut change.txn);
-    let State { queues, timers, .. } = st;
+    let State {
+        queues,
+        timers,
+        undo,
+        ..
+    } = st;
     let q = queues
         .get_mut(&qid)
         .ok_or_else(|| QueueError::Unavailable(format!("queue number {qid} vanished")))?;
@@ -226,10 +225,7 @@ pub(crate) fn store_new(
     let visible_at = now + delay;
     let expires_at = now + m.ttl.unwrap_or(q.config.message_ttl);
     let size = u32::try_from(m.body.len()).unwrap_or(u32::MAX);
-    let group = match &mut q.fifo {
-        Some(f) => f.group_index(m.group_id.as_deref().unwrap_or("")),
-        None => 0,
-    };
+    let group = q.group(m.group_id.as_deref().unwrap_or(""), undo);
     let meta = Message::publish(Publication {
         pid: pos,
         id: message_id.clone(),
@@ -247,17 +243,12 @@ pub(crate) fn store_new(
     change.txn.put_payload(pos, payload);
     persist::put_new(&mut change.txn, qid, pos, &meta);
     if client_id {
-        q.client_ids.insert(message_id.clone(), pos);
+        q.set_client_id(&message_id, pos, undo);
     }
-    if let Some(f) = &mut q.fifo
-        && q.config.dedup_window > 0
-    {
+    if q.fifo.is_some() && q.config.dedup_window > 0 {
         let until = now + q.config.dedup_window;
         for k in keys {
-            if let Some((_, old)) = f.dedup.insert(k.clone(), (message_id.clone(), until)) {
-                f.dedup_expiry.remove(&(old, k.clone()));
-            }
-            f.dedup_expiry.insert((until, k.clone()));
+            q.remember_dedup(k, &message_id, until, undo);
             change.txn.put_dedup(
                 qid,
                 k,
@@ -278,6 +269,7 @@ pub(crate) fn store_new(
         Entry::new(state, due, expires_at, 0, size, group),
         pos,
         timers,
+        undo,
     );
     Ok(())
 }

@@ -50,7 +50,7 @@ pub(crate) fn load<S: LoadSource>(store: &S, now: u64) -> Result<(State, Txn)> {
         if let OwnedKey::Counters(qid) = key
             && let Some(q) = st.queues.get_mut(&qid)
         {
-            q.counters = rec;
+            q.counters = (&rec).into();
         }
     }
     for item in store.scan::<ExchangeRecord>(Space::Exchanges) {
@@ -127,7 +127,7 @@ pub(crate) fn load<S: LoadSource>(store: &S, now: u64) -> Result<(State, Txn)> {
             state,
             due,
             meta.expires_at(),
-            meta.leases(),
+            meta.delivery_count(),
             meta.size(),
             group,
         );

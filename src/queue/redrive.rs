@@ -13,7 +13,7 @@
 //! FIFO messages keep their group, and their order.
 
 use std::future::Future;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::storage::Key;
 
@@ -141,52 +141,70 @@ impl Broker {
                 .take(scan)
                 .map(|(p, e)| (p, e.state()))
                 .collect();
-            let mut step = RedriveStep {
+            let step = RedriveStep {
                 next: (chunk.len() == scan).then(|| chunk.last().map_or(end, |(p, _)| p + 1)),
                 ..RedriveStep::default()
             };
-            let mut change = Change::default();
-            for (pos, state) in chunk {
-                if step.moved >= budget {
-                    step.next = Some(pos);
-                    break;
-                }
-                step.scanned += 1;
-                let meta = self.meta(qid, pos)?;
-                if !selected(spec, &meta) {
-                    continue;
-                }
-                step.matched += 1;
-                let target = match &spec.target {
-                    Some(t) => Some(t.clone()),
-                    None => meta.dead_letters().last().map(|d| d.source_queue.clone()),
-                };
-                let tqid = target.as_deref().and_then(|t| st.names.get(t).copied());
-                let tkind = tqid.and_then(|t| st.queues.get(&t)).map(|t| t.config.kind);
-                let skip = match (target.is_some(), tqid, tkind) {
-                    (false, _, _) => Some(&mut step.skipped_no_source),
-                    (true, None, _) | (true, Some(_), None) => Some(&mut step.skipped_no_target),
-                    (true, Some(t), _) if t == qid => Some(&mut step.skipped_no_target),
-                    (true, Some(_), Some(k)) if k != kind => Some(&mut step.skipped_other_kind),
-                    _ if state == EntryState::Leased => Some(&mut step.skipped_leased),
-                    _ => None,
-                };
-                if let Some(reason) = skip {
-                    *reason += 1;
-                    step.skipped += 1;
-                    continue;
-                }
-                let Some(tqid) = tqid else {
-                    continue;
-                };
-                if !spec.dry_run {
-                    move_back(&mut st, qid, pos, tqid, meta, now, &mut change)?;
-                }
-                step.moved += u64::from(!spec.dry_run);
-            }
-            (step, self.submit(&st, change))
+            self.decide(&mut st, |st, change| {
+                self.redrive_chunk(st, spec, qid, kind, chunk, step, budget, now, change)
+            })?
         };
         durable(commit).await?;
+        Ok(step)
+    }
+
+    /// The moves of one redrive step, under the lock.
+    #[allow(clippy::too_many_arguments)]
+    fn redrive_chunk(
+        &self,
+        st: &mut State,
+        spec: &RedriveSpec,
+        qid: u32,
+        kind: super::model::QueueKind,
+        chunk: Vec<(u64, EntryState)>,
+        mut step: RedriveStep,
+        budget: u64,
+        now: u64,
+        change: &mut Change,
+    ) -> Result<RedriveStep> {
+        for (pos, state) in chunk {
+            if step.moved >= budget {
+                step.next = Some(pos);
+                break;
+            }
+            step.scanned += 1;
+            let meta = self.meta(qid, pos)?;
+            if !selected(spec, &meta) {
+                continue;
+            }
+            step.matched += 1;
+            let target = match &spec.target {
+                Some(t) => Some(t.clone()),
+                None => meta.dead_letters().last().map(|d| d.source_queue.clone()),
+            };
+            let tqid = target.as_deref().and_then(|t| st.names.get(t).copied());
+            let tkind = tqid.and_then(|t| st.queues.get(&t)).map(|t| t.config.kind);
+            let skip = match (target.is_some(), tqid, tkind) {
+                (false, _, _) => Some(&mut step.skipped_no_source),
+                (true, None, _) | (true, Some(_), None) => Some(&mut step.skipped_no_target),
+                (true, Some(t), _) if t == qid => Some(&mut step.skipped_no_target),
+                (true, Some(_), Some(k)) if k != kind => Some(&mut step.skipped_other_kind),
+                _ if state == EntryState::Leased => Some(&mut step.skipped_leased),
+                _ => None,
+            };
+            if let Some(reason) = skip {
+                *reason += 1;
+                step.skipped += 1;
+                continue;
+            }
+            let Some(tqid) = tqid else {
+                continue;
+            };
+            if !spec.dry_run {
+                move_back(st, qid, pos, tqid, meta, now, change)?;
+            }
+            step.moved += u64::from(!spec.dry_run);
+        }
         Ok(step)
     }
 }
@@ -229,10 +247,10 @@ impl Broker {
         rate: u32,
         sink: &mut impl RedriveSink,
     ) -> (RedriveStep, RedriveEnd) {
-        let started = Instant::now();
+        let started = self.clock.monotonic();
         let mut total = RedriveStep::default();
         let mut cursor = 0u64;
-        let mut reported = Instant::now();
+        let mut reported = started;
         loop {
             if self.is_closing() {
                 return (total, RedriveEnd::ShutDown);
@@ -262,13 +280,14 @@ impl Broker {
             if rate > 0 && step.moved > 0 {
                 // Hold the pace: `moved` messages take moved/rate seconds.
                 let due = Duration::from_secs_f64(total.moved as f64 / f64::from(rate));
-                let elapsed = started.elapsed();
+                let elapsed = self.clock.monotonic() - started;
                 if due > elapsed {
                     tokio::time::sleep(due - elapsed).await;
                 }
             }
-            if reported.elapsed() >= Duration::from_millis(200) {
-                reported = Instant::now();
+            let now = self.clock.monotonic();
+            if now - reported >= Duration::from_millis(200) {
+                reported = now;
                 if !sink.progress(&total).await {
                     return (total, RedriveEnd::Cancelled);
                 }

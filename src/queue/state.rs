@@ -7,8 +7,13 @@
 //!
 //! Every change of a message's state goes through one of the transition
 //! methods of [`QueueState`] (`add`, `remove`, `lease`, `release`,
-//! `make_visible`, `set_deadline`), which keep all indexes and counts in
-//! step.
+//! `make_visible`, `set_deadline`, `set_epoch`, `set_parked`), which keep
+//! all indexes and counts in step, and so do the changes of a queue's
+//! counters, client ids, FIFO groups and dedup entries (`counters_mut`,
+//! `set_client_id`, `forget_client_id`, `group`, `remember_dedup`,
+//! `forget_dedup`). Each records what it changes in the operation's
+//! [`Undo`] first (`undo.rs`), so that a failed operation leaves the
+//! indexes as they were. Only the load at start builds them unrecorded.
 //!
 //! Cost per queued message (64-bit): the entry map (an [`Entry`] is 24
 //! bytes, kept in chunks of 64 positions with under a byte besides when
@@ -30,6 +35,7 @@ use super::entries::EntryMap;
 use super::expiry::ExpiryOrder;
 use super::model::QueueCounters;
 use super::model::{QueueConfig, QueueKind};
+use super::undo::Undo;
 
 /// A message's hot fields, packed into 24 bytes (the entry map holds one
 /// per queued message): the two instants as 48-bit milliseconds (up to
@@ -185,18 +191,19 @@ pub(crate) struct Group {
 pub(crate) struct Fifo {
     pub groups: HashMap<u32, Group>,
     pub ids: HashMap<String, u32>,
-    next_index: u32,
+    pub(super) next_index: u32,
     /// Ready groups in rotation order: a group that becomes ready joins at
     /// the back, so one busy group cannot starve the others.
     pub ready: BTreeSet<(u64, u32)>,
-    next_ready: u64,
+    pub(super) next_ready: u64,
     /// Dedup entries: key → (message id, expiry), and their expiry order.
     pub dedup: HashMap<Vec<u8>, (String, u64)>,
     pub dedup_expiry: BTreeSet<(u64, Vec<u8>)>,
 }
 
 impl Fifo {
-    /// The index of a group, creating it if needed.
+    /// The index of a group, creating it if needed, unrecorded: the load
+    /// at start (operations use [`QueueState::group`]).
     pub(crate) fn group_index(&mut self, id: &str) -> u32 {
         if let Some(&i) = self.ids.get(id) {
             return i;
@@ -322,12 +329,45 @@ impl QueueState {
     }
 
     /// Adds a message whose payload is number `pid`.
-    pub(crate) fn add(&mut self, pos: u64, e: Entry, pid: u64, timers: &mut Timers) {
+    pub(crate) fn add(
+        &mut self,
+        pos: u64,
+        e: Entry,
+        pid: u64,
+        timers: &mut Timers,
+        undo: &mut Undo,
+    ) {
+        undo.slot(self, pos);
+        undo.group(self, e.group());
         self.msgs.insert(pos, e);
         if pid != pos {
             self.pids.insert(pos, pid);
         }
         self.expiry.insert(e.expires_at(), pos);
+        self.index_entry(pos, e, timers);
+    }
+
+    /// A slot put back as it was before a failed operation (`undo.rs`):
+    /// [`QueueState::add`] unrecorded, its expiry in the half of the
+    /// expiry order it was in.
+    pub(super) fn put_back(
+        &mut self,
+        pos: u64,
+        e: Entry,
+        pid: u64,
+        rising: bool,
+        timers: &mut Timers,
+    ) {
+        self.msgs.insert(pos, e);
+        if pid != pos {
+            self.pids.insert(pos, pid);
+        }
+        self.expiry.put_back(e.expires_at(), pos, rising);
+        self.index_entry(pos, e, timers);
+    }
+
+    /// Indexes a new entry: the ready set, its timer, its group.
+    fn index_entry(&mut self, pos: u64, e: Entry, timers: &mut Timers) {
         match e.state() {
             EntryState::Ready => {
                 if self.fifo.is_none() {
@@ -362,7 +402,12 @@ impl QueueState {
     pub(crate) fn add_all(&mut self, entries: Vec<(u64, Entry, u64)>, timers: &mut Timers) {
         if self.fifo.is_some() || !self.msgs.is_empty() {
             for (pos, e, pid) in entries {
-                self.add(pos, e, pid, timers);
+                self.msgs.insert(pos, e);
+                if pid != pos {
+                    self.pids.insert(pos, pid);
+                }
+                self.expiry.insert(e.expires_at(), pos);
+                self.index_entry(pos, e, timers);
             }
             return;
         }
@@ -393,7 +438,19 @@ impl QueueState {
     }
 
     /// Removes a message, returning its entry and its payload number.
-    pub(crate) fn remove(&mut self, pos: u64, timers: &mut Timers) -> Option<(Entry, u64)> {
+    pub(crate) fn remove(
+        &mut self,
+        pos: u64,
+        timers: &mut Timers,
+        undo: &mut Undo,
+    ) -> Option<(Entry, u64)> {
+        undo.slot(self, pos);
+        self.remove_entry(pos, timers)
+    }
+
+    /// [`QueueState::remove`] unrecorded: a failed operation's slot taken
+    /// out before it is put back (`undo.rs`).
+    pub(super) fn remove_entry(&mut self, pos: u64, timers: &mut Timers) -> Option<(Entry, u64)> {
         let e = self.msgs.remove(pos)?;
         let pid = self.pids.remove(&pos).unwrap_or(pos);
         self.expiry.remove(e.expires_at(), pos);
@@ -423,7 +480,15 @@ impl QueueState {
     }
 
     /// Leases a ready message until `deadline` with the given epoch.
-    pub(crate) fn lease(&mut self, pos: u64, deadline: u64, epoch: u32, timers: &mut Timers) {
+    pub(crate) fn lease(
+        &mut self,
+        pos: u64,
+        deadline: u64,
+        epoch: u32,
+        timers: &mut Timers,
+        undo: &mut Undo,
+    ) {
+        undo.slot(self, pos);
         let Some(e) = self.msgs.get_mut(pos) else {
             return;
         };
@@ -445,7 +510,15 @@ impl QueueState {
 
     /// Ends a lease: the message is ready again, or delayed until
     /// `visible_at` if that is after `now`.
-    pub(crate) fn release(&mut self, pos: u64, visible_at: u64, now: u64, timers: &mut Timers) {
+    pub(crate) fn release(
+        &mut self,
+        pos: u64,
+        visible_at: u64,
+        now: u64,
+        timers: &mut Timers,
+        undo: &mut Undo,
+    ) {
+        undo.slot(self, pos);
         let Some(e) = self.msgs.get_mut(pos) else {
             return;
         };
@@ -476,7 +549,8 @@ impl QueueState {
     }
 
     /// A delayed message becomes visible.
-    pub(crate) fn make_visible(&mut self, pos: u64, timers: &mut Timers) {
+    pub(crate) fn make_visible(&mut self, pos: u64, timers: &mut Timers, undo: &mut Undo) {
+        undo.slot(self, pos);
         let Some(e) = self.msgs.get_mut(pos) else {
             return;
         };
@@ -495,7 +569,14 @@ impl QueueState {
     }
 
     /// Moves a lease deadline.
-    pub(crate) fn set_deadline(&mut self, pos: u64, deadline: u64, timers: &mut Timers) {
+    pub(crate) fn set_deadline(
+        &mut self,
+        pos: u64,
+        deadline: u64,
+        timers: &mut Timers,
+        undo: &mut Undo,
+    ) {
+        undo.slot(self, pos);
         let Some(e) = self.msgs.get_mut(pos) else {
             return;
         };
@@ -507,14 +588,80 @@ impl QueueState {
         timers.insert((e.due(), self.qid, pos));
     }
 
+    /// Sets the epoch of a message's entry.
+    pub(crate) fn set_epoch(&mut self, pos: u64, epoch: u32, undo: &mut Undo) {
+        undo.slot(self, pos);
+        if let Some(e) = self.msgs.get_mut(pos) {
+            e.set_epoch(epoch);
+        }
+    }
+
     /// Parks or unparks a FIFO group (and refreshes its readiness).
-    pub(crate) fn set_parked(&mut self, gidx: u32, parked: Option<(u64, String)>) {
+    pub(crate) fn set_parked(&mut self, gidx: u32, parked: Option<(u64, String)>, undo: &mut Undo) {
+        undo.group(self, gidx);
         if let Some(f) = &mut self.fifo {
             if let Some(g) = f.groups.get_mut(&gidx) {
                 g.parked = parked;
             }
             f.refresh(gidx, &self.msgs);
         }
+    }
+
+    /// FIFO: the index of a group, creating it if needed; 0 for a
+    /// standard queue.
+    pub(crate) fn group(&mut self, id: &str, undo: &mut Undo) -> u32 {
+        let Some(f) = &self.fifo else { return 0 };
+        if let Some(&i) = f.ids.get(id) {
+            return i;
+        }
+        undo.group(self, f.next_index + 1);
+        self.fifo.as_mut().map_or(0, |f| f.group_index(id))
+    }
+
+    /// The queue's counters, to change.
+    pub(crate) fn counters_mut(&mut self, undo: &mut Undo) -> &mut QueueCounters {
+        undo.queue(self);
+        &mut self.counters
+    }
+
+    /// Indexes a client-chosen message id at a position.
+    pub(crate) fn set_client_id(&mut self, id: &str, pos: u64, undo: &mut Undo) {
+        undo.client_id(self, id);
+        self.client_ids.insert(id.to_string(), pos);
+    }
+
+    /// Forgets a client-chosen message id.
+    pub(crate) fn forget_client_id(&mut self, id: &str, undo: &mut Undo) {
+        if self.client_ids.contains_key(id) {
+            undo.client_id(self, id);
+            self.client_ids.remove(id);
+        }
+    }
+
+    /// FIFO: remembers a dedup key for the message `id` until `until`.
+    pub(crate) fn remember_dedup(&mut self, key: &[u8], id: &str, until: u64, undo: &mut Undo) {
+        undo.dedup(self, key);
+        if let Some(f) = &mut self.fifo {
+            if let Some((_, old)) = f.dedup.insert(key.to_vec(), (id.to_string(), until)) {
+                f.dedup_expiry.remove(&(old, key.to_vec()));
+            }
+            f.dedup_expiry.insert((until, key.to_vec()));
+        }
+    }
+
+    /// FIFO: the dedup key `key` whose window ends at `at` runs out; true
+    /// when its entry was forgotten (not remembered again since).
+    pub(crate) fn forget_dedup(&mut self, at: u64, key: &[u8], undo: &mut Undo) -> bool {
+        undo.dedup(self, key);
+        let Some(f) = &mut self.fifo else {
+            return false;
+        };
+        f.dedup_expiry.remove(&(at, key.to_vec()));
+        if f.dedup.get(key).is_some_and(|(_, until)| *until == at) {
+            f.dedup.remove(key);
+            return true;
+        }
+        false
     }
 
     /// Messages deliverable now (FIFO: visible, unleased, not parked).
@@ -653,7 +800,7 @@ mod tests {
                 }
             }
             for (pos, e, pid) in entries() {
-                one.add(pos, e, pid, &mut t1);
+                one.add(pos, e, pid, &mut t1, &mut Undo::default());
             }
             all.add_all(entries(), &mut t2);
             assert_eq!(one.msgs, all.msgs, "{kind:?}");
@@ -670,7 +817,7 @@ mod tests {
         let mut t = Timers::new();
         let mut es = entries();
         let last = es.pop().expect("entries");
-        q.add(last.0, last.1, last.2, &mut t);
+        q.add(last.0, last.1, last.2, &mut t, &mut Undo::default());
         q.add_all(es, &mut t);
         assert_eq!(q.msgs.len(), 500);
         assert_eq!(q.expiry.len(), 500);
@@ -726,7 +873,9 @@ mod tests {
         let mut t = Timers::new();
         q.add_all(entries(), &mut t);
         for (pos, _, pid) in entries() {
-            let (_, got) = q.remove(pos, &mut t).expect("present");
+            let (_, got) = q
+                .remove(pos, &mut t, &mut Undo::default())
+                .expect("present");
             assert_eq!(got, pid, "position {pos}");
         }
         assert!(q.pids.is_empty() && q.msgs.is_empty() && q.ready.is_empty());

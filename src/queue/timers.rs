@@ -27,10 +27,9 @@ impl Broker {
             let (n, commit) = {
                 let mut st = self.lock();
                 let now = self.now();
-                let mut change = Change::default();
-                let n = self.due_timers(&mut st, now, &mut change)?
-                    + self.due_expiries(&mut st, now, &mut change)?;
-                (n, self.submit(&st, change))
+                self.decide(&mut st, |st, change| {
+                    Ok(self.due_timers(st, now, change)? + self.due_expiries(st, now, change)?)
+                })?
             };
             durable(commit).await?;
             handled += n;
@@ -74,15 +73,21 @@ impl Broker {
                     )?;
                 }
                 Some(EntryState::Delayed) => {
-                    let State { queues, timers, .. } = &mut *st;
+                    let State {
+                        queues,
+                        timers,
+                        undo,
+                        ..
+                    } = &mut *st;
                     if let Some(q) = queues.get_mut(&qid) {
-                        q.make_visible(pos, timers);
+                        q.make_visible(pos, timers, undo);
                     }
                     change.wake(qid);
                 }
                 // A stale timer (cannot happen: transitions remove theirs).
                 _ => {
                     st.timers.remove(&(due, qid, pos));
+                    st.undo.timer((due, qid, pos));
                 }
             }
         }
@@ -119,12 +124,11 @@ impl Broker {
             self.expire(st, qid, pos, now, change)?;
         }
         for (qid, at, key) in dedup {
-            if let Some(f) = st.queues.get_mut(&qid).and_then(|q| q.fifo.as_mut()) {
-                f.dedup_expiry.remove(&(at, key.clone()));
-                if f.dedup.get(&key).is_some_and(|(_, until)| *until == at) {
-                    f.dedup.remove(&key);
-                    change.txn.delete(Key::Dedup(qid, &key));
-                }
+            let State { queues, undo, .. } = &mut *st;
+            if let Some(q) = queues.get_mut(&qid)
+                && q.forget_dedup(at, &key, undo)
+            {
+                change.txn.delete(Key::Dedup(qid, &key));
             }
         }
         Ok(n)

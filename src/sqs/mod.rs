@@ -52,9 +52,9 @@ use axum::response::Response;
 use serde_json::Value;
 
 use crate::auth::{Action, Authenticator, Principal};
+use crate::edge::audit;
+use crate::edge::http::{GatedListener, Peer};
 use crate::queue::Broker;
-use crate::server::audit;
-use crate::server::http::{GatedListener, Peer};
 
 use error::SqsError;
 
@@ -428,21 +428,18 @@ pub fn router(broker: Arc<Broker>, auth: Arc<Authenticator>, opts: SqsOptions) -
 /// Serves the endpoint on `listener` until `shutdown` resolves, then
 /// finishes the calls in flight (long polls end at once: the engine's
 /// shutdown wakes them and they answer with no messages).
-pub(crate) async fn serve(
+pub(crate) fn serve(
     listener: GatedListener,
-    broker: Arc<Broker>,
-    auth: Arc<Authenticator>,
+    shared: &crate::edge::Shared,
     opts: SqsOptions,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) {
-    tasks::resume(&broker).await;
-    let app = router(broker, auth, opts);
-    crate::server::http::serve(listener, app, shutdown).await;
-}
-
-/// The URL the endpoint is reached at, as printed at start.
-pub fn url(addr: SocketAddr, tls: bool) -> String {
-    format!("{}://{addr}/", if tls { "https" } else { "http" })
+) -> impl Future<Output = ()> + Send + 'static {
+    let (broker, auth) = (Arc::clone(&shared.broker), Arc::clone(&shared.auth));
+    async move {
+        tasks::resume(&broker).await;
+        let app = router(broker, auth, opts);
+        crate::edge::http::serve(listener, app, shutdown).await;
+    }
 }
 
 #[cfg(test)]

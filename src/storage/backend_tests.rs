@@ -1,6 +1,6 @@
 //! The [`Backend`] contract, written once over `&dyn Backend` and run
 //! against the local backend (a data directory) and the PostgreSQL
-//! backend (a PostgreSQL of the test's own, see `pg_harness`; skipped
+//! backend (a PostgreSQL of the test's own, see `pg::harness`; skipped
 //! without PostgreSQL unless LETTERBOX_REQUIRE_ECOSYSTEM=1): atomic
 //! transactions, deletes and overwrites, scans in key order within their
 //! bounds, many concurrent submitters, a large value, and a reopen. Then
@@ -14,8 +14,8 @@ use bytes::Bytes;
 
 use super::backend::{Backend, prefix_end, scan_all};
 use super::keys::{Key, Space};
+use super::pg::harness::{LocalPg, session_waiting, set_sync_standby};
 use super::pg::{PgError, PgState};
-use super::pg_harness::{LocalPg, session_waiting, set_sync_standby};
 use super::{PgBackend, PgBackendOptions, StorageError, Store, StoreOptions, Txn};
 
 fn b(s: &str) -> Bytes {
@@ -325,7 +325,7 @@ async fn a_local_scan_merges_the_memtable_over_the_database() {
         t.put(Key::Meta(3, pos), b(&format!("old {pos}")));
     }
     store.submit(t).wait().await.expect("durable");
-    super::apply::apply_once(&store.backend.inner).expect("apply");
+    store.backend().apply_now().expect("apply");
     let mut t = Txn::new();
     t.delete(Key::Meta(3, 0));
     t.delete(Key::Meta(3, 9));

@@ -59,6 +59,15 @@ pub enum StorageError {
         /// The lock file.
         path: PathBuf,
     },
+    /// The data directory's file system can never hold the reserve the
+    /// log's settings keep from messages.
+    #[error("{path}: the file system is too small for these settings: {detail}")]
+    TooSmall {
+        /// The data directory.
+        path: PathBuf,
+        /// The sizes, and settings that fit.
+        detail: String,
+    },
     /// PostgreSQL failed or refused (the PostgreSQL backend; see
     /// [`super::pg`]).
     #[error(transparent)]
@@ -93,6 +102,18 @@ impl StorageError {
         StorageError::Corrupt {
             what: what.into(),
             reason: reason.to_string(),
+        }
+    }
+
+    /// What the waiter of a transaction refused for `cause` gets:
+    /// [`StorageError::Stopped`] naming the cause (a `Stopped` cause as
+    /// it is).
+    pub(crate) fn stopped_by(cause: &StorageError) -> StorageError {
+        StorageError::Stopped {
+            reason: match cause {
+                StorageError::Stopped { reason } => reason.clone(),
+                other => other.to_string(),
+            },
         }
     }
 

@@ -1,38 +1,25 @@
 //! What the engine's load at start reads: [`LoadSource`], the typed scan
 //! of one key space and the system values, from either the local
-//! database as the log's replay left it ([`Reader`], overlapping the load
-//! with the local store's own scan) or any [`Backend`], read in key order
-//! in pages of [`Backend::scan`] ([`Paged`]).
+//! database as the log's replay left it ([`Reader`](super::Reader),
+//! overlapping the load with the local store's own scan) or any
+//! [`Backend`], read in key order in pages of [`Backend::scan`]
+//! ([`Paged`]).
 
 use bytes::Bytes;
-use serde::de::DeserializeOwned;
 
 use super::backend::prefix_end;
-use super::{Backend, Key, OwnedKey, Reader, Result, Space, StorageError, SysKey, records};
+use super::{Backend, Key, OwnedKey, Result, Space, StorageError, SysKey, records};
 
 /// A store's state as the engine loads it at start.
 pub trait LoadSource {
     /// The keys of one space in key order, with decoded values.
-    fn scan<T: DeserializeOwned>(
+    fn scan<T: records::Record>(
         &self,
         space: Space,
     ) -> impl Iterator<Item = Result<(OwnedKey, T)>> + '_;
 
     /// A system value.
     fn get_sys(&self, key: SysKey) -> Result<Option<u64>>;
-}
-
-impl LoadSource for Reader {
-    fn scan<T: DeserializeOwned>(
-        &self,
-        space: Space,
-    ) -> impl Iterator<Item = Result<(OwnedKey, T)>> + '_ {
-        Reader::scan(self, space)
-    }
-
-    fn get_sys(&self, key: SysKey) -> Result<Option<u64>> {
-        Reader::get_sys(self, key)
-    }
 }
 
 /// Entries read from a backend per [`Backend::scan`] when the engine loads.
@@ -57,7 +44,7 @@ impl<'a, B: Backend + ?Sized> Paged<'a, B> {
 }
 
 impl<B: Backend + ?Sized> LoadSource for Paged<'_, B> {
-    fn scan<T: DeserializeOwned>(
+    fn scan<T: records::Record>(
         &self,
         space: Space,
     ) -> impl Iterator<Item = Result<(OwnedKey, T)>> + '_ {

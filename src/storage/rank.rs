@@ -1,5 +1,6 @@
-//! Mutexes with a rank, and the check of the lock order (see the module
-//! doc of `storage`, "Lock order").
+//! Mutexes with a rank, and the check of the lock order. Each backend
+//! writes its own order, and defines the ranks of its mutexes, where its
+//! mutexes are described (the module docs of `local` and `pg`).
 //!
 //! A [`RankedMutex`] is a `std::sync::Mutex` with a [`Rank`]. In debug
 //! builds each thread keeps the ranks of the ranked mutexes it holds, and
@@ -24,38 +25,6 @@ use std::time::Duration;
 /// locks of lower rank.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct Rank(pub(crate) u8);
-
-impl Rank {
-    /// The log writer's state (`LogState`): held for a whole group commit.
-    pub(crate) const LOG: Rank = Rank(10);
-    /// The memtable and the queue of transactions for the log (`State`).
-    pub(crate) const STATE: Rank = Rank(20);
-    /// Values kept in memory only (a negative control's).
-    pub(crate) const VOLATILE: Rank = Rank(30);
-    /// Where the log writer put each payload (`Placed`).
-    pub(crate) const PLACED: Rank = Rank(40);
-    /// The log's durable lsn.
-    pub(crate) const DURABLE: Rank = Rank(50);
-    /// What `CHECKPOINT` holds now.
-    pub(crate) const RECORDED: Rank = Rank(60);
-    /// The log segments written since start (shared with `wal::Writer`).
-    pub(crate) const SEGMENTS: Rank = Rank(70);
-    /// The segment preallocator's prepared segment (`wal::Preallocator`).
-    pub(crate) const SPARE: Rank = Rank(80);
-    /// Payload pointer counts per segment, pinned segments.
-    pub(crate) const LIVE: Rank = Rank(90);
-    /// Retired segments kept for reuse (`wal::Pool`).
-    pub(crate) const POOL: Rank = Rank(100);
-    /// Segment files open for payload reads (`payloads::Files`).
-    pub(crate) const FILES: Rank = Rank(110);
-    /// The key a start's scan reached (`Reader`).
-    pub(crate) const REACHED: Rank = Rank(120);
-    /// Tests: the applier's hook after a freeze.
-    #[cfg(test)]
-    pub(crate) const HOOK: Rank = Rank(130);
-    /// The store's threads, joined on close.
-    pub(crate) const THREADS: Rank = Rank(140);
-}
 
 #[cfg(debug_assertions)]
 mod held {

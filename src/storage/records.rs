@@ -1,7 +1,12 @@
 //! Persisted values: storage's own versioned types, encoded as one version
 //! byte followed by bincode. They are a compatibility boundary: a field is
 //! never removed or reordered within a version; a change of layout takes a
-//! new version byte and a decoder for the old one.
+//! new version byte and a decoder for the old one ([`Record`]).
+//!
+//! Versions: every record is at version 1 but [`MetaRecord`], at version 2
+//! (the failed attempts counted apart from the deliveries, in the message
+//! and in each of its dead-letter records); a version 1 message record
+//! still reads, converted as [`MetaRecordV1`] says.
 //!
 //! The queue engine converts its model to and from these types; nothing
 //! outside `storage/` derives serde for persistence.
@@ -11,8 +16,19 @@ use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
 use super::error::{Result, StorageError};
 
-/// Version byte of every record this build writes.
-pub const RECORD_VERSION: u8 = 1;
+/// A persisted type: the version byte this build writes it with, and how
+/// the older versions it still reads are decoded.
+pub trait Record: Serialize + DeserializeOwned {
+    /// The version byte this build writes.
+    const VERSION: u8 = 1;
+
+    /// Decodes the bincode of an older version `version` of the record;
+    /// `None` when this build does not read that version.
+    fn decode_old(version: u8, bytes: &[u8]) -> Option<bincode::Result<Self>> {
+        let _ = (version, bytes);
+        None
+    }
+}
 
 /// A queue's configuration as stored (durations in milliseconds).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -101,8 +117,11 @@ pub struct DeadLetterRec {
     /// 1 max deliveries, 2 rejected, 3 expired, 4 skipped, 5 corrupted
     /// (its stored body was found damaged).
     pub reason: u8,
-    /// Delivery count at the move.
+    /// Deliveries in the source queue at the move.
     pub delivery_count: u32,
+    /// Failed attempts in the source queue at the move (since its parked
+    /// group was last released, if it was).
+    pub failed_attempts: u32,
     /// Last nack reason.
     pub last_nack_reason: String,
     /// When.
@@ -126,12 +145,14 @@ pub struct MetaRecord {
     pub expires_at: u64,
     /// Not deliverable before this instant.
     pub visible_at: u64,
-    /// Deliveries in this queue so far (reset when an operator releases
-    /// a parked FIFO group).
+    /// Deliveries in this queue so far (leases and auto-ack takes, a FIFO
+    /// release included; one taken back before it was handed out is not
+    /// one). Never lowered otherwise. The current lease's epoch.
     pub delivery_count: u32,
-    /// Leases granted at this position so far; never reset. The current
-    /// lease's epoch.
-    pub leases: u32,
+    /// Failed attempts in this queue (nacks, lease expiries, streams
+    /// closed with the lease), reset to 0 when an operator releases the
+    /// message's parked FIFO group.
+    pub failed_attempts: u32,
     /// The current lease, if leased.
     pub lease: Option<LeaseRecord>,
     /// First delivery in this queue, 0 if never.
@@ -146,6 +167,113 @@ pub struct MetaRecord {
     pub size: u32,
     /// True when the message was published with its own time to live.
     pub own_ttl: bool,
+}
+
+/// [`DeadLetterRec`] as version 1 of [`MetaRecord`] stored it: one count,
+/// which was the failed attempts (deliveries a FIFO release took back, or
+/// an operator's release reset, were not in it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeadLetterRecV1 {
+    /// The queue the message left.
+    pub source_queue: String,
+    /// The reason's code.
+    pub reason: u8,
+    /// The count at the move.
+    pub delivery_count: u32,
+    /// Last nack reason.
+    pub last_nack_reason: String,
+    /// When.
+    pub at: u64,
+    /// Operator note.
+    pub note: String,
+}
+
+impl From<DeadLetterRecV1> for DeadLetterRec {
+    /// The one count was the failed attempts at the move; the deliveries
+    /// are not known apart from it (a release or an operator's reset
+    /// lowered it), so it stands for both.
+    fn from(r: DeadLetterRecV1) -> Self {
+        DeadLetterRec {
+            source_queue: r.source_queue,
+            reason: r.reason,
+            delivery_count: r.delivery_count,
+            failed_attempts: r.delivery_count,
+            last_nack_reason: r.last_nack_reason,
+            at: r.at,
+            note: r.note,
+        }
+    }
+}
+
+/// [`MetaRecord`] as version 1 stored it: `delivery_count` was lowered by
+/// a FIFO release and reset by an operator's release of a parked group,
+/// and `leases` counted every lease granted (and taken back) like the
+/// deliveries of version 2.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MetaRecordV1 {
+    /// The payload's number.
+    pub pid: u64,
+    /// The message id.
+    pub message_id: String,
+    /// True when the client chose the id.
+    pub client_id: bool,
+    /// When the message entered this queue.
+    pub enqueued_at: u64,
+    /// When its time to live runs out.
+    pub expires_at: u64,
+    /// Not deliverable before this instant.
+    pub visible_at: u64,
+    /// Leases since it entered the queue (or its group was released),
+    /// minus FIFO releases.
+    pub delivery_count: u32,
+    /// Leases granted at this position; the current lease's epoch.
+    pub leases: u32,
+    /// The current lease, if leased.
+    pub lease: Option<LeaseRecord>,
+    /// First delivery in this queue, 0 if never.
+    pub first_delivered_at: u64,
+    /// Recent attempts, oldest first.
+    pub attempts: Vec<AttemptRecord>,
+    /// Moves to dead letter queues, oldest first.
+    pub dead_letters: Vec<DeadLetterRecV1>,
+    /// FIFO group.
+    pub group: Option<String>,
+    /// Body size in bytes.
+    pub size: u32,
+    /// Published with its own time to live.
+    pub own_ttl: bool,
+}
+
+impl From<MetaRecordV1> for MetaRecord {
+    /// The deliveries are the leases granted, which version 1 counted
+    /// exactly (a release and an operator's reset left them); the failed
+    /// attempts are version 1's count without the current lease, which it
+    /// included: every lease that ended without a release was a failure
+    /// since the last reset.
+    fn from(r: MetaRecordV1) -> Self {
+        let leased = u32::from(r.lease.is_some());
+        MetaRecord {
+            pid: r.pid,
+            message_id: r.message_id,
+            client_id: r.client_id,
+            enqueued_at: r.enqueued_at,
+            expires_at: r.expires_at,
+            visible_at: r.visible_at,
+            delivery_count: r.leases,
+            failed_attempts: r.delivery_count.saturating_sub(leased),
+            lease: r.lease,
+            first_delivered_at: r.first_delivered_at,
+            attempts: r.attempts,
+            dead_letters: r
+                .dead_letters
+                .into_iter()
+                .map(DeadLetterRec::from)
+                .collect(),
+            group: r.group,
+            size: r.size,
+            own_ttl: r.own_ttl,
+        }
+    }
 }
 
 /// A message's immutable content.
@@ -197,11 +325,31 @@ pub struct AnnotationsRecord {
     pub pairs: Vec<(String, String)>,
 }
 
-/// Encodes a record: version byte, then bincode.
-pub fn encode<T: Serialize>(value: &T) -> Bytes {
+impl Record for QueueRecord {}
+impl Record for CountersRecord {}
+impl Record for LeaseRecord {}
+impl Record for PayloadRecord {}
+impl Record for DedupRecord {}
+impl Record for GroupRecord {}
+impl Record for ExchangeRecord {}
+impl Record for AnnotationsRecord {}
+
+impl Record for MetaRecord {
+    const VERSION: u8 = 2;
+
+    fn decode_old(version: u8, bytes: &[u8]) -> Option<bincode::Result<Self>> {
+        match version {
+            1 => Some(bincode::deserialize::<MetaRecordV1>(bytes).map(MetaRecord::from)),
+            _ => None,
+        }
+    }
+}
+
+/// Encodes a record: its version byte, then bincode.
+pub fn encode<T: Record>(value: &T) -> Bytes {
     let size = bincode::serialized_size(value).unwrap_or(0);
     let mut out = BytesMut::with_capacity(1 + usize::try_from(size).unwrap_or(0)).writer();
-    out.get_mut().put_u8(RECORD_VERSION);
+    out.get_mut().put_u8(T::VERSION);
     // Serializing plain structs into memory cannot fail.
     if let Err(e) = bincode::serialize_into(&mut out, value) {
         tracing::error!("record encoding failed: {e}");
@@ -219,16 +367,22 @@ impl<T: std::fmt::Debug> std::fmt::Display for Lazy<'_, T> {
     }
 }
 
-/// Decodes a record written by [`encode`]; `what` names it in errors.
-pub fn decode<T: DeserializeOwned>(what: &dyn std::fmt::Display, bytes: &[u8]) -> Result<T> {
+/// Decodes a record written by [`encode`], by this build or (an older
+/// version [`Record::decode_old`] reads) an earlier one; `what` names it
+/// in errors.
+pub fn decode<T: Record>(what: &dyn std::fmt::Display, bytes: &[u8]) -> Result<T> {
+    let undecodable = |e: bincode::Error| {
+        StorageError::corrupt(what.to_string(), format!("undecodable record: {e}"))
+    };
     match bytes.split_first() {
-        Some((&RECORD_VERSION, rest)) => bincode::deserialize(rest).map_err(|e| {
-            StorageError::corrupt(what.to_string(), format!("undecodable record: {e}"))
-        }),
-        Some((v, _)) => Err(StorageError::corrupt(
-            what.to_string(),
-            format!("unknown record version {v}"),
-        )),
+        Some((&v, rest)) if v == T::VERSION => bincode::deserialize(rest).map_err(undecodable),
+        Some((&v, rest)) => match T::decode_old(v, rest) {
+            Some(decoded) => decoded.map_err(undecodable),
+            None => Err(StorageError::corrupt(
+                what.to_string(),
+                format!("unknown record version {v}"),
+            )),
+        },
         None => Err(StorageError::corrupt(what.to_string(), "empty record")),
     }
 }
@@ -310,6 +464,87 @@ mod tests {
         let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
         assert_eq!(hex, GOLDEN_QUEUE_RECORD);
         assert_eq!(decode::<QueueRecord>(&"q", &bytes).expect("decodes"), r);
+    }
+
+    /// A message record as version 1 stored it (these bytes, written by
+    /// the build before the counts were kept apart): a FIFO message that
+    /// entered its queue as a dead letter (moved after 2 failures), was
+    /// then leased five times in it (nacked, released by an earlier
+    /// message's failure, nacked, run out) and is leased now. Version 1
+    /// counted 4 (the release taken off, the current lease in) and 5
+    /// leases.
+    const GOLDEN_META_RECORD_V1: &str = "012a0000000000000003000000000000006d2d37010068e5cf8b010000c08feecf8b0100000068e5cf8b0100000400000005000000010500000090c7e6cf8b0100006052e6cf8b010000108fe5cf8b010000040000000000000020b6e5cf8b0100000104000000000000006275737930dde5cf8b010000051a0000000000000072656c65617365643a206d2d36206661696c65642066697273744004e6cf8b010000010000000000000000502be6cf8b010000020000000000000000010000000000000006000000000000006f72646572730102000000090000000000000062616420696e707574f040e5cf8b0100000000000000000000010100000000000000670b00000000";
+
+    fn unhex(hex: &str) -> Vec<u8> {
+        (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("hex"))
+            .collect()
+    }
+
+    /// An existing data directory holds version 1 message records: each
+    /// reads back with its deliveries (the leases version 1 counted
+    /// exactly) and its failed attempts (version 1's count without the
+    /// current lease), and its dead-letter records with their one count
+    /// in both. Written again, it is version 2 and reads back the same.
+    #[test]
+    fn a_version_1_message_record_reads_back_with_both_counts() {
+        let bytes = unhex(GOLDEN_META_RECORD_V1);
+        let m: MetaRecord = decode(&"m", &bytes).expect("a version 1 record decodes");
+        assert_eq!(
+            (m.pid, m.message_id.as_str(), m.client_id),
+            (42, "m-7", true)
+        );
+        assert_eq!((m.delivery_count, m.failed_attempts), (5, 3));
+        assert_eq!(
+            m.lease,
+            Some(LeaseRecord {
+                epoch: 5,
+                deadline: 1_700_000_090_000,
+                started: 1_700_000_060_000
+            })
+        );
+        assert_eq!(
+            m.attempts.iter().map(|a| a.outcome).collect::<Vec<_>>(),
+            [1, 5, 1, 2]
+        );
+        assert_eq!(
+            m.dead_letters,
+            [DeadLetterRec {
+                source_queue: "orders".into(),
+                reason: 1,
+                delivery_count: 2,
+                failed_attempts: 2,
+                last_nack_reason: "bad input".into(),
+                at: 1_699_999_990_000,
+                note: String::new(),
+            }]
+        );
+        assert_eq!(
+            (m.group.as_deref(), m.size, m.own_ttl),
+            (Some("g"), 11, false)
+        );
+        assert_eq!(m.first_delivered_at, 1_700_000_010_000);
+        // Not leased: every lease it counted ended, released ones aside.
+        let mut not_leased = unhex(GOLDEN_META_RECORD_V1);
+        let at = 1 + 8 + 8 + 3 + 1 + 24 + 8;
+        // The lease's tag and its 20 bytes go; the count stays 4.
+        not_leased.drain(at..at + 21);
+        not_leased.insert(at, 0);
+        let m2: MetaRecord = decode(&"m", &not_leased).expect("decodes");
+        assert_eq!(
+            (m2.delivery_count, m2.failed_attempts, m2.lease),
+            (5, 4, None)
+        );
+        // Written again: version 2, the same record.
+        let again = encode(&m);
+        assert_eq!(again[0], 2);
+        assert_eq!(decode::<MetaRecord>(&"m", &again).expect("decodes"), m);
+        // A version this build does not know is refused, naming it.
+        let mut future = again.to_vec();
+        future[0] = 3;
+        let e = decode::<MetaRecord>(&"m", &future).expect_err("unknown version");
+        assert!(e.to_string().contains("unknown record version 3"), "{e}");
     }
 
     const GOLDEN_QUEUE_RECORD: &str = "01030000000068e5cf8b0100000200b84c0a00000000905f0100000000008813000000000000010300000000000000646c710700000001d00700000000000020bf0200000000000000000000000840010139300000000000000097490100000000c0270900000000000201";

@@ -1,10 +1,6 @@
 //! Figures of the store: counters since open, and the distributions of
 //! the commit path for the metrics endpoint.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
-use super::{LocalBackend, Store, lock};
-
 /// Figures of the store since it was opened.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct StoreStats {
@@ -56,7 +52,7 @@ pub struct StoreMetrics {
 }
 
 impl StoreMetrics {
-    pub(super) fn new() -> StoreMetrics {
+    pub(crate) fn new() -> StoreMetrics {
         use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
         StoreMetrics {
             // 50 µs to about 3.3 s.
@@ -85,7 +81,7 @@ pub struct PgStoreMetrics {
 }
 
 impl PgStoreMetrics {
-    pub(super) fn new() -> PgStoreMetrics {
+    pub(crate) fn new() -> PgStoreMetrics {
         use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
         PgStoreMetrics {
             // 100 µs to about 6.6 s.
@@ -94,50 +90,5 @@ impl PgStoreMetrics {
             // 1 to 4096.
             batch_records: Histogram::new(exponential_buckets(1.0, 2.0, 13)),
         }
-    }
-}
-
-/// The store's counters, each written by the part that counts it.
-#[derive(Debug, Default)]
-pub(super) struct Counters {
-    pub(super) log_syncs: AtomicU64,
-    pub(super) caller_commits: AtomicU64,
-    pub(super) records: AtomicU64,
-    pub(super) log_bytes: AtomicU64,
-    pub(super) checkpoints: AtomicU64,
-    pub(super) sync_micros: AtomicU64,
-    pub(super) relocated: AtomicU64,
-    pub(super) overtaken: AtomicU64,
-    pub(super) rewrites: AtomicU64,
-    pub(super) room_waits: AtomicU64,
-}
-
-impl LocalBackend {
-    /// Figures since open.
-    pub fn stats(&self) -> StoreStats {
-        let i = &self.inner;
-        StoreStats {
-            log_syncs: i.counters.log_syncs.load(Ordering::Relaxed),
-            caller_commits: i.counters.caller_commits.load(Ordering::Relaxed),
-            records: i.counters.records.load(Ordering::Relaxed),
-            log_bytes: i.counters.log_bytes.load(Ordering::Relaxed),
-            checkpoints: i.counters.checkpoints.load(Ordering::Relaxed),
-            durable_lsn: *lock(&i.durable),
-            applied_lsn: i.applied.load(Ordering::Relaxed),
-            sync_micros: i.counters.sync_micros.load(Ordering::Relaxed),
-            pinned_segments: lock(&i.live).pinned.len() as u64,
-            relocated: i.counters.relocated.load(Ordering::Relaxed),
-            overtaken: i.counters.overtaken.load(Ordering::Relaxed),
-            rewrites: i.counters.rewrites.load(Ordering::Relaxed),
-            unapplied_bytes: i.unapplied.load(Ordering::Relaxed) as u64,
-            room_waits: i.counters.room_waits.load(Ordering::Relaxed),
-        }
-    }
-}
-
-impl Store {
-    /// Figures since open.
-    pub fn stats(&self) -> StoreStats {
-        self.backend.stats()
     }
 }

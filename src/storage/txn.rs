@@ -2,7 +2,6 @@
 //! hands to [`Store::submit`](super::Store::submit), applied atomically.
 
 use bytes::Bytes;
-use serde::Serialize;
 
 use super::error::Result;
 use super::keys::{Key, SysKey};
@@ -10,7 +9,6 @@ use super::records::{
     self, AnnotationsRecord, CountersRecord, DedupRecord, ExchangeRecord, GroupRecord, MetaRecord,
     PayloadRecord, QueueRecord,
 };
-use super::wal::{self, Mutation};
 use crate::faults::{self, Fault};
 
 /// A transaction under construction: puts and deletes applied atomically.
@@ -63,7 +61,7 @@ impl Txn {
         });
     }
 
-    pub(super) fn put_record<T: Serialize>(&mut self, key: Key<'_>, value: &T) {
+    pub(super) fn put_record<T: records::Record>(&mut self, key: Key<'_>, value: &T) {
         self.put(key, records::encode(value));
     }
 
@@ -156,7 +154,41 @@ pub fn encode_payload(rec: &PayloadRecord) -> Bytes {
     records::encode(rec)
 }
 
-/// Size in bytes of the log record of a transaction.
-pub fn txn_log_size(txn: &Txn) -> usize {
-    wal::HEADER + wal::encoded_len(&txn.muts)
+/// One change to the materialised state: a put or a delete of a key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mutation {
+    /// The key bytes (see `keys.rs`).
+    pub key: Bytes,
+    /// The new value, `None` to delete.
+    pub value: Option<Bytes>,
+    /// The key never existed before this put (a new position or payload
+    /// number). Not logged: it only lets the memtable drop a put and a
+    /// later delete of the same key that meet before reaching the
+    /// database.
+    pub fresh: bool,
+    /// Put only if the key exists when the change is applied (moving a
+    /// payload to a newer log segment; the local log writes it as tag 2).
+    pub if_exists: bool,
+}
+
+impl Mutation {
+    /// A put.
+    pub fn put(key: Bytes, value: Bytes) -> Mutation {
+        Mutation {
+            key,
+            value: Some(value),
+            fresh: false,
+            if_exists: false,
+        }
+    }
+
+    /// A delete.
+    pub fn delete(key: Bytes) -> Mutation {
+        Mutation {
+            key,
+            value: None,
+            fresh: false,
+            if_exists: false,
+        }
+    }
 }

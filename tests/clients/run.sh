@@ -21,6 +21,7 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root"
 . tests/common.sh
+. tools/lib.sh
 
 lang="${1:-}"
 case "$lang" in
@@ -61,20 +62,10 @@ trap cleanup EXIT
 if [[ -z "${LETTERBOX_ADDR:-}" ]]; then
   test_server
   log "starting $server"
-  "$server" serve --data-dir "$tmp/data" --listen 127.0.0.1:0 >"$tmp/server.out" 2>"$tmp/server.log" &
-  pid=$!
-  for _ in $(seq 600); do
-    [[ -s "$tmp/server.out" ]] && break
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 0.1
-  done
-  first="$(head -n 1 "$tmp/server.out")"
-  if [[ "$first" != "letterbox listening on "* ]]; then
-    echo "the server did not start (first line: '$first'):" >&2
-    cat "$tmp/server.log" >&2
-    exit 1
-  fi
-  export LETTERBOX_ADDR="${first#letterbox listening on }"
+  start_letterbox "$tmp" "$server" --data-dir "$tmp/data" --listen 127.0.0.1:0
+  pid=$SERVER_JOB
+  wait_letterbox "$tmp" 60
+  export LETTERBOX_ADDR="$SERVER_ADDR"
 fi
 
 log "running ${run[*]} against $LETTERBOX_ADDR"

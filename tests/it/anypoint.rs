@@ -664,8 +664,12 @@ async fn fifo_a_failed_message_releases_the_rest_of_its_batch() {
         .expect(200);
     let ids: Vec<String> = again.as_array().unwrap().iter().map(id).collect();
     assert_eq!(ids, ["m1", "m2"], "m1 first again, then m2");
+    // Both were delivered twice; only m1 failed (the REST consumer's
+    // `deliveryCount` never goes back, SPEC §3).
     assert_eq!(again[0]["headers"]["deliveryCount"], "2");
-    assert_eq!(again[1]["headers"]["deliveryCount"], "1");
+    assert_eq!(again[0]["headers"]["failedAttempts"], "1");
+    assert_eq!(again[1]["headers"]["deliveryCount"], "2");
+    assert_eq!(again[1]["headers"]["failedAttempts"], "0");
     rest.ack("f", "m1", &lock(&again[0])).await.expect(200);
     rest.ack("f", "m2", &lock(&again[1])).await.expect(200);
     s.stop().await;
@@ -1575,7 +1579,7 @@ async fn a_nack_says_when_the_message_moved_and_the_dlq_copy_carries_its_record(
     );
     assert_eq!(
         r["statusMessage"],
-        "message moved to the dead letter queue jobs-dlq: it reached the queue's maxDeliveries (2 deliveries)"
+        "message moved to the dead letter queue jobs-dlq: it reached the queue's maxDeliveries (2 failed attempts)"
     );
     let d = grpc.receive("jobs", 1).await;
     assert!(d.is_empty(), "j2 is still locked by its REST consume");
@@ -1612,6 +1616,7 @@ async fn a_nack_says_when_the_message_moved_and_the_dlq_copy_carries_its_record(
             "x-letterbox-dead-letter-source": "jobs",
             "x-letterbox-dead-letter-reason": "MAX_DELIVERIES",
             "x-letterbox-dead-letter-delivery-count": "2",
+            "x-letterbox-dead-letter-failed-attempts": "2",
             "x-letterbox-dead-letter-time": "Tue, 14 Nov 2023 22:13:20 GMT",
         }),
         "the record replaces the published look-alike"
@@ -1622,12 +1627,17 @@ async fn a_nack_says_when_the_message_moved_and_the_dlq_copy_carries_its_record(
         "payment service down"
     );
     assert_eq!(dead[1]["headers"]["deliveryCount"], "1");
+    assert_eq!(dead[1]["headers"]["failedAttempts"], "0");
     // gRPC's Browse shows the same record.
     let browsed = grpc.browse("jobs-dlq").await;
     let record = &browsed[1].dead_letters[0];
     assert_eq!(
-        (record.source_queue.as_str(), record.delivery_count),
-        ("jobs", 2)
+        (
+            record.source_queue.as_str(),
+            record.delivery_count,
+            record.failed_attempts
+        ),
+        ("jobs", 2, 2)
     );
     s.stop().await;
 }

@@ -631,3 +631,290 @@ fn letterbox_free_command(program: &str) -> Command {
         .env_remove("LETTERBOX_TOKEN");
     c
 }
+
+/// Errors of the command line speak its language: the flag and its
+/// units, never the API's field, its milliseconds or Rust debug text.
+#[tokio::test]
+async fn errors_name_the_flag_and_its_units() {
+    let s = TestServer::start().await;
+    let no_debug = |text: &str| {
+        for debug in ["Some(", "None", "DeadLetterPolicy", "config.", "_ms"] {
+            assert!(!text.contains(debug), "{debug:?} in: {text}");
+        }
+    };
+    let out = run(&s, &["queue", "create", "orders", "--ttl", "10s"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert_eq!(
+        stderr(&out).trim_end(),
+        "letterbox: `--ttl` must be between 1m and 14d (got 10s)"
+    );
+    // Nothing was created.
+    assert_eq!(run(&s, &["queue", "get", "orders"]).status.code(), Some(1));
+
+    let out = run(&s, &["queue", "create", "orders", "--ack-timeout", "500ms"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("`--ack-timeout` must be between 1s and 12h (got 500ms)"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(run(&s, &["queue", "create", "orders.dlq"]).status.success());
+    let created = run(
+        &s,
+        &[
+            "queue",
+            "create",
+            "orders",
+            "--dlq",
+            "orders.dlq",
+            "--max-deliveries",
+            "5",
+            "--ttl",
+            "1h",
+        ],
+    );
+    assert!(created.status.success(), "{}", stderr(&created));
+    let out = run(&s, &["queue", "update", "orders", "--backoff", "1m,1s,2"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("`--backoff MAX` must be between 1m and 15m (got 1m,1s,2)"),
+        "{}",
+        stderr(&out)
+    );
+
+    // Created again with other flags: which settings differ, as flags.
+    let out = run(
+        &s,
+        &[
+            "queue",
+            "create",
+            "orders",
+            "--dlq",
+            "orders.dlq",
+            "--ttl",
+            "2h",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let text = stderr(&out);
+    no_debug(&text);
+    assert!(
+        text.contains("queue \"orders\" already exists with other settings: the queue has --ttl 1h, this command --ttl 2h; the queue has --dlq orders.dlq --max-deliveries 5, this command --dlq orders.dlq"),
+        "{text}"
+    );
+    let out = run(&s, &["queue", "create", "orders", "--fifo"]);
+    let text = stderr(&out);
+    no_debug(&text);
+    assert!(
+        text.contains("the queue has no --fifo, this command --fifo; the queue has --ttl 1h, this command no --ttl (the default)"),
+        "{text}"
+    );
+    // The same flags again: a no-op.
+    let again = run(
+        &s,
+        &[
+            "queue",
+            "create",
+            "orders",
+            "--dlq",
+            "orders.dlq",
+            "--max-deliveries",
+            "5",
+            "--ttl",
+            "1h",
+        ],
+    );
+    assert!(again.status.success(), "{}", stderr(&again));
+
+    let out = run(&s, &["publish", "orders", "a", "--delay", "1h"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("`--delay` must be between 0ms and 15m (got 1h)"),
+        "{}",
+        stderr(&out)
+    );
+    let out = run(&s, &["consume", "orders", "--ack-timeout", "100ms"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("`--ack-timeout` must be between 1s and 12h (got 100ms)"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+/// `publish` without what to publish is told so before any connection is
+/// tried: no server listens where it points, yet it is a usage error.
+#[test]
+fn publish_reports_usage_before_connecting() {
+    let nowhere = ["--server", "http://127.0.0.1:1"];
+    let out = letterbox().arg("publish").args(nowhere).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("Usage: letterbox publish"),
+        "{}",
+        stderr(&out)
+    );
+    let out = letterbox()
+        .args(["publish", "orders"])
+        .args(nowhere)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("nothing to publish: give bodies, --file or --stdin"),
+        "{}",
+        stderr(&out)
+    );
+    // With something to publish, it does connect (and finds nobody).
+    let out = letterbox()
+        .args(["publish", "orders", "a"])
+        .args(nowhere)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+}
+
+/// Every client command's help lists the connection flags under their own
+/// heading, after the command's own flags; they are taken before the
+/// subcommand too, where a flag after it wins; the server's commands
+/// refuse them.
+#[tokio::test]
+async fn connection_flags_have_their_heading_and_go_before_the_subcommand() {
+    let commands: &[&[&str]] = &[
+        &["queue", "create"],
+        &["queue", "list"],
+        &["queue", "stats"],
+        &["publish"],
+        &["consume"],
+        &["browse"],
+        &["group", "list"],
+        &["exchange", "bind"],
+        &["dlq", "redrive"],
+        &["definitions", "export"],
+    ];
+    for cmd in commands {
+        let out = letterbox().args(*cmd).arg("--help").output().unwrap();
+        let help = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (own, connection) = help
+            .split_once("\nConnection:\n")
+            .unwrap_or_else(|| panic!("{cmd:?}: no Connection heading:\n{help}"));
+        for flag in [
+            "--server",
+            "--context",
+            "--token",
+            "--ca-cert",
+            "--client-cert",
+            "--json",
+        ] {
+            assert!(
+                connection.contains(flag),
+                "{cmd:?}: {flag} not under Connection:\n{help}"
+            );
+            assert!(
+                !own.contains(&format!("{flag} ")),
+                "{cmd:?}: {flag} above the heading"
+            );
+        }
+    }
+    let top = letterbox().arg("--help").output().unwrap();
+    let top = String::from_utf8_lossy(&top.stdout).into_owned();
+    assert!(
+        top.contains("Connection (client commands; also after the subcommand):"),
+        "{top}"
+    );
+
+    let s = TestServer::start().await;
+    let home = tempfile::tempdir().unwrap();
+    let ctx = |args: &[&str]| {
+        letterbox()
+            .env("LETTERBOX_CONFIG_HOME", home.path())
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let addr = format!("http://{}", s.addr);
+    assert!(
+        ctx(&["context", "add", "dead", "--server", "http://127.0.0.1:1"])
+            .status
+            .success()
+    );
+    assert!(
+        ctx(&["context", "add", "prod", "--server", &addr])
+            .status
+            .success()
+    );
+    assert!(
+        ctx(&["queue", "create", "here"]).status.code() == Some(3),
+        "dead is selected"
+    );
+    let out = ctx(&["--context", "prod", "queue", "list", "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(json(&out).as_array().unwrap().is_empty());
+    let out = ctx(&["--context", "prod", "--json", "queue", "create", "here"]);
+    assert_eq!(json(&out)["name"], "here");
+    // After the subcommand wins over before it; before it wins over the
+    // variables.
+    let out = ctx(&[
+        "--server",
+        "http://127.0.0.1:1",
+        "queue",
+        "list",
+        "--server",
+        &addr,
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = letterbox()
+        .env("LETTERBOX_SERVER", "http://127.0.0.1:1")
+        .args(["--server", &addr, "queue", "get", "here"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    // Not a flag of the server's commands.
+    let out = letterbox()
+        .args(["--server", &addr, "serve"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("--server is a connection flag of the client commands"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+/// Every manual page has EXAMPLES, EXIT STATUS and SEE ALSO, and the pages
+/// of commands that read or write files a FILES section.
+#[test]
+fn man_pages_have_examples_exit_status_files_and_see_also() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = letterbox()
+        .args(["man", "--out-dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let mut pages = 0;
+    for entry in std::fs::read_dir(dir.path()).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        let page = std::fs::read_to_string(&path).unwrap();
+        for section in [".SH EXAMPLES", ".SH \"EXIT STATUS\"", ".SH \"SEE ALSO\""] {
+            assert!(page.contains(section), "{name}: no {section}");
+        }
+        let local = ["letterbox-auth", "letterbox-completions", "letterbox-man"]
+            .iter()
+            .any(|p| name.starts_with(p));
+        assert_eq!(page.contains(".SH FILES"), !local, "{name}: FILES");
+        pages += 1;
+    }
+    assert!(pages > 30, "{pages} pages");
+    let serve = std::fs::read_to_string(dir.path().join("letterbox-serve.1")).unwrap();
+    assert!(serve.contains("/etc/letterbox/letterbox.toml"), "{serve}");
+    assert!(
+        serve.contains("the storage failed while running"),
+        "{serve}"
+    );
+    let create = std::fs::read_to_string(dir.path().join("letterbox-queue-create.1")).unwrap();
+    assert!(create.contains("\\fBletterbox\\-queue\\fR(1)"), "{create}");
+    assert!(create.contains(".SH CONNECTION"), "{create}");
+}

@@ -158,7 +158,7 @@ async fn manual_mode_skips_what_a_fifo_nack_released() {
             let body = String::from_utf8_lossy(m.body()).into_owned();
             seen.lock()
                 .unwrap()
-                .push((body.clone(), m.delivery_count()));
+                .push((body.clone(), m.delivery_count(), m.failed_attempts()));
             if body == "m1" && m.delivery_count() == 1 {
                 m.nack("first try fails").await.unwrap();
             } else {
@@ -178,9 +178,11 @@ async fn manual_mode_skips_what_a_fifo_nack_released() {
     sub.stop().await.unwrap();
     assert_eq!(*acked.lock().unwrap(), ["m1", "m2", "m3"]);
     let seen = seen.lock().unwrap().clone();
-    let want: Vec<(String, u32)> = [("m1", 1), ("m1", 2), ("m2", 1), ("m3", 1)]
+    // m2 and m3 were delivered with m1 the first time, released, and
+    // delivered again: their second delivery, and no failure.
+    let want: Vec<(String, u32, u32)> = [("m1", 1, 0), ("m1", 2, 1), ("m2", 2, 0), ("m3", 2, 0)]
         .iter()
-        .map(|(b, n)| (b.to_string(), *n))
+        .map(|(b, n, f)| (b.to_string(), *n, *f))
         .collect();
     assert_eq!(
         seen, want,

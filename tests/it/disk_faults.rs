@@ -866,3 +866,35 @@ async fn a_missing_database_is_refused_even_without_the_checkpoint_record_while_
     let err = assert_refused(&s, &before, "/db");
     assert!(err.contains("refusing to start empty"), "{err}");
 }
+
+/// A file system too small for the log's settings (64 MiB segments and a
+/// 64 MiB minimum keep 192 MiB from messages) is refused at start, with
+/// settings that fit; with those, messages fill most of it.
+#[tokio::test]
+async fn a_file_system_too_small_for_the_settings_is_refused_with_settings_that_fit() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mnt = tmp.path().join("mnt");
+    let _m = match Mount::tmpfs(&mnt, "200m") {
+        Ok(m) => m,
+        Err(e) => return skip("small disk", &format!("cannot mount a tmpfs ({e})")),
+    };
+    let data = mnt.join("data");
+    let log = tmp.path().join("server.log");
+    let defaults = ["--wal-segment-size", "64MiB", "--min-free-disk", "64MiB"];
+    let err = start(&[], &data, &log, &defaults).expect_err("refused");
+    assert!(
+        err.contains("too small for these settings")
+            && err.contains("--wal-segment-size 4MiB --min-free-disk 8MiB"),
+        "{err}"
+    );
+    let fitting = ["--wal-segment-size", "4MiB", "--min-free-disk", "8MiB"];
+    let (mut child, mut c) = start_with_queue(&[], &data, &log, &fitting).await;
+    let body = "m".repeat(1 << 20);
+    for _ in 0..100 {
+        c.publish("q", &[&body]).await;
+    }
+    assert_eq!(c.stats("q").await.ready, 100);
+    term(&child);
+    let st = wait_exit(&mut child, Duration::from_secs(30)).await;
+    assert_eq!(st.and_then(|s| s.code()), Some(0));
+}

@@ -179,7 +179,7 @@ async fn the_node_client_example_runs_its_consume_loop() {
 }
 
 /// GET over plain HTTP/1.1; returns the status line and the body.
-async fn http_get(addr: std::net::SocketAddr, path: &str) -> (String, String) {
+pub(crate) async fn http_get(addr: std::net::SocketAddr, path: &str) -> (String, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
     s.write_all(
@@ -260,7 +260,7 @@ async fn prometheus_metrics_move_with_the_queues() {
     c.create("jobs-dlq", crate::harness::config()).await;
     c.create("jobs", crate::harness::with_dlq("jobs-dlq", 1))
         .await;
-    let (status, before) = http_get(metrics, "/metrics").await;
+    let (status, before) = http_get(metrics, "/metrics/per-queue").await;
     assert!(status.contains("200"), "{status}");
     assert_eq!(
         sample(&before, "letterbox_queue_ready{queue=\"jobs\"}"),
@@ -271,22 +271,52 @@ async fn prometheus_metrics_move_with_the_queues() {
     c.publish("jobs", &["a", "b", "c"]).await;
     let got = c.receive("jobs", 1).await;
     c.nack(&got[0].ack_token, "broken").await;
+    let (_, per_queue) = http_get(metrics, "/metrics/per-queue").await;
+    let q = |series: &str| {
+        sample(&per_queue, series).unwrap_or_else(|| panic!("{series} missing:\n{per_queue}"))
+    };
+    assert_eq!(q("letterbox_queue_ready{queue=\"jobs\"}"), 2.0);
+    assert_eq!(q("letterbox_queue_published_total{queue=\"jobs\"}"), 3.0);
+    assert_eq!(q("letterbox_queue_nacked_total{queue=\"jobs\"}"), 1.0);
+    assert_eq!(
+        q("letterbox_queue_dead_lettered_total{queue=\"jobs\"}"),
+        1.0
+    );
+    assert_eq!(q("letterbox_queue_ready{queue=\"jobs-dlq\"}"), 1.0);
+    assert_eq!(
+        q("letterbox_queue_dead_letter_depth{queue=\"jobs\",dead_letter_queue=\"jobs-dlq\"}"),
+        1.0
+    );
+    // Only the queues' figures there: the rest is /metrics's.
+    assert!(
+        !per_queue.contains("letterbox_commit_seconds"),
+        "{per_queue}"
+    );
+
+    // /metrics: the same figures over all queues, no label per queue.
     let (_, after) = http_get(metrics, "/metrics").await;
+    assert!(
+        !after.contains("queue=\""),
+        "per-queue series in /metrics:\n{after}"
+    );
     let v = |series: &str| {
         sample(&after, series).unwrap_or_else(|| panic!("{series} missing:\n{after}"))
     };
-    assert_eq!(v("letterbox_queue_ready{queue=\"jobs\"}"), 2.0);
-    assert_eq!(v("letterbox_queue_published_total{queue=\"jobs\"}"), 3.0);
-    assert_eq!(v("letterbox_queue_nacked_total{queue=\"jobs\"}"), 1.0);
-    assert_eq!(
-        v("letterbox_queue_dead_lettered_total{queue=\"jobs\"}"),
-        1.0
+    assert_eq!(v("letterbox_queues"), 2.0);
+    assert_eq!(v("letterbox_queues_ready"), 3.0);
+    assert_eq!(v("letterbox_queues_messages"), 3.0);
+    assert_eq!(v("letterbox_queues_published_total"), 3.0);
+    assert_eq!(v("letterbox_queues_nacked_total"), 1.0);
+    assert_eq!(v("letterbox_queues_dead_lettered_total"), 1.0);
+    assert_eq!(v("letterbox_queues_dead_letter_messages"), 1.0);
+    assert_eq!(v("letterbox_queues_consumers{kind=\"receive\"}"), 1.0);
+    assert!(v("letterbox_queues_oldest_ready_age_seconds") >= 0.0);
+    let build = format!(
+        "letterbox_build_info{{version=\"{}\",commit=\"",
+        env!("CARGO_PKG_VERSION")
     );
-    assert_eq!(v("letterbox_queue_ready{queue=\"jobs-dlq\"}"), 1.0);
-    assert_eq!(
-        v("letterbox_queue_dead_letter_depth{queue=\"jobs\",dead_letter_queue=\"jobs-dlq\"}"),
-        1.0
-    );
+    assert!(after.contains(&build), "{after}");
+    assert!(after.contains("# TYPE letterbox_build info"), "{after}");
     assert!(v("letterbox_commit_seconds_count") >= 4.0);
     assert!(v("letterbox_log_syncs_total") >= 1.0);
     assert!(v("letterbox_log_sync_batch_records_count") >= 1.0);
@@ -299,6 +329,75 @@ async fn prometheus_metrics_move_with_the_queues() {
     let (missing, _) = http_get(metrics, "/nothing").await;
     assert!(missing.contains("404"), "{missing}");
 
+    drop(c);
+    stop.send(()).unwrap();
+    task.await.unwrap().unwrap();
+}
+
+/// `/metrics` keeps its size whatever the number of queues (the queues'
+/// figures summed); `/metrics/per-queue` grows with them; with
+/// `--metrics-per-queue` `/metrics` carries both.
+#[tokio::test]
+async fn the_default_scrape_does_not_grow_with_the_queues() {
+    let WithMetrics {
+        addr,
+        metrics,
+        stop,
+        task,
+        _dir,
+        ..
+    } = with_metrics(|_| {}).await;
+    let mut c = crate::harness::connect(addr).await;
+    c.create("q0", crate::harness::config()).await;
+    // Figures that move on their own (times, the process's) aside.
+    let steady = |text: &str| {
+        text.lines()
+            .filter(|l| l.starts_with("letterbox_queue"))
+            .map(|l| l.split(' ').next().unwrap_or(l).len())
+            .sum::<usize>()
+    };
+    let (_, one) = http_get(metrics, "/metrics").await;
+    let (_, one_each) = http_get(metrics, "/metrics/per-queue").await;
+    for i in 1..200 {
+        c.create(&format!("queue-number-{i:03}"), crate::harness::config())
+            .await;
+    }
+    let (_, many) = http_get(metrics, "/metrics").await;
+    let (_, many_each) = http_get(metrics, "/metrics/per-queue").await;
+    assert_eq!(steady(&one), steady(&many), "/metrics grew:\n{many}");
+    assert!(
+        many.len() < one.len() + 200,
+        "{} then {} bytes",
+        one.len(),
+        many.len()
+    );
+    assert!(
+        many_each.len() > 50 * one_each.len(),
+        "{} then {} bytes",
+        one_each.len(),
+        many_each.len()
+    );
+    assert_eq!(sample(&many, "letterbox_queues"), Some(200.0));
+    drop(c);
+    stop.send(()).unwrap();
+    task.await.unwrap().unwrap();
+
+    let WithMetrics {
+        addr,
+        metrics,
+        stop,
+        task,
+        _dir,
+        ..
+    } = with_metrics(|c| c.metrics_per_queue = true).await;
+    let mut c = crate::harness::connect(addr).await;
+    c.create("q0", crate::harness::config()).await;
+    let (_, both) = http_get(metrics, "/metrics").await;
+    assert_eq!(
+        sample(&both, "letterbox_queue_ready{queue=\"q0\"}"),
+        Some(0.0)
+    );
+    assert_eq!(sample(&both, "letterbox_queues_ready"), Some(0.0));
     drop(c);
     stop.send(()).unwrap();
     task.await.unwrap().unwrap();
@@ -423,7 +522,12 @@ async fn operator_metrics_follow_ages_consumers_calls_and_the_process() {
         task,
         _dir,
         ..
-    } = with_metrics(|c| c.store.min_free_bytes = 1000).await;
+    } = with_metrics(|c| {
+        c.store.min_free_bytes = 1000;
+        // Each queue's figures in /metrics too (--metrics-per-queue).
+        c.metrics_per_queue = true;
+    })
+    .await;
     let mut c = crate::harness::connect(addr).await;
     c.create("ages", crate::harness::config()).await;
     c.create("idle", crate::harness::config()).await;
@@ -775,6 +879,10 @@ async fn the_grafana_dashboard_reads_only_exported_metrics() {
     let names: std::collections::BTreeSet<String> =
         exprs.iter().flat_map(|e| metric_names(e)).collect();
     for wanted in [
+        "letterbox_queues_ready",
+        "letterbox_queues_oldest_ready_age_seconds",
+        "letterbox_queues_published_total",
+        "letterbox_queues_dead_letter_messages",
         "letterbox_queue_ready",
         "letterbox_queue_oldest_ready_age_seconds",
         "letterbox_commit_seconds_bucket",
@@ -801,7 +909,9 @@ async fn the_grafana_dashboard_reads_only_exported_metrics() {
     c.publish("jobs", &["a"]).await;
     let got = c.receive("jobs", 1).await;
     c.nack(&got[0].ack_token, "broken").await;
-    let (_, scrape) = http_get(metrics, "/metrics").await;
+    let (_, totals) = http_get(metrics, "/metrics").await;
+    let (_, per_queue) = http_get(metrics, "/metrics/per-queue").await;
+    let scrape = format!("{totals}{per_queue}");
     let exported: std::collections::BTreeSet<&str> = scrape
         .lines()
         .filter(|l| !l.starts_with('#'))

@@ -247,9 +247,10 @@ async fn parked_groups_are_visible_and_released_or_skipped_by_an_operator() {
         (
             parked[0].group_id.as_str(),
             parked[0].backlog,
-            parked[0].head_delivery_count
+            parked[0].head_delivery_count,
+            parked[0].head_failed_attempts
         ),
-        ("g", 2, 2)
+        ("g", 2, 2, 2)
     );
     assert!(
         parked[0].reason.contains("PARK_GROUP"),
@@ -443,8 +444,10 @@ async fn a_nack_releases_the_rest_of_a_received_batch_of_its_group() {
     assert_eq!(a.status, pb::SettleStatus::Released as i32);
     let again = c.receive("f", 10).await;
     assert_eq!(again.iter().map(body).collect::<Vec<_>>(), ["m1", "m2"]);
-    assert_eq!(again[0].delivery_count, 2);
-    assert_eq!(again[1].delivery_count, 1);
+    // Both were delivered twice (the count never goes back, SPEC §3); only
+    // m1 failed.
+    assert_eq!((again[0].delivery_count, again[0].failed_attempts), (2, 1));
+    assert_eq!((again[1].delivery_count, again[1].failed_attempts), (2, 0));
     assert_eq!(
         again[1].attempts[0].outcome,
         pb::AttemptOutcome::Released as i32
@@ -479,7 +482,8 @@ async fn after_kill_9_a_lapsed_batch_cannot_be_acked_out_of_order() {
     assert_eq!(again.iter().map(body).collect::<Vec<_>>(), ["m1", "m2"]);
     let late = c.ack(&[&got[1].ack_token]).await.remove(0);
     assert_eq!(late.status, pb::SettleStatus::Released as i32, "{late:?}");
-    assert_eq!((again[0].delivery_count, again[1].delivery_count), (2, 1));
+    assert_eq!((again[0].delivery_count, again[0].failed_attempts), (2, 1));
+    assert_eq!((again[1].delivery_count, again[1].failed_attempts), (2, 0));
 }
 
 /// The same over Subscribe with a credit of 3: three messages of a group
@@ -538,8 +542,11 @@ async fn a_nack_on_a_subscription_releases_the_rest_of_the_group() {
         again.iter().map(body).collect::<Vec<_>>(),
         ["m1", "m2", "m3"]
     );
-    let counts: Vec<u32> = again.iter().map(|d| d.delivery_count).collect();
-    assert_eq!(counts, [2, 1, 1]);
+    let counts: Vec<(u32, u32)> = again
+        .iter()
+        .map(|d| (d.delivery_count, d.failed_attempts))
+        .collect();
+    assert_eq!(counts, [(2, 1), (2, 0), (2, 0)]);
     let tokens = again.iter().map(|d| d.ack_token.clone()).collect();
     assert!(settler.ack(tokens).await.expect("ack").iter().all(ok));
     sub.close().await;

@@ -4,7 +4,7 @@
 //! (SIGSTOP) fenced when it resumes, its writes refused, and stepping
 //! down; PostgreSQL itself down past the owner's lease (the owner stops,
 //! the standby waits and takes over). PostgreSQL is started for each test on a loopback port by
-//! `tools/pg-local.sh` (as the `postgres` user under root); without
+//! `tools/services/pg-local.sh` (as the `postgres` user under root); without
 //! Debian's `postgresql` the tests skip, unless
 //! LETTERBOX_REQUIRE_ECOSYSTEM=1, when they fail.
 
@@ -25,7 +25,7 @@ struct Pg {
 }
 
 fn script() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tools/pg-local.sh")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tools/services/pg-local.sh")
 }
 
 impl Pg {
@@ -301,6 +301,76 @@ async fn the_standby_takes_over_when_the_owner_is_killed() {
     }
     assert_eq!(seen.get("after"), Some(&1));
     assert_eq!(seen.len(), 30 + 1, "{seen:?}\n{}", b.log());
+}
+
+/// A node started without `--standby` while another owns the queues says
+/// so and names `--standby`; a standby waiting for the lease logs no
+/// PostgreSQL notice at each attempt (its schema check's `relation ...
+/// already exists, skipping`).
+#[tokio::test]
+async fn a_held_lease_names_standby_and_a_waiting_standby_stays_quiet() {
+    let Some(pg) = Pg::start("a_held_lease_names_standby_and_a_waiting_standby_stays_quiet") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let url = fresh_database(&pg.url).await;
+    let (addr_a, addr_b) = (free_addr(), free_addr());
+    let _a = Node::start(&dir, "a", &url, addr_a, false).await;
+
+    let log = dir.path().join("b.log");
+    let args: Vec<String> = [
+        "--store",
+        &url,
+        "--node-name",
+        "b",
+        "--listen",
+        &addr_b.to_string(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let (data, l) = (dir.path().join("b-data"), log.clone());
+    let refused = tokio::task::spawn_blocking(move || spawn(&data, &l, &args))
+        .await
+        .unwrap();
+    let Err(text) = refused else {
+        panic!("a second owner started");
+    };
+    assert!(
+        text.contains("another node, \"a\" (epoch 1), owns the queues in PostgreSQL")
+            && text.contains("start this node with --standby"),
+        "{text}"
+    );
+
+    // A standby polls every third of its 2 s lease: over 3 s, several
+    // attempts, none of them logging PostgreSQL's notices.
+    let data = dir.path().join("c-data");
+    let log = dir.path().join("c.log");
+    let mut serve = letterbox::launch::Serve::new(env!("CARGO_BIN_EXE_letterbox"), &data);
+    serve
+        .command()
+        .args([
+            "--store",
+            &url,
+            "--node-name",
+            "c",
+            "--standby",
+            "--lease-ttl",
+            "2s",
+        ])
+        .args(["--listen", &free_addr().to_string()])
+        .env("LETTERBOX_LOG", "info");
+    let mut c = serve.spawn(std::fs::File::create(&log).unwrap()).unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let _ = c.child.kill();
+    let _ = c.child.wait();
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains("standby: another node owns the queues"),
+        "{text}"
+    );
+    assert!(!text.contains("already exists, skipping"), "{text}");
+    assert!(!text.contains("NOTICE"), "{text}");
 }
 
 #[tokio::test]

@@ -21,7 +21,7 @@ use tonic::transport::Channel;
 const TEST_FLAGS: &[(&str, &str)] = &[("--wal-segment-size", "1MiB"), ("--min-free-disk", "0")];
 
 /// The PostgreSQL the suite runs against, when `LETTERBOX_TEST_PG` holds
-/// its admin URL (`tools/pg-local.sh start` prints one): every test server
+/// its admin URL (`tools/services/pg-local.sh start` prints one): every test server
 /// then keeps its state in a database of its own there (`--store`) instead
 /// of its data directory.
 pub fn test_pg() -> Option<String> {

@@ -582,6 +582,62 @@ async fn receive_acking(
         .map(tonic::Response::into_inner)
 }
 
+/// Acks riding on a Receive that took effect are reported even when the
+/// receive after them fails: here the queue received from is deleted
+/// while the call waits. The call answers OK with the acks' results and
+/// the receive's failure (`receive_code`, `receive_error`), instead of a
+/// NOT_FOUND that leaves the consumer not knowing whether its acks took.
+#[tokio::test]
+async fn acks_riding_on_a_receive_are_reported_when_the_receive_fails_after_them() {
+    let mut s = TestServer::start().await;
+    let mut c = s.clients().await;
+    c.create("jobs", config()).await;
+    c.create("inbox", config()).await;
+    c.publish("jobs", &["job"]).await;
+    let d = c.receive("jobs", 1).await.remove(0);
+    let mut waiting = c.msg.clone();
+    let token = d.ack_token.clone();
+    let call = tokio::spawn(async move {
+        waiting
+            .receive(pb::ReceiveRequest {
+                queue: "inbox".into(),
+                wait_ms: 10_000,
+                ack_tokens: vec![token],
+                ..Default::default()
+            })
+            .await
+            .map(tonic::Response::into_inner)
+    });
+    // The ack is made before the receive waits on the empty queue.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while c.stats("jobs").await.acked == 0 {
+        assert!(Instant::now() < deadline, "the riding ack was never made");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    c.admin
+        .delete_queue(pb::DeleteQueueRequest {
+            name: "inbox".into(),
+            force: false,
+        })
+        .await
+        .expect("delete");
+    let r = call
+        .await
+        .expect("task")
+        .expect("the acks took effect: the call answers OK");
+    assert_eq!(r.ack_results.len(), 1);
+    assert!(ok(&r.ack_results[0]), "{r:?}");
+    assert_eq!(r.receive_code, Code::NotFound as i32, "{r:?}");
+    assert!(r.receive_error.contains("inbox"), "{r:?}");
+    assert!(r.deliveries.is_empty());
+    // The ack held: after kill -9 the job is gone for good.
+    s.kill();
+    s.restart().await;
+    let mut c = s.clients().await;
+    let st = c.stats("jobs").await;
+    assert_eq!((st.acked, st.total), (1, 0), "{st:?}");
+}
+
 #[tokio::test]
 async fn acks_ride_on_a_receive_and_survive_kill_9() {
     let mut s = TestServer::start().await;

@@ -5,8 +5,8 @@ use std::process::Command;
 
 use letterbox::pb;
 use letterbox::queue::model::QueueKind;
+use letterbox::queue::verify::{VerifyOptions, verify};
 use letterbox::storage::records::{GroupRecord, MetaRecord, PayloadRecord, QueueRecord};
-use letterbox::storage::verify::{VerifyOptions, verify};
 use letterbox::storage::{Store, StoreOptions, Txn};
 
 use crate::harness::*;
@@ -131,8 +131,8 @@ async fn inconsistent_records_are_reported() {
         enqueued_at: 1,
         expires_at: u64::MAX,
         visible_at: 0,
-        delivery_count: 2,
-        leases: 1,
+        delivery_count: 1,
+        failed_attempts: 2,
         lease: None,
         first_delivered_at: 0,
         attempts: Vec::new(),
@@ -207,7 +207,7 @@ async fn inconsistent_records_are_reported() {
     let text = report.problems.join("\n");
     assert!(text.contains("payload 2 is missing"), "{text}");
     assert!(
-        text.contains("delivery count 2 above its 1 leases"),
+        text.contains("2 failed attempts but only 1 deliveries"),
         "{text}"
     );
     assert!(text.contains("1 payload(s) belong to no message"), "{text}");

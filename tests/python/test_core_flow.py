@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SERVER_BIN = os.environ.get(
@@ -183,6 +184,7 @@ def core_flow(channel):
         d = r.deliveries[0]
         check_eq(d.message_id, message_id, "delivered message id")
         check_eq(d.delivery_count, n, "delivery_count")
+        check_eq(d.failed_attempts, n - 1, "failed_attempts before this delivery")
         check_eq(d.body, b"invoice #42", "body")
         check_eq(dict(d.properties), {"customer": "acme"}, "properties")
         check_eq(d.queue, "invoices", "delivered from")
@@ -232,6 +234,7 @@ def core_flow(channel):
     check_eq(rec.source_queue, "invoices", "record's source_queue")
     check_eq(rec.reason, pb.DEAD_LETTER_REASON_MAX_DELIVERIES, "record's reason")
     check_eq(rec.delivery_count, 3, "record's delivery_count")
+    check_eq(rec.failed_attempts, 3, "record's failed_attempts")
     check_eq(rec.last_nack_reason, reasons[2], "record's last_nack_reason")
     check(rec.at_unix_ms > 0, "record's time")
     print(
@@ -334,6 +337,42 @@ def errors(channel):
     )
 
 
+def riding_acks(channel):
+    admin = pb_grpc.AdminServiceStub(channel)
+    msg = pb_grpc.MessagingServiceStub(channel)
+    t = RPC_TIMEOUT_S
+
+    step("acks riding on a Receive are reported when the receive fails after them")
+    for name in ("jobs", "inbox"):
+        admin.CreateQueue(pb.CreateQueueRequest(name=name), timeout=t)
+    msg.Publish(
+        pb.PublishRequest(queue="jobs", messages=[pb.PublishMessage(body=b"job")]), timeout=t
+    )
+    d = msg.Receive(pb.ReceiveRequest(queue="jobs", max_messages=1), timeout=t).deliveries[0]
+    # The acks are durable before the receive waits on the empty queue;
+    # the queue is then deleted under it.
+    waiting = msg.Receive.future(
+        pb.ReceiveRequest(queue="inbox", wait_ms=10_000, ack_tokens=[d.ack_token]), timeout=t
+    )
+    for _ in range(500):
+        s = admin.GetQueueStats(pb.GetQueueStatsRequest(name="jobs"), timeout=t).stats
+        if s.acked == 1:
+            break
+        time.sleep(0.01)
+    check_eq(s.acked, 1, "jobs acked while the receive waits")
+    admin.DeleteQueue(pb.DeleteQueueRequest(name="inbox"), timeout=t)
+    r = waiting.result()
+    check_eq(
+        [(x.ack_token, x.status, x.code) for x in r.ack_results],
+        [(d.ack_token, pb.SETTLE_STATUS_OK, 0)],
+        "the riding ack's result",
+    )
+    check_eq(r.receive_code, grpc.StatusCode.NOT_FOUND.value[0], "receive_code")
+    check("inbox" in r.receive_error, f"receive_error names the queue: {r.receive_error!r}")
+    check_eq(len(r.deliveries), 0, "deliveries of the failed receive")
+    print(f"   acked, then the receive failed: {r.receive_error}")
+
+
 def main():
     check(os.access(SERVER_BIN, os.X_OK), f"server binary {SERVER_BIN} (cargo build --bin letterbox)")
     # A SIGTERM to this script unwinds through the `finally` blocks too.
@@ -348,6 +387,7 @@ def main():
             grpc.channel_ready_future(channel).result(timeout=STARTUP_TIMEOUT_S)
             core_flow(channel)
             errors(channel)
+            riding_acks(channel)
         step("SIGTERM the server")
         code = server.terminate()
         check_eq(code, 0, "server exit code after SIGTERM")

@@ -28,11 +28,12 @@
 # release letterbox), LOADGEN (the release loadgen), MOTO_VENV
 # (target/moto-venv), MOTO_VERSION (5.2.5), OUT (a directory kept for
 # results.jsonl, commands.txt, env.txt, summary.txt; default a temporary
-# one). Ports: GRPC_PORT (7441), SQS_PORT (9441), MOTO_PORT (5441).
+# one). Letterbox listens on free ports (port 0, read from its start
+# lines); moto on MOTO_PORT (a free one by default).
 set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 
-HERE=$(cd "$(dirname "$0")/../.." && pwd)
-TARGET_DIR=${CARGO_TARGET_DIR:-$HERE/target}
+HERE=$REPO_ROOT
 SERVER=${SERVER:-$TARGET_DIR/release/letterbox}
 LOADGEN=${LOADGEN:-$TARGET_DIR/release/loadgen}
 REPS=${REPS:-3}
@@ -42,9 +43,7 @@ ROWS=${ROWS:-send-1 send-64 batch-10 recv-1 recv-10}
 TARGETS=${TARGETS:-grpc sqs moto}
 MOTO_VENV=${MOTO_VENV:-$HERE/target/moto-venv}
 MOTO_VERSION=${MOTO_VERSION:-5.2.5}
-GRPC_PORT=${GRPC_PORT:-7441}
-SQS_PORT=${SQS_PORT:-9441}
-MOTO_PORT=${MOTO_PORT:-5441}
+MOTO_PORT=${MOTO_PORT:-$(free_port)}
 if [ -n "${OUT:-}" ]; then
     mkdir -p "$OUT"
     WORK=$OUT
@@ -79,32 +78,30 @@ esac
     echo "REPS=$REPS DIV=$DIV MOTO_DIV=$MOTO_DIV ROWS=\"$ROWS\" TARGETS=\"$TARGETS\""
 } > "$WORK/env.txt"
 
-setsid "$SERVER" serve --data-dir "$DATA/letterbox" --listen "127.0.0.1:$GRPC_PORT" \
-    --sqs-listen "127.0.0.1:$SQS_PORT" --console-listen off > "$WORK/server.log" 2>&1 &
-lb=$!
+lb=
 moto=
-case " $TARGETS " in
-*" moto "*)
-    setsid "$MOTO_VENV/bin/moto_server" -H 127.0.0.1 -p "$MOTO_PORT" > "$WORK/moto.log" 2>&1 &
-    moto=$!
-    ;;
-esac
 cleanup() {
-    kill -TERM $lb $moto 2>/dev/null || true
-    wait $lb $moto 2>/dev/null || true
+    [ -z "$lb" ] || stop_pid "$lb" 30 letterbox
+    [ -z "$moto" ] || stop_pid "$moto" 10 moto
     rm -rf "$DATA"
     [ -n "${OUT:-}" ] || rm -rf "$WORK"
 }
 trap cleanup EXIT
-for _ in $(seq 200); do
-    up=1
-    grep -q "letterbox sqs at" "$WORK/server.log" 2>/dev/null || up=0
-    if [ -n "$moto" ]; then
-        curl -s -o /dev/null "http://127.0.0.1:$MOTO_PORT/" || up=0
-    fi
-    [ "$up" = 1 ] && break
-    sleep 0.1
-done
+start_letterbox "$WORK/letterbox" "$SERVER" --data-dir "$DATA/letterbox" \
+    --listen 127.0.0.1:0 --sqs-listen 127.0.0.1:0 --console-listen off
+wait_letterbox "$WORK/letterbox"
+lb=$SERVER_PID
+GRPC_URL=$SERVER_URL
+SQS_URL=$(announced "$WORK/letterbox" "$LETTERBOX_SQS_LINE")
+SQS_URL=${SQS_URL%/}
+[ -n "$SQS_URL" ] || { echo "the server announced no SQS endpoint" >&2; exit 1; }
+case " $TARGETS " in
+*" moto "*)
+    setsid "$MOTO_VENV/bin/moto_server" -H 127.0.0.1 -p "$MOTO_PORT" > "$WORK/moto.log" 2>&1 &
+    moto=$!
+    wait_port "$MOTO_PORT" 30 || { echo "moto did not listen on $MOTO_PORT" >&2; exit 1; }
+    ;;
+esac
 
 count() { # row target -> messages per run
     local n
@@ -135,13 +132,13 @@ run() { # row target rep
         *) echo "unknown row $row" >&2; exit 2 ;;
     esac
     local cmd
-    cmd="LOADGEN_LETTERBOX_PUBLISH=$mode $LOADGEN run --target $target $args --count $(count "$row" "$t") --max-secs 60 --broker-pid $pid --first-rep $rep --label $row --letterbox-url http://127.0.0.1:$GRPC_PORT --sqs-url http://127.0.0.1:$SQS_PORT --moto-url http://127.0.0.1:$MOTO_PORT --out $RESULTS"
+    cmd="LOADGEN_LETTERBOX_PUBLISH=$mode $LOADGEN run --target $target $args --count $(count "$row" "$t") --max-secs 60 --broker-pid $pid --first-rep $rep --label $row --letterbox-url $GRPC_URL --sqs-url $SQS_URL --moto-url http://127.0.0.1:$MOTO_PORT --out $RESULTS"
     echo "$cmd" >> "$COMMANDS"
     # shellcheck disable=SC2086
     env LOADGEN_LETTERBOX_PUBLISH=$mode "$LOADGEN" run --target "$target" $args \
         --count "$(count "$row" "$t")" --max-secs 60 --broker-pid "$pid" --first-rep "$rep" \
-        --label "$row" --letterbox-url "http://127.0.0.1:$GRPC_PORT" \
-        --sqs-url "http://127.0.0.1:$SQS_PORT" --moto-url "http://127.0.0.1:$MOTO_PORT" \
+        --label "$row" --letterbox-url "$GRPC_URL" \
+        --sqs-url "$SQS_URL" --moto-url "http://127.0.0.1:$MOTO_PORT" \
         --out "$RESULTS" > /dev/null 2>> "$WORK/loadgen.log"
 }
 

@@ -12,7 +12,7 @@
 //!    first GET set, and reports p50 / p99 / max milliseconds (request sent
 //!    to the last byte of the body) per page;
 //! 2. **publish**: runs `loadgen`'s publish workload (1 and 64 in flight,
-//!    1 KiB, the counts of `tools/bench.sh` divided by `--div`, 4) against a
+//!    1 KiB, the counts of `tools/bench/bench.sh` divided by `--div`, 4) against a
 //!    fresh server per run in three configurations, alternating within each
 //!    repetition (`--reps`, 3; the order rotates from one repetition to
 //!    the next): `--console-listen off`; the console on and no page open;
@@ -22,7 +22,7 @@
 //!    It reports the median msg/s and p99 per configuration and its ratio
 //!    to `off`.
 //!
-//! `loadgen` runs as its own process, exactly as `tools/bench.sh` runs it
+//! `loadgen` runs as its own process, exactly as `tools/bench/bench.sh` runs it
 //! (`commands.txt` has every command line); its JSON lines go to
 //! `publish.jsonl` and `loadgen report` makes `loadgen-report.md` of them.
 //! Everything is written under `--out`; the summary is printed too.
@@ -101,7 +101,7 @@ struct Args {
     /// Repetitions of each publish run in each configuration.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
     reps: u32,
-    /// Divides the publish counts of `tools/bench.sh` (50,000 at 1 in
+    /// Divides the publish counts of `tools/bench/bench.sh` (50,000 at 1 in
     /// flight, 200,000 at 64).
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..))]
     div: u64,

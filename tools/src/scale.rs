@@ -484,8 +484,43 @@ async fn phases(
         a.consumer,
         a.prefetch
     )?;
+    let (rss_full, du_full, apparent_full) = fill(a, srv, &t, &q, step, raw, md).await?;
+    restarts(srv, &q, n, rss_empty, raw, md).await?;
+    let rss_restarted = srv.rss()?;
+    drain_in_steps(a, srv, &q, step, raw, md).await?;
+    let (du_drained, _) = disk_use(&srv.data())?;
+    let figures = Figures {
+        rss_empty,
+        rss_full,
+        rss_restarted,
+        du_full,
+        apparent_full,
+        du_drained,
+    };
+    space(a, srv, &metrics, &figures, raw, md).await?;
 
-    // 1. Fill in steps.
+    // 5. Many queues.
+    if a.queues > 0 {
+        many_queues(a, srv, raw, md).await?;
+    }
+    Ok(())
+}
+
+/// Phase 1: fills the queue with `a.messages` in steps of `step`, a row per
+/// step; returns the server's RSS and the data directory's disk use (du,
+/// apparent) once full.
+async fn fill(
+    a: &Args,
+    srv: &ServerProc,
+    t: &LetterboxTarget,
+    q: &QueueSpec,
+    step: u64,
+    raw: &mut Map<String, Value>,
+    md: &mut String,
+) -> Result<(u64, u64, u64)> {
+    let n = a.messages;
+    let size = a.size as usize;
+    let steps = a.steps.min(n);
     writeln!(
         md,
         "### Fill\n\n| step | depth after | publish msg/s | server RSS MiB | data dir MiB (du) |\n|---|---|---|---|---|"
@@ -497,16 +532,8 @@ async fn phases(
         if k == 0 {
             break;
         }
-        let (acked, took, _, timed_out) = publish_n(
-            &t,
-            &q,
-            k,
-            size,
-            a.window,
-            a.batch,
-            Duration::from_secs(3600),
-        )
-        .await?;
+        let (acked, took, _, timed_out) =
+            publish_n(t, q, k, size, a.window, a.batch, Duration::from_secs(3600)).await?;
         if timed_out || acked != k {
             bail!("step {i}: published {acked}/{k}");
         }
@@ -547,8 +574,20 @@ async fn phases(
         fmt_rate(hi),
         rates.last().unwrap_or(&0.0) / rates.first().unwrap_or(&1.0).max(1e-9)
     )?;
+    Ok((rss_full, du_full, apparent_full))
+}
 
-    // 2. Restarts.
+/// Phase 2: restarts the full server twice, gracefully and with `kill -9`: the
+/// stop's and the start's times, the server's recovery_ms, the RSS after
+/// the start (the index) per queued message.
+async fn restarts(
+    srv: &mut ServerProc,
+    q: &QueueSpec,
+    n: u64,
+    rss_empty: u64,
+    raw: &mut Map<String, Value>,
+    md: &mut String,
+) -> Result<()> {
     writeln!(
         md,
         "### Restart with {n} queued messages\n\n| how | stop took | start → first successful call | server's recovery_ms | RSS after start MiB | RSS per queued message |\n|---|---|---|---|---|---|"
@@ -586,16 +625,25 @@ async fn phases(
         );
     }
     raw.insert("restarts".into(), json!(restarts));
-    let rss_restarted = srv.rss()?;
+    Ok(())
+}
 
-    // 3. Drain in steps.
+/// Phase 3: drains the queue in steps of `step` (receive + ack), a row per step.
+async fn drain_in_steps(
+    a: &Args,
+    srv: &ServerProc,
+    q: &QueueSpec,
+    step: u64,
+    raw: &mut Map<String, Value>,
+    md: &mut String,
+) -> Result<()> {
     let t = LetterboxTarget::connect(&srv.url(), None).await?;
     writeln!(
         md,
         "\n### Drain (receive + ack)\n\n| step | depth before | receive+ack msg/s |\n|---|---|---|"
     )?;
     let mut drains = Vec::new();
-    let mut left = n;
+    let mut left = a.messages;
     let mut i = 0;
     // One consumer for the whole drain: what it prefetched for the next
     // step is consumed there.
@@ -604,7 +652,7 @@ async fn phases(
         ack: AckMode::Async,
         mode: a.consumer,
     };
-    let mut consumer = t.consumer(&q, &spec).await?;
+    let mut consumer = t.consumer(q, &spec).await?;
     while left > 0 {
         let k = step.min(left);
         let took = drain(consumer.as_mut(), k).await?;
@@ -621,12 +669,35 @@ async fn phases(
     if got != 0 {
         bail!("after the drain the queue holds {got} messages");
     }
+    Ok(())
+}
 
-    // 4. Space.
-    let (du_drained, _) = disk_use(&srv.data())?;
-    let c0 = checkpoints(&metrics).await?;
+/// Memory and disk figures taken along the phases (bytes).
+struct Figures {
+    rss_empty: u64,
+    rss_full: u64,
+    rss_restarted: u64,
+    du_full: u64,
+    apparent_full: u64,
+    du_drained: u64,
+}
+
+/// Phase 4, space: waits for the next two checkpoints (at most 120 s), then
+/// writes the memory and disk figures, the space the drain gave back
+/// among them.
+async fn space(
+    a: &Args,
+    srv: &ServerProc,
+    metrics: &MetricsUrl,
+    f: &Figures,
+    raw: &mut Map<String, Value>,
+    md: &mut String,
+) -> Result<()> {
+    let n = a.messages;
+    let size = a.size as usize;
+    let c0 = checkpoints(metrics).await?;
     let t0 = Instant::now();
-    while checkpoints(&metrics).await? < c0 + 2 && t0.elapsed() < Duration::from_secs(120) {
+    while checkpoints(metrics).await? < c0 + 2 && t0.elapsed() < Duration::from_secs(120) {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let waited = t0.elapsed();
@@ -640,31 +711,26 @@ async fn phases(
          | data dir after the fill (du / apparent) | {} / {} MiB: {:.0} B per message ({size} B bodies) |\n\
          | data dir after the drain | {} MiB |\n\
          | data dir after the next 2 checkpoints ({:.0} s later) | {} MiB (reclaimed {} MiB of {}) |\n",
-        mib(rss_empty),
-        mib(rss_full),
-        rss_full.saturating_sub(rss_empty) as f64 / n as f64,
-        mib(rss_restarted),
-        rss_restarted.saturating_sub(rss_empty) as f64 / n as f64,
-        mib(du_full),
-        mib(apparent_full),
-        du_full as f64 / n as f64,
-        mib(du_drained),
+        mib(f.rss_empty),
+        mib(f.rss_full),
+        f.rss_full.saturating_sub(f.rss_empty) as f64 / n as f64,
+        mib(f.rss_restarted),
+        f.rss_restarted.saturating_sub(f.rss_empty) as f64 / n as f64,
+        mib(f.du_full),
+        mib(f.apparent_full),
+        f.du_full as f64 / n as f64,
+        mib(f.du_drained),
         waited.as_secs_f64(),
         mib(du_reclaimed),
-        mib(du_full.saturating_sub(du_reclaimed)),
-        mib(du_full),
+        mib(f.du_full.saturating_sub(du_reclaimed)),
+        mib(f.du_full),
     )?;
     raw.insert(
         "memory_disk".into(),
-        json!({"rss_empty": rss_empty, "rss_full": rss_full, "rss_restarted": rss_restarted,
-            "du_full": du_full, "apparent_full": apparent_full, "du_drained": du_drained,
+        json!({"rss_empty": f.rss_empty, "rss_full": f.rss_full, "rss_restarted": f.rss_restarted,
+            "du_full": f.du_full, "apparent_full": f.apparent_full, "du_drained": f.du_drained,
             "du_after_checkpoints": du_reclaimed, "checkpoint_wait_s": waited.as_secs_f64()}),
     );
-
-    // 5. Many queues.
-    if a.queues > 0 {
-        many_queues(a, srv, raw, md).await?;
-    }
     Ok(())
 }
 

@@ -2,6 +2,7 @@
 //! on loopback), with small counts: each new workload and option runs once
 //! and its result line is checked.
 
+use std::path::Path;
 use std::sync::Arc;
 
 use letterbox::clock::SystemClock;
@@ -109,11 +110,21 @@ async fn new_workloads_and_options_run_against_letterbox() {
     let s = start().await;
     let dir = tempfile::tempdir().expect("tempdir");
     let out = dir.path().join("r.jsonl");
+    a_get_row_is_skipped(&s, &out).await;
+    consumers(&s, &out).await;
+    fifo_rows(&s, &out).await;
+    redrive_row(&s, &out).await;
+    sizes(&s, &out).await;
+    report_rows(&out);
+    s.stop().await;
+}
 
+/// `--consumer get` (RabbitMQ only) writes no result line for Letterbox.
+async fn a_get_row_is_skipped(s: &Running, out: &Path) {
     // `--consumer get` is RabbitMQ's `basic.get`: Letterbox is skipped,
     // with no result line.
     let lines = || {
-        std::fs::read_to_string(&out)
+        std::fs::read_to_string(out)
             .unwrap_or_default()
             .lines()
             .count()
@@ -140,12 +151,16 @@ async fn new_workloads_and_options_run_against_letterbox() {
     .await
     .expect("a skipped run");
     assert_eq!(lines(), before, "no result for a skipped run");
+}
 
+/// Subscribe and Receive consumers with async and sync acks, and an
+/// end-to-end row numbered from `--first-rep`.
+async fn consumers(s: &Running, out: &Path) {
     // Subscribe consumers, async and sync acks, next to a Receive row.
     for (ack, count) in [("async", "400"), ("sync", "100")] {
         let r = s
             .run(
-                &out,
+                out,
                 &[
                     "--workload",
                     "consume-ack",
@@ -175,7 +190,7 @@ async fn new_workloads_and_options_run_against_letterbox() {
     for prefetch in ["1", "64"] {
         let r = s
             .run(
-                &out,
+                out,
                 &[
                     "--workload",
                     "consume-ack",
@@ -193,7 +208,7 @@ async fn new_workloads_and_options_run_against_letterbox() {
     }
     let r = s
         .run(
-            &out,
+            out,
             &[
                 "--workload",
                 "end-to-end",
@@ -212,12 +227,15 @@ async fn new_workloads_and_options_run_against_letterbox() {
     check(&r, 300);
     assert!(r["latency"]["p50_ms"].as_f64().is_some(), "{r}");
     assert_eq!(r["rep"], 3, "numbered from --first-rep: {r}");
+}
 
+/// FIFO with concurrent consumers, pull and push.
+async fn fifo_rows(s: &Running, out: &Path) {
     // FIFO with concurrent consumers, pull and push: order is checked.
     for mode in ["receive", "subscribe"] {
         let r = s
             .run(
-                &out,
+                out,
                 &[
                     "--workload",
                     "fifo",
@@ -245,11 +263,14 @@ async fn new_workloads_and_options_run_against_letterbox() {
             "{r}"
         );
     }
+}
 
+/// Redrive of dead-lettered messages.
+async fn redrive_row(s: &Running, out: &Path) {
     // Redrive of dead-lettered messages.
     let r = s
         .run(
-            &out,
+            out,
             &["--workload", "redrive", "--count", "500", "--queue", "rd"],
         )
         .await;
@@ -259,11 +280,14 @@ async fn new_workloads_and_options_run_against_letterbox() {
         r["extra"]["dead_letter_msgs_per_s"].as_f64().is_some(),
         "{r}"
     );
+}
 
+/// Message sizes from 100 B to 1 MiB.
+async fn sizes(s: &Running, out: &Path) {
     // Message sizes from 100 B to 1 MiB, batched publishes included.
     let r = s
         .run(
-            &out,
+            out,
             &[
                 "--workload",
                 "publish-durable",
@@ -281,7 +305,7 @@ async fn new_workloads_and_options_run_against_letterbox() {
     let mib = "1048576";
     let r = s
         .run(
-            &out,
+            out,
             &[
                 "--workload",
                 "publish-durable",
@@ -306,7 +330,7 @@ async fn new_workloads_and_options_run_against_letterbox() {
     for mode in ["receive", "subscribe"] {
         let r = s
             .run(
-                &out,
+                out,
                 &[
                     "--workload",
                     "consume-ack",
@@ -325,7 +349,7 @@ async fn new_workloads_and_options_run_against_letterbox() {
     }
     let r = s
         .run(
-            &out,
+            out,
             &[
                 "--workload",
                 "fifo",
@@ -343,7 +367,10 @@ async fn new_workloads_and_options_run_against_letterbox() {
         )
         .await;
     check(&r, 9);
+}
 
+/// The report of all the rows above.
+fn report_rows(out: &Path) {
     // The report shows the new rows.
     let md = letterbox_tools::loadgen::report::report(&[out.to_string_lossy().into_owned()], None)
         .expect("report");
@@ -357,7 +384,6 @@ async fn new_workloads_and_options_run_against_letterbox() {
     );
     assert!(md.contains("redrive rate=unlimited"), "{md}");
     assert!(md.contains("fsync/s"), "{md}");
-    s.stop().await;
 }
 
 /// The error of `loadgen run --target letterbox --workload publish-durable

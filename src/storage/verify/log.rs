@@ -7,7 +7,7 @@ use bytes::Bytes;
 
 use super::VerifyReport;
 use crate::storage::error::{Result, StorageError};
-use crate::storage::{SysKey, fsutil, wal};
+use crate::storage::{SysKey, checkpoint, fsutil, wal};
 
 /// Checks the database's format version and reads how far it applied the
 /// log.
@@ -65,7 +65,7 @@ pub(super) fn replay(
     r: &mut VerifyReport,
 ) -> Result<()> {
     let wal_dir = dir.join("wal");
-    let checkpoint = fsutil::read_checkpoint(dir);
+    let checkpoint = checkpoint::read(dir);
     if let Ok(cp) = &checkpoint
         && let Some(log) = cp.log
         && let Err(e) = wal::check_continuity(&wal_dir, cp.applied, log, &cp.sizes)

@@ -1,4 +1,5 @@
-//! Offline check of a data directory (`letterbox verify`).
+//! Offline check of a data directory (`letterbox verify`): storage's
+//! part.
 //!
 //! Nothing in the directory is modified: the check takes the directory's
 //! lock (so no server runs on it meanwhile), copies the database to a
@@ -11,13 +12,12 @@
 //!   size, at a record that decodes and whose body matches its CRC;
 //! * every message has its queue and its payload, each payload belongs to
 //!   exactly one message, the recorded body size is the payload's;
-//! * leases are consistent (the lease's epoch is the lease count, the
-//!   delivery count does not exceed it, a lease starts before it ends);
-//! * groups are only on FIFO queues, dead letter queues exist and have the
-//!   source's kind;
-//! * each queue's counters agree with the messages it holds (what came in
-//!   minus what went out, within what expiries explain);
 //! * reserved positions and queue numbers are beyond every one in use.
+//!
+//! `verify_store` returns what it found and the records it read; the
+//! queue rules over those records (dead letter queues, leases, FIFO
+//! groups, counters) are the engine's, checked after these by
+//! `queue::verify`, which `letterbox verify` runs.
 //!
 //! Each step is a module: `copy` (the scratch copy), `log` (the log and
 //! its replay), `scan` (every record) and `relations` (the relations
@@ -27,6 +27,8 @@ mod copy;
 mod log;
 mod relations;
 mod scan;
+
+pub(crate) use scan::Records;
 
 use std::path::{Path, PathBuf};
 
@@ -58,7 +60,8 @@ impl VerifyReport {
         self.problems.is_empty()
     }
 
-    fn problem(&mut self, p: impl Into<String>) {
+    /// Records a problem.
+    pub(crate) fn problem(&mut self, p: impl Into<String>) {
         // Thousands of copies of one kind of damage say nothing more.
         if self.problems.len() < 1000 {
             self.problems.push(p.into());
@@ -70,10 +73,15 @@ impl VerifyReport {
     }
 }
 
-/// Checks the data directory `dir`. `Err` when it cannot be checked at all
-/// (not a data directory, an unknown format, in use by a server, an I/O
-/// error); otherwise the report says what is wrong, if anything.
-pub fn verify(dir: &Path, opts: &VerifyOptions) -> Result<VerifyReport> {
+/// Storage's checks of the data directory `dir`. `Err` when it cannot be
+/// checked at all (not a data directory, an unknown format, in use by a
+/// server, an I/O error); otherwise the report says what is wrong, if
+/// anything, and the records read come with it (none when the directory
+/// holds no database to read).
+pub(crate) fn verify_store(
+    dir: &Path,
+    opts: &VerifyOptions,
+) -> Result<(VerifyReport, Option<Records>)> {
     let mut r = VerifyReport::default();
     if !dir.is_dir() {
         return Err(StorageError::NotDataDir {
@@ -86,11 +94,11 @@ pub fn verify(dir: &Path, opts: &VerifyOptions) -> Result<VerifyReport> {
     let db_dir = fsutil::current_database(dir)?;
     let wal_dir = dir.join("wal");
     if !has_database(dir, &db_dir, &wal_dir, &mut r)? {
-        return Ok(r);
+        return Ok((r, None));
     }
     let scratch = copy::Scratch::new(opts);
     let Some(db) = copy::open_copy(&db_dir, &scratch, &mut r)? else {
-        return Ok(r);
+        return Ok((r, None));
     };
     let applied = log::database_lsn(&db, &db_dir, &mut r)?;
     let seg_sizes = log::segment_sizes(&wal_dir, &mut r)?;
@@ -104,7 +112,7 @@ pub fn verify(dir: &Path, opts: &VerifyOptions) -> Result<VerifyReport> {
     r.figure("payload bytes", recs.payload_bytes);
 
     relations::check(&mut r, &recs);
-    Ok(r)
+    Ok((r, Some(recs)))
 }
 
 /// Whether the directory holds a database to check: not when its first

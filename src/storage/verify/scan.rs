@@ -1,6 +1,7 @@
 //! Reading every record of the replayed copy: each key and value must
 //! decode, each payload must be where its pointer says and match its
-//! checksum. What was read is kept for the relations' checks.
+//! checksum. What was read is kept for the relations' checks, storage's
+//! and the queue's.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
@@ -13,33 +14,33 @@ use crate::storage::keys::{
     OwnedKey, TAG_ANNOTATIONS, TAG_COUNTERS, TAG_DEDUP, TAG_EXCHANGE, TAG_GROUP, TAG_META,
     TAG_PAYLOAD, TAG_QUEUE, TAG_SYS,
 };
+use crate::storage::local::{payloads, wal};
 use crate::storage::records::{
     self, CountersRecord, DedupRecord, ExchangeRecord, GroupRecord, MetaRecord, PayloadRecord,
     QueueRecord,
 };
-use crate::storage::{payloads, wal};
 
 /// The records read, as the relations' checks need them.
 #[derive(Default)]
-pub(super) struct Records {
+pub(crate) struct Records {
     /// Queues by name.
-    pub(super) queues: BTreeMap<String, QueueRecord>,
+    pub(crate) queues: BTreeMap<String, QueueRecord>,
     /// Counters by queue number.
-    pub(super) counters: HashMap<u32, CountersRecord>,
+    pub(crate) counters: HashMap<u32, CountersRecord>,
     /// Messages: queue number, position, record.
-    pub(super) metas: Vec<(u32, u64, MetaRecord)>,
+    pub(crate) metas: Vec<(u32, u64, MetaRecord)>,
     /// Body size of each payload that decoded, by payload number.
-    pub(super) payload_sizes: HashMap<u64, usize>,
+    pub(crate) payload_sizes: HashMap<u64, usize>,
     /// FIFO groups: queue number, group id.
-    pub(super) groups: Vec<(u32, String)>,
+    pub(crate) groups: Vec<(u32, String)>,
     /// The queue number of each dedup entry.
-    pub(super) dedups: Vec<u32>,
+    pub(crate) dedups: Vec<u32>,
     /// System values by their key's byte.
-    pub(super) sys: HashMap<u8, u64>,
+    pub(crate) sys: HashMap<u8, u64>,
     /// Bytes of every payload body.
-    pub(super) payload_bytes: u64,
+    pub(crate) payload_bytes: u64,
     /// Payloads kept in the log (pointers rather than values).
-    pub(super) pointers: usize,
+    pub(crate) pointers: usize,
 }
 
 /// Where payload pointers lead: the log's segments, their sizes, and the

@@ -4,7 +4,7 @@
 //! One writer holds the shard's lease and commits numbered batches, each
 //! a set of keys with its number as the commit marker's lsn, as fast as
 //! the cluster takes them, for `--secs`. Meanwhile something else kills
-//! the primary (`tools/pg-failover.sh` does: `kill -9` of its Patroni and
+//! the primary (`tools/reliability/pg-failover.sh` does: `kill -9` of its Patroni and
 //! postmaster). A commit that fails is never sent again blindly: the
 //! writer reconnects through the multi-host URL (which finds the new
 //! primary), takes the lease again, and settles the batch by the marker

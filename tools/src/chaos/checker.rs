@@ -102,7 +102,11 @@ impl Rows {
             ("I2", "no unexpected or corrupted message", true),
             ("I3", "a failed publish had no effect", true),
             ("I4", "no acknowledged message redelivered", true),
-            ("I5", "delivery counts exact, never going back", true),
+            (
+                "I5",
+                "delivery and failure counts exact, never going back",
+                true,
+            ),
             (
                 "I6",
                 "dead letters: one queue, after exhausting attempts",
@@ -278,8 +282,8 @@ impl<'a> Index<'a> {
         // ---- FIFO batches (SPEC §3)
         // When one delivery of a batch fails (nack, reject, lease expiry,
         // stream closed), the later ones still leased are released with
-        // it: their tokens settle nothing, and their deliveries do not
-        // count.
+        // it: their tokens settle nothing, and their deliveries count as
+        // deliveries but not as failed attempts.
         let mut batches: HashMap<(u64, &str, &str), Vec<usize>> = HashMap::new();
         for d in ds {
             if workload::fifo_kind(&d.queue) {
@@ -402,8 +406,7 @@ impl<'a> Index<'a> {
 
     /// A delivery that may have been released: it neither acked nor
     /// nacked with success, and an earlier one of its batch and group may
-    /// have failed. The next delivery of its message may have the same
-    /// count.
+    /// have failed. It may have ended without being a failed attempt.
     fn maybe_released(&self, d: &Delivery) -> bool {
         !self.ok_settled(d.idx, &[SettleKind::Ack, SettleKind::Nack])
             && self.release_from(d).is_some()
@@ -609,27 +612,31 @@ fn per_message(ix: &Index<'_>, rows: &mut Rows, info: &mut Vec<(String, String)>
         redeliveries += list.len().saturating_sub(1);
         for (a_pos, &a) in list.iter().enumerate() {
             let da = &ds[a];
-            if da.count == 0 || (is_source && da.count > MAX_DELIVERIES) {
+            // Every delivery counts (this one included), and the failed
+            // attempts before it are fewer; a message that failed
+            // `max_deliveries` times is not delivered from its queue again.
+            if da.count == 0 || da.failed >= da.count || (is_source && da.failed >= MAX_DELIVERIES)
+            {
                 rows.add("I5", || {
                     format!(
-                        "{id} delivered from {queue} with count {} (max deliveries {MAX_DELIVERIES})",
-                        da.count
+                        "{id} delivered from {queue} with count {} after {} failed attempts (max deliveries {MAX_DELIVERIES})",
+                        da.count, da.failed
                     )
                 });
             }
             let end_a = ix.live_end(da);
             for &b in &list[a_pos + 1..] {
                 let db = &ds[b];
-                // A released delivery did not count: the next one has the
-                // same count.
-                if db.inv.t > da.done.t
-                    && (db.count < da.count || (db.count == da.count && !ix.maybe_released(da)))
-                {
+                // Never going back: a later delivery has a higher count (a
+                // FIFO release counts too) and no fewer failed attempts.
+                if db.inv.t > da.done.t && (db.count <= da.count || db.failed < da.failed) {
                     rows.add("I5", || {
                         format!(
-                            "{id} in {queue}: count {} then {} (second receive invoked {:.1} ms after the first delivery)",
+                            "{id} in {queue}: count {} ({} failed) then {} ({} failed) (second receive invoked {:.1} ms after the first delivery)",
                             da.count,
+                            da.failed,
                             db.count,
+                            db.failed,
                             ms(db.inv.t - da.done.t)
                         )
                     });
@@ -701,15 +708,15 @@ fn dead_letters<'a>(
             .collect();
         match rec.reason {
             1 => {
-                if rec.count != MAX_DELIVERIES {
+                if rec.failed != MAX_DELIVERIES || rec.count < rec.failed {
                     rows.add("I6", || {
                         format!(
-                            "{id}: dead-lettered for MAX_DELIVERIES with count {} (max {MAX_DELIVERIES})",
-                            rec.count
+                            "{id}: dead-lettered for MAX_DELIVERIES after {} failed attempts and {} deliveries (max {MAX_DELIVERIES})",
+                            rec.failed, rec.count
                         )
                     });
                 }
-                // Released deliveries (FIFO) do not count.
+                // Released deliveries (FIFO) are no failed attempts.
                 let counted = source_deliveries
                     .iter()
                     .filter(|d| !ix.maybe_released(d))

@@ -1,16 +1,16 @@
-//! The checker's FIFO rule (I9) and lease expiry rule (I8) on hand-made
-//! histories: each case is a history that must pass or must be flagged, so
-//! that a change to a rule that lets a reordering through, or flags a
-//! legal dead-letter skip, a legal release (SPEC §3) or a late answer
-//! overtaken by the next delivery, fails here before it can hide in a
-//! chaos run.
+//! The checker's FIFO rule (I9), lease expiry rule (I8) and counting rule
+//! (I5) on hand-made histories: each case is a history that must pass or
+//! must be flagged, so that a change to a rule that lets a reordering or a
+//! count going back through, or flags a legal dead-letter skip, a legal
+//! release (SPEC §3) or a late answer overtaken by the next delivery,
+//! fails here before it can hide in a chaos run.
 
 use super::checker::{Report, check};
 use super::history::{
     DeadLetter, Delivery, History, Outcome, PubMsg, Publish, Records, Settle, SettleKind,
     SettleResult, Stamp,
 };
-use super::workload::{FIFO, dlq_of};
+use super::workload::{FIFO, MAX_DELIVERIES, dlq_of};
 
 const GROUP: &str = "g";
 
@@ -45,8 +45,8 @@ pub(super) fn published(base: Stamp, ids: &[&str]) -> Vec<Publish> {
         .collect()
 }
 
-/// A delivery of `id` from `queue`, arriving `ms` after `base` with a lease
-/// of `lease_ms`.
+/// A first delivery of `id` from `queue` (count 1, no failed attempt),
+/// arriving `ms` after `base` with a lease of `lease_ms`.
 pub(super) fn delivered(
     base: Stamp,
     call: u64,
@@ -61,6 +61,7 @@ pub(super) fn delivered(
         queue: queue.to_string(),
         id: id.to_string(),
         count: 1,
+        failed: 0,
         token: format!("t{call}-{id}"),
         deadline: base.wall + ms + lease_ms,
         group: GROUP.to_string(),
@@ -82,6 +83,7 @@ pub(super) fn from_dlq(base: Stamp, call: u64, id: &str, moved_ms: u64) -> Deliv
         source: FIFO.to_string(),
         reason: 1,
         count: 5,
+        failed: 3,
         at: base.wall + moved_ms,
     });
     d
@@ -218,6 +220,7 @@ fn a_later_message_acked_before_the_earlier_one_is_flagged() {
     let base = hist.now();
     let mut m1_again = delivered(base, 3, FIFO, "m1", 300, 1_000);
     m1_again.count = 2;
+    m1_again.failed = 1;
     let ds = vec![
         delivered(base, 1, FIFO, "m1", 10, 100),
         delivered(base, 2, FIFO, "m2", 200, 1_000),
@@ -240,6 +243,7 @@ fn a_later_message_of_the_batch_acked_after_the_earlier_was_nacked_is_flagged() 
     let base = hist.now();
     let mut m1_again = delivered(base, 2, FIFO, "m1", 100, 1_000);
     m1_again.count = 2;
+    m1_again.failed = 1;
     let ds = vec![
         delivered(base, 1, FIFO, "m1", 10, 1_000),
         delivered(base, 1, FIFO, "m2", 10, 1_000),
@@ -258,17 +262,20 @@ fn a_later_message_of_the_batch_acked_after_the_earlier_was_nacked_is_flagged() 
 fn a_release_then_redelivery_in_order_passes() {
     // m1 and m2 leased together; m1 nacked, which releases m2 (the nack's
     // answer says so, and m2's ack is refused as RELEASED); both come
-    // again in order, m2 with the same count (the release did not count),
-    // and are acked in order.
+    // again in order, m2's count one higher (its release counted as a
+    // delivery) but no failed attempt, and are acked in order.
     let hist = History::new(None);
     let base = hist.now();
     let mut m1_again = delivered(base, 2, FIFO, "m1", 40, 1_000);
     m1_again.count = 2;
+    m1_again.failed = 1;
+    let mut m2_again = delivered(base, 2, FIFO, "m2", 40, 1_000);
+    m2_again.count = 2;
     let ds = vec![
         delivered(base, 1, FIFO, "m1", 10, 1_000),
         delivered(base, 1, FIFO, "m2", 10, 1_000),
         m1_again,
-        delivered(base, 2, FIFO, "m2", 40, 1_000),
+        m2_again,
     ];
     let settles = vec![
         settle(base, 0, SettleKind::Nack, 20, ok()),
@@ -287,16 +294,19 @@ fn a_release_then_redelivery_in_order_passes() {
 fn a_release_by_a_lease_run_out_then_redelivery_passes() {
     // m1 and m2 leased together; m1 is held past its lease (its late ack
     // refused as expired), which releases m2; the redeliveries are in
-    // order, m2's with the same count.
+    // order, m2's counted, with no failed attempt.
     let hist = History::new(None);
     let base = hist.now();
     let mut m1_again = delivered(base, 2, FIFO, "m1", 500, 1_000);
     m1_again.count = 2;
+    m1_again.failed = 1;
+    let mut m2_again = delivered(base, 2, FIFO, "m2", 500, 1_000);
+    m2_again.count = 2;
     let ds = vec![
         delivered(base, 1, FIFO, "m1", 10, 300),
         delivered(base, 1, FIFO, "m2", 10, 300),
         m1_again,
-        delivered(base, 2, FIFO, "m2", 500, 1_000),
+        m2_again,
     ];
     let settles = vec![
         settle(base, 0, SettleKind::Ack, 400, SettleResult::LeaseExpired),
@@ -308,6 +318,83 @@ fn a_release_by_a_lease_run_out_then_redelivery_passes() {
     for inv in ["I5", "I7", "I9", "I11"] {
         assert_eq!(r.of(inv), 0, "{inv}: {}", r.table());
     }
+}
+
+/// m1 and m2 leased together, m1 nacked (releasing m2), both delivered
+/// again; m2's second delivery with `count` and `failed`.
+fn released_then_delivered_again(count: u32, failed: u32) -> Report {
+    let hist = History::new(None);
+    let base = hist.now();
+    let mut m1_again = delivered(base, 2, FIFO, "m1", 40, 1_000);
+    m1_again.count = 2;
+    m1_again.failed = 1;
+    let mut m2_again = delivered(base, 2, FIFO, "m2", 40, 1_000);
+    m2_again.count = count;
+    m2_again.failed = failed;
+    let ds = vec![
+        delivered(base, 1, FIFO, "m1", 10, 1_000),
+        delivered(base, 1, FIFO, "m2", 10, 1_000),
+        m1_again,
+        m2_again,
+    ];
+    let settles = vec![
+        settle(base, 0, SettleKind::Nack, 20, ok()),
+        settle(base, 1, SettleKind::ReleasedWith, 20, released()),
+        settle(base, 2, SettleKind::Ack, 45, ok()),
+        settle(base, 3, SettleKind::Ack, 50, ok()),
+    ];
+    report(ds, published(base, &["m1", "m2"]), settles, &hist)
+}
+
+#[test]
+fn a_release_that_takes_the_delivery_back_is_flagged() {
+    // What the server did before the two counts (SPEC §3): the release
+    // lowered m2's count, so its second delivery said 1 again.
+    let r = released_then_delivered_again(1, 0);
+    assert_eq!(r.of("I5"), 1, "{}", r.table());
+    // Counted, and no failure: passes.
+    let r = released_then_delivered_again(2, 0);
+    assert_eq!(r.of("I5"), 0, "{}", r.table());
+    // A failed attempt the release did not make is as wrong as a lost one
+    // would be; here it only shows as more than the deliveries before.
+    let r = released_then_delivered_again(2, 2);
+    assert_eq!(r.of("I5"), 1, "{}", r.table());
+}
+
+#[test]
+fn failed_attempts_that_go_back_are_flagged() {
+    // m1 fails twice, then comes with no failed attempt: nothing (no
+    // operator's release in the workload) resets them.
+    let hist = History::new(None);
+    let base = hist.now();
+    let mut second = delivered(base, 2, FIFO, "m1", 100, 1_000);
+    second.count = 2;
+    second.failed = 1;
+    let mut third = delivered(base, 3, FIFO, "m1", 200, 1_000);
+    third.count = 3;
+    let ds = vec![delivered(base, 1, FIFO, "m1", 10, 1_000), second, third];
+    let settles = vec![
+        settle(base, 0, SettleKind::Nack, 20, ok()),
+        settle(base, 1, SettleKind::Nack, 110, ok()),
+        settle(base, 2, SettleKind::Ack, 210, ok()),
+    ];
+    let r = report(ds, published(base, &["m1"]), settles, &hist);
+    assert_eq!(r.of("I5"), 1, "{}", r.table());
+}
+
+#[test]
+fn a_delivery_after_max_deliveries_failed_attempts_is_flagged() {
+    // The third failure must move m1 to the DLQ; a fourth delivery from
+    // its queue is flagged, whatever its count.
+    let hist = History::new(None);
+    let base = hist.now();
+    let mut fourth = delivered(base, 2, FIFO, "m1", 100, 1_000);
+    fourth.count = 7;
+    fourth.failed = MAX_DELIVERIES;
+    let ds = vec![fourth];
+    let settles = vec![settle(base, 0, SettleKind::Ack, 110, ok())];
+    let r = report(ds, published(base, &["m1"]), settles, &hist);
+    assert_eq!(r.of("I5"), 1, "{}", r.table());
 }
 
 #[test]
@@ -370,6 +457,7 @@ fn an_ack_after_an_earlier_ack_whose_answer_was_lost_passes() {
     let base = hist.now();
     let mut m1_again = delivered(base, 2, FIFO, "m1", 1_200, 1_000);
     m1_again.count = 2;
+    m1_again.failed = 1;
     let ds = vec![
         delivered(base, 1, FIFO, "m1", 10, 1_000),
         delivered(base, 1, FIFO, "m2", 10, 1_000),
@@ -414,10 +502,12 @@ fn late_second_delivery(with_third: bool) -> Report {
     let base = hist.now();
     let mut second = delivered(base, 2, FIFO, "m1", 1_500, 1_000);
     second.count = 2;
+    second.failed = 1;
     second.inv = at(base, 10);
     second.deadline = base.wall + 1_010;
     let mut third = delivered(base, 3, FIFO, "m1", 1_400, 1_000);
     third.count = 3;
+    third.failed = 2;
     third.inv = at(base, 1_100);
     let mut ds = vec![second];
     let mut settles = vec![settle(

@@ -134,6 +134,8 @@ pub struct DeadLetter {
     pub reason: i32,
     /// Delivery count at the move.
     pub count: u32,
+    /// Failed attempts at the move.
+    pub failed: u32,
     /// When (server wall clock).
     pub at: u64,
 }
@@ -149,8 +151,10 @@ pub struct Delivery {
     pub queue: String,
     /// Message id.
     pub id: String,
-    /// Delivery count.
+    /// Delivery count (this delivery included).
     pub count: u32,
+    /// Failed attempts before this delivery.
+    pub failed: u32,
     /// Ack token.
     pub token: String,
     /// Lease deadline (server wall clock).

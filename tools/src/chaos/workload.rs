@@ -728,6 +728,7 @@ fn dead_letters(d: &pb::Delivery) -> Vec<DeadLetter> {
             source: r.source_queue.clone(),
             reason: r.reason,
             count: r.delivery_count,
+            failed: r.failed_attempts,
             at: r.at_unix_ms,
         })
         .collect()
@@ -748,6 +749,7 @@ fn record_delivery(
         queue: queue.to_string(),
         id: d.message_id.clone(),
         count: d.delivery_count,
+        failed: d.failed_attempts,
         token: d.ack_token.clone(),
         deadline: d.lease_deadline_unix_ms,
         group: d.group_id.clone(),
@@ -771,7 +773,9 @@ enum Action {
     Extend,
 }
 
-fn action(sh: &Shared, queue: &str, id: &str, count: u32) -> Action {
+/// What a consumer does with a delivery of `id` that failed `failed`
+/// times before (a release is no failure).
+fn action(sh: &Shared, queue: &str, id: &str, failed: u32) -> Action {
     if queue.ends_with(".dlq") {
         return Action::Ack;
     }
@@ -785,10 +789,10 @@ fn action(sh: &Shared, queue: &str, id: &str, count: u32) -> Action {
     }
     match f {
         Fate::Ack => Action::Ack,
-        Fate::Flaky if count == 1 => Action::Nack,
-        Fate::Slow if count == 1 => Action::Hold,
+        Fate::Flaky if failed == 0 => Action::Nack,
+        Fate::Slow if failed == 0 => Action::Hold,
         Fate::Poison => Action::Nack,
-        Fate::Vanish if count == 1 => Action::Drop,
+        Fate::Vanish if failed == 0 => Action::Drop,
         Fate::DoubleAck => Action::DoubleAck,
         Fate::Extend => Action::Extend,
         _ => Action::Ack,
@@ -1000,7 +1004,7 @@ fn handle(
     queue: &str,
     riding: &Riding,
 ) {
-    let act = action(sh, queue, &d.message_id, d.delivery_count);
+    let act = action(sh, queue, &d.message_id, d.failed_attempts);
     if act == Action::Drop {
         return;
     }
@@ -1057,7 +1061,7 @@ fn handle_fifo(
         tokio::spawn(async move {
             let last = group.len() - 1;
             for (n, (idx, d)) in group.iter().enumerate() {
-                let act = action(&sh, &queue, &d.message_id, d.delivery_count);
+                let act = action(&sh, &queue, &d.message_id, d.failed_attempts);
                 // Riding only while running: the final drain must not
                 // leave an ack behind on a consumer that stops.
                 if act == Action::Ack && n == last && idx.is_multiple_of(2) && sh.phase() == RUNNING
@@ -1104,7 +1108,7 @@ fn handle_drain(sh: &Arc<Shared>, client: &Client, batch: Vec<(usize, pb::Delive
         tokio::spawn(async move {
             let mut acks: Vec<(usize, String)> = Vec::new();
             for (idx, d) in &group {
-                match action(&sh, &queue, &d.message_id, d.delivery_count) {
+                match action(&sh, &queue, &d.message_id, d.failed_attempts) {
                     Action::Nack => {
                         ack_many(&sh, &client, &std::mem::take(&mut acks)).await;
                         nack(&sh, &client, *idx, &d.ack_token, &mates).await;
@@ -1170,6 +1174,15 @@ pub async fn consumer(sh: Arc<Shared>, c: usize) -> anyhow::Result<()> {
             record_settle(&sh, *idx, SettleKind::Ack, inv, one, 0);
         }
         sh.inflight.fetch_sub(acks.len(), Ordering::SeqCst);
+        // The acks took effect but the receive after them failed: its
+        // own outcome, with no delivery.
+        let r = match r {
+            Ok(resp) if resp.receive_code != 0 => Err(Outcome::from_status(&tonic::Status::new(
+                tonic::Code::from(resp.receive_code),
+                resp.receive_error,
+            ))),
+            r => r,
+        };
         match r {
             Ok(resp) => {
                 sh.hist.receive_call(&Outcome::Ok);
@@ -1247,13 +1260,7 @@ pub async fn stream_consumer(sh: Arc<Shared>) -> anyhow::Result<()> {
             }
         };
         let session_end = tokio::time::Instant::now() + Duration::from_millis(rng.u64(1000..4000));
-        // token → delivery index (unsettled ones; all of the stream's);
-        // request id → (kind, deliveries, invoked)
-        let mut unsettled: HashMap<String, usize> = HashMap::new();
-        let mut mates = Mates::new();
-        let mut pending: HashMap<u64, (SettleKind, Vec<usize>, Stamp)> = HashMap::new();
-        let mut next_req = 1u64;
-        let mut dropped = false;
+        let mut session = Session::new();
         loop {
             let msg = tokio::select! {
                 m = stream.message() => m,
@@ -1269,88 +1276,14 @@ pub async fn stream_consumer(sh: Arc<Shared>) -> anyhow::Result<()> {
             };
             match resp.kind {
                 Some(Out::Deliveries(batch)) => {
-                    let call = sh.hist.call_id();
-                    let mut got = Vec::with_capacity(batch.deliveries.len());
-                    for d in &batch.deliveries {
-                        let idx = record_delivery(&sh, d, call, &queue, inv, true, &name);
-                        unsettled.insert(d.ack_token.clone(), idx);
-                        mates.insert(d.ack_token.clone(), idx);
-                        got.push((idx, d));
-                    }
-                    for (idx, d) in got {
-                        let kind = match action(&sh, &queue, &d.message_id, d.delivery_count) {
-                            Action::Drop => {
-                                dropped = true;
-                                break;
-                            }
-                            Action::Nack => SettleKind::Nack,
-                            _ => SettleKind::Ack,
-                        };
-                        let id = next_req;
-                        next_req += 1;
-                        let req = match kind {
-                            SettleKind::Nack => In::Nack(pb::StreamNack {
-                                request_id: id,
-                                items: vec![pb::NackItem {
-                                    ack_token: d.ack_token.clone(),
-                                    reason: "chaos".into(),
-                                    ..Default::default()
-                                }],
-                            }),
-                            _ => In::Ack(pb::StreamAck {
-                                request_id: id,
-                                ack_tokens: vec![d.ack_token.clone()],
-                            }),
-                        };
-                        pending.insert(id, (kind, vec![idx], sh.hist.now()));
-                        unsettled.remove(&d.ack_token);
-                        if tx
-                            .send(pb::SubscribeRequest { kind: Some(req) })
-                            .await
-                            .is_err()
-                        {
-                            break;
-                        }
-                    }
+                    let dropped = session
+                        .deliveries(&sh, &batch, &queue, inv, &name, &tx)
+                        .await;
                     if dropped {
                         break;
                     }
                 }
-                Some(Out::Settled(s)) => {
-                    if let Some((kind, idxs, inv)) = pending.remove(&s.request_id) {
-                        let done = sh.hist.now();
-                        for (i, idx) in idxs.into_iter().enumerate() {
-                            let result = if s.code != 0 {
-                                // Classified as a unary call's status is:
-                                // only the codes that say nothing was done
-                                // are a failure.
-                                SettleResult::Call(Outcome::from_status(&tonic::Status::new(
-                                    tonic::Code::from(s.code),
-                                    s.error.clone(),
-                                )))
-                            } else {
-                                match s.results.get(i) {
-                                    Some(r) => settle_result(r),
-                                    None => no_result(),
-                                }
-                            };
-                            sh.hist.settle(Settle {
-                                delivery: idx,
-                                kind,
-                                inv,
-                                done,
-                                result,
-                                timeout_ms: 0,
-                            });
-                        }
-                        // Later deliveries of a nacked message's group,
-                        // released with it: no longer this stream's.
-                        record_released(&sh, &s.released, &mates, inv);
-                        for r in &s.released {
-                            unsettled.remove(&r.ack_token);
-                        }
-                    }
-                }
+                Some(Out::Settled(s)) => session.settled(&sh, &s),
                 None => {}
             }
         }
@@ -1359,8 +1292,132 @@ pub async fn stream_consumer(sh: Arc<Shared>) -> anyhow::Result<()> {
         // settles not yet answered may or may not have been done.
         drop(tx);
         drop(stream);
+        session.closed(&sh);
+    }
+    Ok(())
+}
+
+/// One Subscribe stream's deliveries and settles, as its consumer knows
+/// them.
+struct Session {
+    /// Token → delivery index, of the stream's deliveries not settled.
+    unsettled: HashMap<String, usize>,
+    /// Token → delivery index, of all the stream's deliveries.
+    mates: Mates,
+    /// Settle request id → (kind, deliveries, invoked), not answered yet.
+    pending: HashMap<u64, (SettleKind, Vec<usize>, Stamp)>,
+    next_req: u64,
+}
+
+impl Session {
+    fn new() -> Session {
+        Session {
+            unsettled: HashMap::new(),
+            mates: Mates::new(),
+            pending: HashMap::new(),
+            next_req: 1,
+        }
+    }
+
+    /// Records a batch of deliveries and settles each on the stream (an
+    /// ack, or a nack for a message to fail); true when a `Vanish`
+    /// message's first delivery means the stream is to be dropped.
+    async fn deliveries(
+        &mut self,
+        sh: &Shared,
+        batch: &pb::DeliveryBatch,
+        queue: &str,
+        inv: Stamp,
+        name: &str,
+        tx: &mpsc::Sender<pb::SubscribeRequest>,
+    ) -> bool {
+        use letterbox::pb::subscribe_request::Kind as In;
+        let call = sh.hist.call_id();
+        let mut got = Vec::with_capacity(batch.deliveries.len());
+        for d in &batch.deliveries {
+            let idx = record_delivery(sh, d, call, queue, inv, true, name);
+            self.unsettled.insert(d.ack_token.clone(), idx);
+            self.mates.insert(d.ack_token.clone(), idx);
+            got.push((idx, d));
+        }
+        for (idx, d) in got {
+            let kind = match action(sh, queue, &d.message_id, d.failed_attempts) {
+                Action::Drop => return true,
+                Action::Nack => SettleKind::Nack,
+                _ => SettleKind::Ack,
+            };
+            let id = self.next_req;
+            self.next_req += 1;
+            let req = match kind {
+                SettleKind::Nack => In::Nack(pb::StreamNack {
+                    request_id: id,
+                    items: vec![pb::NackItem {
+                        ack_token: d.ack_token.clone(),
+                        reason: "chaos".into(),
+                        ..Default::default()
+                    }],
+                }),
+                _ => In::Ack(pb::StreamAck {
+                    request_id: id,
+                    ack_tokens: vec![d.ack_token.clone()],
+                }),
+            };
+            self.pending.insert(id, (kind, vec![idx], sh.hist.now()));
+            self.unsettled.remove(&d.ack_token);
+            if tx
+                .send(pb::SubscribeRequest { kind: Some(req) })
+                .await
+                .is_err()
+            {
+                break;
+            }
+        }
+        false
+    }
+
+    /// Records the answer to a settle request, and the deliveries of a
+    /// nacked message's group released with it.
+    fn settled(&mut self, sh: &Shared, s: &pb::StreamSettled) {
+        let Some((kind, idxs, inv)) = self.pending.remove(&s.request_id) else {
+            return;
+        };
+        let done = sh.hist.now();
+        for (i, idx) in idxs.into_iter().enumerate() {
+            let result = if s.code != 0 {
+                // Classified as a unary call's status is: only the codes
+                // that say nothing was done are a failure.
+                SettleResult::Call(Outcome::from_status(&tonic::Status::new(
+                    tonic::Code::from(s.code),
+                    s.error.clone(),
+                )))
+            } else {
+                match s.results.get(i) {
+                    Some(r) => settle_result(r),
+                    None => no_result(),
+                }
+            };
+            sh.hist.settle(Settle {
+                delivery: idx,
+                kind,
+                inv,
+                done,
+                result,
+                timeout_ms: 0,
+            });
+        }
+        // Later deliveries of a nacked message's group, released with it:
+        // no longer this stream's.
+        record_released(sh, &s.released, &self.mates, inv);
+        for r in &s.released {
+            self.unsettled.remove(&r.ack_token);
+        }
+    }
+
+    /// The stream is closed: its unsettled deliveries are released, and
+    /// its settles not answered may or may not have been done.
+    fn closed(self, sh: &Shared) {
         let now = sh.hist.now();
-        for (_, idx) in unsettled {
+        for (_, idx) in self.unsettled {
             sh.hist.settle(Settle {
                 delivery: idx,
                 kind: SettleKind::Release,
@@ -1370,7 +1427,7 @@ pub async fn stream_consumer(sh: Arc<Shared>) -> anyhow::Result<()> {
                 timeout_ms: 0,
             });
         }
-        for (_, (kind, idxs, inv)) in pending {
+        for (_, (kind, idxs, inv)) in self.pending {
             for idx in idxs {
                 sh.hist.settle(Settle {
                     delivery: idx,
@@ -1386,7 +1443,6 @@ pub async fn stream_consumer(sh: Arc<Shared>) -> anyhow::Result<()> {
             }
         }
     }
-    Ok(())
 }
 
 /// Queues the admin worker plays with.

@@ -1022,9 +1022,16 @@ async fn receive(
         }
     };
     Some(match answer {
-        Ok(r) => {
-            check_settled("Ack riding on Receive", n_acks, &r.ack_results).map(|()| r.deliveries)
-        }
+        Ok(r) => check_settled("Ack riding on Receive", n_acks, &r.ack_results).and_then(|()| {
+            if r.receive_code == 0 {
+                Ok(r.deliveries)
+            } else {
+                Err(anyhow!(
+                    "Receive {queue} after its acks took effect: {}",
+                    r.receive_error
+                ))
+            }
+        }),
         Err(e) => Err(anyhow!("Receive {queue}: {e}")),
     })
 }

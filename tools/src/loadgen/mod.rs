@@ -56,7 +56,7 @@ enum Cmd {
         /// results .jsonl files
         #[arg(long, num_args = 1.., required = true)]
         results: Vec<String>,
-        /// directory with fio JSON outputs from scripts/disk-limit.sh
+        /// directory with fio JSON outputs from tools/bench/disk-limit.sh
         #[arg(long)]
         disk: Option<std::path::PathBuf>,
     },
@@ -158,7 +158,7 @@ struct RunArgs {
         env = "LOADGEN_AMQP_URL"
     )]
     amqp_url: String,
-    /// rabbit-quorum-3: a node of the 3-node cluster (tools/rabbit-cluster.sh)
+    /// rabbit-quorum-3: a node of the 3-node cluster (tools/services/rabbit-cluster.sh)
     #[arg(
         long,
         default_value = "amqp://guest:guest@127.0.0.1:5681/%2f",

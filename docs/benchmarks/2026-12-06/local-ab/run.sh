@@ -5,13 +5,13 @@
 # applier of an earlier run is still at work), stopped after it. Run from
 # the repository's root.
 set -euo pipefail
+. "$(git -C "$(dirname "${BASH_SOURCE[0]}")" rev-parse --show-toplevel)/tools/lib.sh"
 W=${W:-/tmp/local-ab}
 BINDIR=${BINDIR:?the directory of the letterbox-VARIANT binaries}
 LG=${LG:-target/release/loadgen}
 VARIANTS=${VARIANTS:-"old new"}
 REPS=${REPS:-3}
 out=${OUT:-$W/out}; mkdir -p "$out" "$W"
-port=50290
 rows=(
  "--workload publish-durable --window 1 --count 6000"
  "--workload publish-durable --window 64 --count 100000"
@@ -22,23 +22,19 @@ rows=(
  "--workload end-to-end --window 64 --prefetch 256 --count 50000"
 )
 pid=
-trap '[ -n "$pid" ] && kill "$pid" 2>/dev/null || true' EXIT
+trap '[ -z "$pid" ] || stop_pid "$pid"' EXIT
 for rep in $(seq 1 "$REPS"); do
   for row in "${rows[@]}"; do
     for v in $VARIANTS; do
       rm -rf "$W/data"
-      "$BINDIR/letterbox-$v" serve --listen 127.0.0.1:$port --console-listen off \
-        --data-dir "$W/data" > "$W/$v.log" 2>&1 &
-      pid=$!
-      for _ in $(seq 1 100); do
-        (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null && break
-        sleep 0.1
-      done
+      serve_letterbox "$W/$v" "$BINDIR/letterbox-$v" --listen 127.0.0.1:0 --console-listen off \
+        --data-dir "$W/data"
+      pid=$SERVER_PID
       echo "== $v rep $rep: $row"
       $LG run --target letterbox --reps 1 --first-rep "$rep" --out "$out/results.$v.jsonl" $row --max-secs 60 \
-        --letterbox-url "http://127.0.0.1:$port" --letterbox-metrics-url '' \
+        --letterbox-url "$SERVER_URL" --letterbox-metrics-url '' \
         --broker-pid "$pid" 2>&1 | grep "msg/s\|error" || true
-      kill "$pid"; wait "$pid" 2>/dev/null || true; pid=
+      stop_pid "$pid"; pid=
     done
   done
 done

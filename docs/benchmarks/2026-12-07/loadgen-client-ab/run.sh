@@ -11,11 +11,12 @@
 #
 # ROW="--workload ..." runs that row alone.
 set -euo pipefail
+. "$(git -C "$(dirname "${BASH_SOURCE[0]}")" rev-parse --show-toplevel)/tools/lib.sh"
 OLD=$1 NEW=$2 SERVER=$3
 REPS=${REPS:-3}
-PORT=${PORT:-7431}
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
+SERVE_WRAP=(/usr/bin/time -o "$WORK/server.time" -f "%U %S")
 ROWS=(
   "--workload publish-durable --window 1024 --batch 100 --count 200000 --max-secs 60"
   "--workload consume-ack --prefetch 1 --ack async --count 6250 --max-secs 60"
@@ -33,20 +34,13 @@ for row in "${ROWS[@]}"; do
       [ $build = new ] && lg=$NEW
       dir=$WORK/data
       rm -rf "$dir"
-      /usr/bin/time -o "$WORK/server.time" -f "%U %S" "$SERVER" serve --data-dir "$dir" \
-        --listen "127.0.0.1:$PORT" > "$WORK/server.log" 2>&1 &
-      timer=$!
-      for _ in $(seq 100); do
-        grep -q "127.0.0.1:$PORT" "$WORK/server.log" 2> /dev/null && break
-        sleep 0.1
-      done
-      server=$(pgrep -f "^$SERVER serve --data-dir $dir" | head -1)
+      serve_letterbox "$WORK" "$SERVER" --data-dir "$dir" --listen 127.0.0.1:0
       # shellcheck disable=SC2086
       out=$(/usr/bin/time -o "$WORK/loadgen.time" -f "%U %S" "$lg" run --target letterbox \
-        --letterbox-url "http://127.0.0.1:$PORT" --reps 1 $row 2>&1 |
+        --letterbox-url "$SERVER_URL" --reps 1 $row 2>&1 |
         grep -v '^{' | grep 'msg/s' | sed 's/.*rep 1\] //')
-      kill -TERM "$server"
-      wait "$timer" || true
+      kill -TERM "$SERVER_PID"
+      wait "$SERVER_JOB" || true
       echo "row [$row] rep $rep build $build | $out | loadgen $(awk '{ printf "%.2f", $1 + $2 }' "$WORK/loadgen.time") s | server $(awk '{ printf "%.2f", $1 + $2 }' "$WORK/server.time") s"
     done
   done

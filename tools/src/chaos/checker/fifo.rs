@@ -374,6 +374,7 @@ mod tests {
         let deliveries = || {
             let mut m1_again = delivered(base, 3, FIFO, "m1", 300, 1_000);
             m1_again.count = 2;
+            m1_again.failed = 1;
             vec![
                 delivered(base, 1, FIFO, "m1", 10, 100),
                 delivered(base, 2, FIFO, "m2", 200, 1_000),

@@ -1,26 +1,27 @@
 #!/usr/bin/env bash
 # A/B of the PostgreSQL store: the release builds named in VARIANTS (each
 # $BINDIR/letterbox-$v), each serving its own database on one throwaway
-# PostgreSQL (tools/pg-local.sh), the variants alternating within every
+# PostgreSQL (tools/services/pg-local.sh), the variants alternating within every
 # row and repetition. Run from the repository's root.
 set -euo pipefail
+. "$(git -C "$(dirname "${BASH_SOURCE[0]}")" rev-parse --show-toplevel)/tools/lib.sh"
 W=${W:-/tmp/ab-pipeline}
 BINDIR=${BINDIR:?the directory of the letterbox-VARIANT binaries}
 LG=${LG:-target/release/loadgen}
 VARIANTS=${VARIANTS:-"base new"}
 REPS=${REPS:-2}
 out=${OUT:-$W/out}; mkdir -p "$out" "$W"; chmod 755 "$W"
-url=$(tools/pg-local.sh start "$W/pg" 5462)
-trap 'for v in $VARIANTS; do kill "$(cat "$W/$v.pid" 2>/dev/null)" 2>/dev/null || true; done; tools/pg-local.sh stop "$W/pg"' EXIT
+url=$(tools/services/pg-local.sh start "$W/pg" 5462)
+trap 'for v in $VARIANTS; do kill "$(cat "$W/$v/server.job" 2>/dev/null)" 2>/dev/null || true; done; tools/services/pg-local.sh stop "$W/pg"' EXIT
 for v in $VARIANTS; do psql "$url" -qc "CREATE DATABASE ab_$v"; done
-port=50190
 for v in $VARIANTS; do
-  port=$((port + 1)); echo $port > "$W/$v.port"
-  "$BINDIR/letterbox-$v" serve --listen 127.0.0.1:$port --console-listen off \
-    --store "${url%/postgres}/ab_$v" --node-name ab > "$W/$v.log" 2>&1 &
-  echo $! > "$W/$v.pid"
+  start_letterbox "$W/$v" "$BINDIR/letterbox-$v" --listen 127.0.0.1:0 --console-listen off \
+    --store "${url%/postgres}/ab_$v" --node-name ab
 done
-sleep 3
+for v in $VARIANTS; do
+  wait_letterbox "$W/$v"
+  echo "${SERVER_ADDR##*:}" > "$W/$v.port"
+done
 rows=(
  "--workload publish-durable --window 1 --count 3000"
  "--workload publish-durable --window 64 --count 25000"
@@ -35,7 +36,7 @@ for rep in $(seq 1 "$REPS"); do
       echo "== $v rep $rep: $row"
       $LG run --target letterbox --reps 1 --first-rep "$rep" --out "$out/results.$v.jsonl" $row --max-secs 60 \
         --letterbox-url "http://127.0.0.1:$(cat "$W/$v.port")" --letterbox-metrics-url '' \
-        --broker-pid "$(cat "$W/$v.pid")" 2>&1 | grep "msg/s\|error" || true
+        --broker-pid "$(cat "$W/$v/server.pid")" 2>&1 | grep "msg/s\|error" || true
     done
   done
 done
