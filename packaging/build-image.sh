@@ -28,5 +28,5 @@ for lib in $libs; do
 done
 
 image="localhost/letterbox:$version"
-podman "$@" build --file packaging/Containerfile --tag "$image" "$context" >&2
+podman "$@" build --format docker --file packaging/Containerfile --tag "$image" "$context" >&2
 echo "$image"

@@ -81,6 +81,15 @@ if ! grep -Eq '^ *"acked": 1,?$' <<<"$stats" || ! grep -Eq '^ *"total": 0,?$' <<
   fail "the message was not acked, or is still in the queue: $stats"
 fi
 
+# The image's health check (the gRPC health service, through the CLI in
+# the image) says healthy.
+[ "$(pod inspect --format '{{join .Config.Healthcheck.Test " "}}' "$name")" = "CMD-EXEC /usr/bin/letterbox health" ] ||
+  [ "$(pod inspect --format '{{join .Config.Healthcheck.Test " "}}' "$name")" = "CMD /usr/bin/letterbox health" ] ||
+  fail "no health check in the image: $(pod inspect --format '{{.Config.Healthcheck}}' "$name")"
+pod healthcheck run "$name" >"$work/health.out" 2>&1 ||
+  { cat "$work/health.out" >&2; fail "the health check failed on a serving container"; }
+echo "smoke-image: health check: healthy"
+
 pod stop --time 30 "$name" >/dev/null
 code=$(pod inspect --format '{{.State.ExitCode}}' "$name")
 [ "$code" = 0 ] || { pod logs "$name" >&2; fail "the server exited with $code after SIGTERM"; }
@@ -92,4 +101,4 @@ volume=$(pod inspect --format '{{range .Mounts}}{{if eq .Destination "/var/lib/l
 [ "$(stat -c '%u %a' "$volume/data")" = "65532 700" ] ||
   fail "$volume/data is $(stat -c '%u %a' "$volume/data"), not 65532 700"
 [ -f "$volume/data/FORMAT" ] || fail "no FORMAT in the volume's data directory"
-echo "smoke-image: passed (built, served from the image, stopped cleanly)"
+echo "smoke-image: passed (built, served from the image, healthy, stopped cleanly)"

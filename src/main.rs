@@ -405,6 +405,12 @@ async fn serve(args: ServeArgs) -> ExitCode {
             tracing::info!("metrics require a bearer token");
         }
     }
+    // Under systemd with `Type=notify`: ready now, stopping at the signal.
+    ready_notify("READY=1\nSTATUS=serving");
+    let shutdown = async move {
+        shutdown.await;
+        ready_notify("STOPPING=1\nSTATUS=stopping");
+    };
     match server.serve(shutdown).await {
         Ok(()) => {
             tracing::info!("stopped cleanly");
@@ -418,6 +424,19 @@ async fn serve(args: ServeArgs) -> ExitCode {
             eprintln!("letterbox: {e}");
             ExitCode::from(1)
         }
+    }
+}
+
+/// Tells the service manager `state` (`letterbox::server::notify`); a
+/// failure is logged, as the server serves all the same.
+fn ready_notify(state: &str) {
+    match letterbox::server::notify::notify(state) {
+        Ok(true) => tracing::debug!(state, "service manager notified"),
+        Ok(false) => {}
+        Err(e) => tracing::warn!(
+            error = %e,
+            "cannot notify the service manager through NOTIFY_SOCKET; check the unit's NotifyAccess= setting"
+        ),
     }
 }
 

@@ -194,3 +194,26 @@ mod tests {
         assert!(e.contains("RFC 3339"), "{e}");
     }
 }
+
+/// `n` and the noun in agreement with it: "1 delivery", "3 deliveries",
+/// "0 failed attempts".
+pub fn count_of(n: u64, one: &str, many: &str) -> String {
+    if n == 1 {
+        format!("1 {one}")
+    } else {
+        format!("{n} {many}")
+    }
+}
+
+#[cfg(test)]
+mod count_of_tests {
+    #[test]
+    fn the_noun_agrees_with_the_number() {
+        assert_eq!(super::count_of(1, "delivery", "deliveries"), "1 delivery");
+        assert_eq!(super::count_of(0, "delivery", "deliveries"), "0 deliveries");
+        assert_eq!(
+            super::count_of(3, "failed attempt", "failed attempts"),
+            "3 failed attempts"
+        );
+    }
+}

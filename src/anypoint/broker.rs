@@ -710,7 +710,12 @@ fn nacked(end: Option<&LeaseEnd>) -> String {
         }) => {
             let why = match reason {
                 DeadLetterReason::MaxDeliveries => format!(
-                    "it reached the queue's maxDeliveries ({failed_attempts} failed attempts)"
+                    "it reached the queue's maxDeliveries ({})",
+                    crate::units::count_of(
+                        u64::from(*failed_attempts),
+                        "failed attempt",
+                        "failed attempts"
+                    )
                 ),
                 DeadLetterReason::Expired => "its time to live had run out".to_string(),
                 other => format!("reason {}", message::reason_name(*other)),

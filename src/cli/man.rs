@@ -19,6 +19,8 @@ enum Kind {
     Verify,
     /// A command that talks to a server.
     Client,
+    /// `health`: asks a server whether it serves.
+    Health,
     /// `context`: profiles, no server.
     Context,
     /// `tls`: certificates, no server.
@@ -42,6 +44,7 @@ fn kind_of(group: Option<&str>) -> Kind {
         Some("verify") => Kind::Verify,
         Some("context") => Kind::Context,
         Some("tls") => Kind::Tls,
+        Some("health") => Kind::Health,
         Some("auth" | "completions" | "man") => Kind::Local,
         Some(_) => Kind::Client,
     }
@@ -163,6 +166,16 @@ fn examples(group: Option<&str>) -> &'static [(&'static str, &'static str)] {
                 "echo -n 's3cret' | letterbox auth hash-secret",
             ),
         ],
+        Some("health") => &[
+            (
+                "Is the server on this machine serving (exit 0), shutting down (1), down (3)?",
+                "letterbox health",
+            ),
+            (
+                "As a container's or a load balancer's check, over TLS:",
+                "letterbox health --server https://mq.example:50051 --ca-cert ca.pem --json",
+            ),
+        ],
         Some("completions") => &[(
             "Completions for this bash session:",
             "source <(letterbox completions bash)",
@@ -219,6 +232,15 @@ fn exit_status(kind: Kind) -> &'static [(&'static str, &'static str)] {
             ),
             ("3", "the server could not be reached"),
         ],
+        Kind::Health => &[
+            ("0", "the server answers SERVING"),
+            (
+                "1",
+                "it answers otherwise (shutting down), or does not know the service asked about",
+            ),
+            ("2", "bad usage"),
+            ("3", "the server could not be reached"),
+        ],
         Kind::Context | Kind::Tls | Kind::Local => &[
             ("0", "success"),
             ("1", "failure (a file that cannot be written or read)"),
@@ -259,7 +281,7 @@ fn files(kind: Kind) -> &'static [(&'static str, &'static str)] {
             "DATA/",
             "the data directory checked; nothing in it is modified",
         )],
-        Kind::Client | Kind::Context => &[PROFILES],
+        Kind::Client | Kind::Health | Kind::Context => &[PROFILES],
         Kind::Tls => &[
             (
                 "DIR/ca.pem, DIR/ca.key",
@@ -301,6 +323,7 @@ fn see_also(display: &str, group: Option<&str>, subcommands: &[String]) -> Vec<S
         Some("publish" | "consume" | "browse") => &["letterbox-queue", "letterbox-dlq"],
         Some("dlq") => &["letterbox-browse", "letterbox-queue"],
         Some("auth") => &["letterbox-serve"],
+        Some("health") => &["letterbox-serve"],
         _ => &[],
     };
     pages.extend(

@@ -256,7 +256,10 @@ pub struct ConsumeArgs {
 }
 
 pub(super) async fn consume(client: &Client, out: &Out, a: ConsumeArgs) -> Result<()> {
+    // Deliveries received (what --count counts), and the messages settled:
+    // a message nacked three times is one message, three deliveries.
     let mut done = 0u64;
+    let mut settled: std::collections::HashSet<String> = std::collections::HashSet::new();
     // A nack or reject needs to know where the message goes.
     let dlq = if a.nack || a.reject {
         let q = client.get_queue(&a.queue).await?;
@@ -331,11 +334,14 @@ pub(super) async fn consume(client: &Client, out: &Out, a: ConsumeArgs) -> Resul
         } else {
             client.ack(tokens).await?
         };
-        for r in results
-            .iter()
-            .filter(|r| r.status != pb::SettleStatus::Ok as i32)
-        {
-            eprintln!("letterbox: {}", r.error);
+        for r in &results {
+            if r.status == pb::SettleStatus::Ok as i32 {
+                if let Some(d) = got.iter().find(|d| d.ack_token == r.ack_token) {
+                    settled.insert(d.message_id.clone());
+                }
+            } else {
+                eprintln!("letterbox: {}", r.error);
+            }
         }
         done += got.len() as u64;
         if let Some(limit) = stop_at
@@ -356,7 +362,7 @@ pub(super) async fn consume(client: &Client, out: &Out, a: ConsumeArgs) -> Resul
         } else {
             "acked"
         };
-        eprintln!("{verb} {done} message(s)");
+        eprintln!("{}", settled_line(verb, settled.len() as u64, done));
     }
     Ok(())
 }
@@ -395,10 +401,10 @@ pub(super) async fn browse(client: &Client, out: &Out, a: BrowseArgs) -> Result<
         .map(|m| {
             let dl = m.dead_letters.last().map_or("-".into(), |d| {
                 let mut cell = format!(
-                    "{} from {} after {} deliveries ({} failed)",
+                    "{} from {} after {} ({} failed)",
                     output::reason_name(d.reason),
                     d.source_queue,
-                    d.delivery_count,
+                    crate::units::count_of(u64::from(d.delivery_count), "delivery", "deliveries"),
                     d.failed_attempts
                 );
                 if !d.last_nack_reason.is_empty() {
@@ -437,4 +443,16 @@ pub(super) async fn browse(client: &Client, out: &Out, a: BrowseArgs) -> Result<
         &rows,
     );
     Ok(())
+}
+
+/// What `consume` says at the end: the messages settled, and the
+/// deliveries when a message came more than once ("nacked 2 message(s)
+/// in 6 deliveries").
+fn settled_line(verb: &str, messages: u64, deliveries: u64) -> String {
+    if deliveries > messages {
+        let s = if deliveries == 1 { "y" } else { "ies" };
+        format!("{verb} {messages} message(s) in {deliveries} deliver{s}")
+    } else {
+        format!("{verb} {messages} message(s)")
+    }
 }

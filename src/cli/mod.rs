@@ -224,7 +224,8 @@ impl Command {
             | Command::Group { common, .. }
             | Command::Exchange { common, .. }
             | Command::Dlq { common, .. }
-            | Command::Definitions { common, .. } => {
+            | Command::Definitions { common, .. }
+            | Command::Health { common, .. } => {
                 common.take_leading(leading, from_command_line);
             }
         }
@@ -378,6 +379,20 @@ pub enum Command {
         #[allow(missing_docs)]
         cmd: definitions::DefinitionsCmd,
     },
+    /// Whether the server serves: exit 0 when its gRPC health service
+    /// answers SERVING, 1 when it answers otherwise (shutting down), 3 when
+    /// it cannot be reached. For health checks (the container's, a load
+    /// balancer's script).
+    Health {
+        /// The service to ask about: "" (the default) for the server as a
+        /// whole, `letterbox.v1.MessagingService` or
+        /// `letterbox.v1.AdminService`.
+        #[arg(long, default_value = "")]
+        service: String,
+        #[command(flatten)]
+        #[allow(missing_docs)]
+        common: Common,
+    },
     /// Connection profiles: server address, TLS files and credentials
     /// saved under a name (`add`, `use`, `ls`, `show`, `rm`).
     Context {
@@ -431,7 +446,8 @@ pub async fn run(command: Command) -> ExitCode {
         | Command::Group { common, .. }
         | Command::Exchange { common, .. }
         | Command::Dlq { common, .. }
-        | Command::Definitions { common, .. } => common.clone(),
+        | Command::Definitions { common, .. }
+        | Command::Health { common, .. } => common.clone(),
     };
     // Usage that can be told without the server is told before
     // connecting.
@@ -458,6 +474,21 @@ pub async fn run(command: Command) -> ExitCode {
         Command::Exchange { cmd, .. } => exchange::run(&client, &out, cmd).await,
         Command::Dlq { cmd, .. } => dlq::run(&client, &out, cmd).await,
         Command::Definitions { cmd, .. } => definitions::run(&client, &out, cmd).await,
+        Command::Health { service, .. } => match client.serving(&service).await {
+            Ok(serving) => {
+                let what = if serving { "serving" } else { "not serving" };
+                if out.json {
+                    out.line(&serde_json::json!({ "serving": serving }));
+                } else {
+                    say!("{}: {what}", client.endpoint());
+                }
+                if !serving {
+                    return ExitCode::from(1);
+                }
+                Ok(())
+            }
+            Err(e) => Err(e),
+        },
         Command::Context { .. } | Command::Tls { .. } => Ok(()),
     };
     match result {

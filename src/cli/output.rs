@@ -165,7 +165,7 @@ pub(super) fn stats_json(name: &str, s: &pb::QueueStats) -> Value {
         "total": s.total, "oldest_message_age_ms": s.oldest_message_age_ms,
         "published": s.published, "acked": s.acked, "nacked": s.nacked, "expired": s.expired,
         "dead_lettered": s.dead_lettered, "dead_letters_received": s.dead_letters_received,
-        "purged": s.purged,
+        "purged": s.purged, "redriven": s.redriven, "redrive_received": s.redrive_received,
     })
 }
 

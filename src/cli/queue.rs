@@ -336,7 +336,11 @@ fn show_queue(out: &Out, q: &pb::Queue) {
         (
             "dead letter queue",
             c.dead_letter.as_ref().map_or("-".into(), |d| {
-                format!("{} after {} deliveries", d.queue, d.max_deliveries)
+                format!(
+                    "{} after {}",
+                    d.queue,
+                    crate::units::count_of(u64::from(d.max_deliveries), "delivery", "deliveries")
+                )
             }),
         ),
         (
@@ -399,25 +403,55 @@ pub(super) async fn run(client: &Client, out: &Out, cmd: QueueCmd) -> Result<()>
         QueueCmd::Get { name } => show_queue(out, &client.get_queue(&name).await?),
         QueueCmd::List { prefix } => {
             let queues = client.list_queues(&prefix).await?;
+            let stats = depths(client, &queues).await?;
             if out.json {
                 out.doc(&json!(
-                    queues.iter().map(output::queue_json).collect::<Vec<_>>()
+                    queues
+                        .iter()
+                        .zip(&stats)
+                        .map(|(q, s)| {
+                            let mut v = output::queue_json(q);
+                            if let (Some(o), Some(s)) = (v.as_object_mut(), s) {
+                                o.insert("stats".into(), output::stats_json(&q.name, s));
+                            }
+                            v
+                        })
+                        .collect::<Vec<_>>()
                 ));
             } else {
+                let count = |s: &Option<pb::QueueStats>, f: fn(&pb::QueueStats) -> u64| {
+                    s.as_ref().map_or("-".into(), |s| f(s).to_string())
+                };
                 let rows: Vec<Vec<String>> = queues
                     .iter()
-                    .map(|q| {
+                    .zip(&stats)
+                    .map(|(q, s)| {
                         let c = q.config.clone().unwrap_or_default();
                         vec![
                             q.name.clone(),
                             output::kind_name(c.kind).to_string(),
+                            count(s, |s| s.ready),
+                            count(s, |s| s.in_flight),
+                            count(s, |s| s.total),
                             c.dead_letter.map_or("-".into(), |d| d.queue),
                             dur(c.ack_timeout_ms.unwrap_or(0)),
                             dur(c.message_ttl_ms.unwrap_or(0)),
                         ]
                     })
                     .collect();
-                out.table(&["NAME", "KIND", "DLQ", "ACK TIMEOUT", "TTL"], &rows);
+                out.table(
+                    &[
+                        "NAME",
+                        "KIND",
+                        "READY",
+                        "IN FLIGHT",
+                        "TOTAL",
+                        "DLQ",
+                        "ACK TIMEOUT",
+                        "TTL",
+                    ],
+                    &rows,
+                );
             }
         }
         QueueCmd::Update {
@@ -485,9 +519,28 @@ pub(super) async fn run(client: &Client, out: &Out, cmd: QueueCmd) -> Result<()>
                 ("expired", s.expired.to_string()),
                 ("dead-lettered", s.dead_lettered.to_string()),
                 ("dead letters received", s.dead_letters_received.to_string()),
+                ("redriven out", s.redriven.to_string()),
+                ("redriven in", s.redrive_received.to_string()),
                 ("purged", s.purged.to_string()),
             ]);
         }
     }
     Ok(())
+}
+
+/// Each queue's figures, asked 16 at a time; `None` for a queue deleted
+/// since it was listed.
+async fn depths(client: &Client, queues: &[pb::Queue]) -> Result<Vec<Option<pb::QueueStats>>> {
+    use futures_util::stream::{self, StreamExt, TryStreamExt};
+    stream::iter(queues)
+        .map(|q| async move {
+            match client.stats(&q.name).await {
+                Ok(s) => Ok(Some(s)),
+                Err(e) if e.code() == Some(crate::client::Code::NotFound) => Ok(None),
+                Err(e) => Err(e),
+            }
+        })
+        .buffered(16)
+        .try_collect()
+        .await
 }

@@ -43,6 +43,7 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 pub use crate::pb;
 use crate::pb::admin_service_client::AdminServiceClient;
 use crate::pb::messaging_service_client::MessagingServiceClient;
+use tonic_health::pb::health_client::HealthClient;
 
 /// The status code of a failed call, as [`ErrorKind::Rpc`] carries it.
 pub use tonic::Code;
@@ -236,6 +237,7 @@ struct Node {
     endpoint: String,
     admin: AdminServiceClient<Transport>,
     msg: MessagingServiceClient<Transport>,
+    health: HealthClient<Transport>,
 }
 
 impl Client {
@@ -299,8 +301,9 @@ impl Client {
                     endpoint: name.to_string(),
                     admin: AdminServiceClient::with_interceptor(channel.clone(), auth.clone())
                         .max_decoding_message_size(limit),
-                    msg: MessagingServiceClient::with_interceptor(channel, auth.clone())
+                    msg: MessagingServiceClient::with_interceptor(channel.clone(), auth.clone())
                         .max_decoding_message_size(limit),
+                    health: HealthClient::with_interceptor(channel, auth.clone()),
                 }
             })
             .collect();
@@ -318,6 +321,27 @@ impl Client {
 
     fn node(&self) -> &Node {
         &self.nodes[self.active.load(Ordering::Acquire) % self.nodes.len()]
+    }
+
+    /// Whether the server in use serves `service` ("" for the server as
+    /// a whole, or `letterbox.v1.MessagingService`,
+    /// `letterbox.v1.AdminService`), as its `grpc.health.v1.Health/Check`
+    /// answers: `true` for SERVING; `false` for NOT_SERVING (a server
+    /// shutting down) or a status it does not know. A service the server
+    /// does not have is an error (`NotFound`).
+    pub async fn serving(&self, service: &str) -> Result<bool> {
+        use tonic_health::pb::HealthCheckRequest;
+        use tonic_health::pb::health_check_response::ServingStatus;
+        let answer = self
+            .node()
+            .health
+            .clone()
+            .check(HealthCheckRequest {
+                service: service.to_string(),
+            })
+            .await?
+            .into_inner();
+        Ok(answer.status == ServingStatus::Serving as i32)
     }
 
     /// The admin stub of the server in use.
@@ -727,7 +751,8 @@ mod tests {
             nodes: vec![Node {
                 endpoint: config.endpoint.clone(),
                 admin: AdminServiceClient::with_interceptor(channel.clone(), auth.clone()),
-                msg: MessagingServiceClient::with_interceptor(channel, auth),
+                msg: MessagingServiceClient::with_interceptor(channel.clone(), auth.clone()),
+                health: HealthClient::with_interceptor(channel, auth),
             }]
             .into(),
             active: Arc::new(AtomicUsize::new(0)),

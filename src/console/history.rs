@@ -103,8 +103,9 @@ impl Series {
 pub(crate) struct StoreRate {
     /// Group commits (log syncs) per second.
     pub(crate) commits_per_second: f64,
-    /// Mean log write + sync time, in microseconds.
-    pub(crate) sync_micros: f64,
+    /// Mean log write + sync time, in microseconds; `None` when no sync
+    /// happened over the step (an idle server), which is not 0 µs.
+    pub(crate) sync_micros: Option<f64>,
 }
 
 #[derive(Debug, Default)]
@@ -182,11 +183,9 @@ impl History {
             let syncs = store.log_syncs.saturating_sub(before.log_syncs);
             g.rate = StoreRate {
                 commits_per_second: per_second(store.log_syncs, before.log_syncs, dt),
-                sync_micros: if syncs == 0 {
-                    0.0
-                } else {
+                sync_micros: (syncs > 0).then(|| {
                     store.sync_micros.saturating_sub(before.sync_micros) as f64 / syncs as f64
-                },
+                }),
             };
         }
         g.store = Some((at, store));
@@ -355,5 +354,22 @@ mod tests {
         assert_eq!(p.t.len(), p.ready.len());
         assert_eq!(*p.ready.last().unwrap_or(&0), 5);
         assert!(p.published.iter().any(|r| *r > 0.0), "{:?}", p.published);
+    }
+
+    #[test]
+    fn an_idle_store_has_no_sync_latency_rather_than_zero() {
+        let h = History::new(Duration::from_secs(5));
+        let store = |log_syncs, sync_micros| StoreStats {
+            log_syncs,
+            sync_micros,
+            ..StoreStats::default()
+        };
+        assert_eq!(h.store_rate().sync_micros, None);
+        h.record(0, &[], store(10, 5000));
+        h.record(5000, &[], store(10, 5000));
+        assert_eq!(h.store_rate().sync_micros, None);
+        assert_eq!(h.store_rate().commits_per_second, 0.0);
+        h.record(10_000, &[], store(14, 5800));
+        assert_eq!(h.store_rate().sync_micros, Some(200.0));
     }
 }

@@ -245,7 +245,7 @@ fn facts(c: &Shared) -> maud::Markup {
             dt { "uptime" } dd data-fact="uptime" { (age(uptime)) }
             dt { (location.kind()) } dd data-fact="data_dir" { (location.to_string()) }
             dt { "disk free" } dd data-fact="disk_free" { (store.free_bytes().map_or_else(|| "unknown".to_string(), bytes)) }
-            dt { "log sync latency" } dd data-fact="sync_latency" { (format!("{:.0} µs", rate_now.sync_micros)) }
+            dt { "log sync latency" } dd data-fact="sync_latency" { (rate_now.sync_micros.map_or_else(|| "—".to_string(), |us| format!("{us:.0} µs"))) }
             dt { "commits per second" } dd data-fact="commits_per_second" { (rate(rate_now.commits_per_second)) }
         }
     }

@@ -578,7 +578,13 @@ pub(super) fn describe_difference(
     let dl = |d: &Option<super::model::DeadLetterPolicy>| {
         d.as_ref().map_or_else(
             || "none".to_string(),
-            |d| format!("{:?} after {} deliveries", d.queue, d.max_deliveries),
+            |d| {
+                format!(
+                    "{:?} after {}",
+                    d.queue,
+                    crate::units::count_of(u64::from(d.max_deliveries), "delivery", "deliveries")
+                )
+            },
         )
     };
     let backoff = |b: &Option<super::model::RetryBackoff>| {

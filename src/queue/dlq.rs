@@ -344,9 +344,9 @@ impl Broker {
             return Ok(());
         };
         let reason = format!(
-            "head message {} failed {} attempts (on_poison = PARK_GROUP)",
+            "head message {} failed {} (on_poison = PARK_GROUP)",
             meta.id(),
-            meta.failed_attempts()
+            crate::units::count_of(u64::from(meta.failed_attempts()), "attempt", "attempts")
         );
         let group = meta.group().unwrap_or_default().to_string();
         change.txn.put_group(

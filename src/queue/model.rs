@@ -44,13 +44,14 @@ impl QueueKind {
         }
     }
 
-    /// The kind a stored record's number means: FIFO's number is FIFO,
-    /// anything else standard (as a start has always read it).
-    pub const fn from_code(code: u8) -> QueueKind {
-        if code == QueueKind::Fifo.code() {
-            QueueKind::Fifo
-        } else {
-            QueueKind::Standard
+    /// The kind a stored record's number means; `None` for a number no
+    /// kind has, which a start and `verify` refuse as damage (a queue read
+    /// as the wrong kind would break FIFO order without a word).
+    pub const fn from_code(code: u8) -> Option<QueueKind> {
+        match code {
+            1 => Some(QueueKind::Standard),
+            2 => Some(QueueKind::Fifo),
+            _ => None,
         }
     }
 }
@@ -115,14 +116,13 @@ impl PoisonPolicy {
         }
     }
 
-    /// The policy a stored record's number means: PARK_GROUP's number is
-    /// PARK_GROUP, anything else DEAD_LETTER_AND_CONTINUE (as a start has
-    /// always read it).
-    pub const fn from_code(code: u8) -> PoisonPolicy {
-        if code == PoisonPolicy::ParkGroup.code() {
-            PoisonPolicy::ParkGroup
-        } else {
-            PoisonPolicy::DeadLetterAndContinue
+    /// The policy a stored record's number means; `None` for a number no
+    /// policy has (damage).
+    pub const fn from_code(code: u8) -> Option<PoisonPolicy> {
+        match code {
+            1 => Some(PoisonPolicy::DeadLetterAndContinue),
+            2 => Some(PoisonPolicy::ParkGroup),
+            _ => None,
         }
     }
 }

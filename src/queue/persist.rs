@@ -7,7 +7,7 @@ use crate::storage::records::LeaseRecord;
 use crate::storage::records::{
     AttemptRecord, CountersRecord, DeadLetterRec, MetaRecord, QueueRecord,
 };
-use crate::storage::{AnyBackend, LoadSource, OwnedKey, Space, Store, Txn};
+use crate::storage::{AnyBackend, LoadSource, OwnedKey, Space, StorageError, Store, Txn};
 
 use super::message::{Lease, Message, Stored};
 use super::model::{
@@ -37,9 +37,26 @@ pub(crate) fn queue_record(qid: u32, created_at: u64, c: &QueueConfig) -> QueueR
     }
 }
 
-pub(crate) fn queue_config(r: &QueueRecord) -> QueueConfig {
-    QueueConfig {
-        kind: QueueKind::from_code(r.kind),
+/// The configuration a stored queue record holds; a kind or poison
+/// policy number no value has is damage, refused naming the queue.
+pub(crate) fn queue_config(name: &str, r: &QueueRecord) -> Result<QueueConfig, StorageError> {
+    let damaged = |field: &str, code: u8, known: &str| {
+        StorageError::corrupt(
+            format!("the record of queue {name:?}"),
+            format!("{field} {code} is none of {known}"),
+        )
+    };
+    let kind = QueueKind::from_code(r.kind)
+        .ok_or_else(|| damaged("kind", r.kind, "1 (standard), 2 (FIFO)"))?;
+    let on_poison = PoisonPolicy::from_code(r.on_poison).ok_or_else(|| {
+        damaged(
+            "on_poison",
+            r.on_poison,
+            "1 (DEAD_LETTER_AND_CONTINUE), 2 (PARK_GROUP)",
+        )
+    })?;
+    Ok(QueueConfig {
+        kind,
         message_ttl: r.message_ttl,
         ack_timeout: r.ack_timeout,
         delivery_delay: r.delivery_delay,
@@ -58,9 +75,9 @@ pub(crate) fn queue_config(r: &QueueRecord) -> QueueConfig {
         max_length: r.max_length,
         max_lease_total: r.max_lease_total,
         dedup_window: r.dedup_window,
-        on_poison: PoisonPolicy::from_code(r.on_poison),
+        on_poison,
         content_based_dedup: r.content_based_dedup,
-    }
+    })
 }
 
 fn outcome_code(o: AttemptOutcome) -> u8 {
@@ -540,7 +557,7 @@ mod tests {
         assert_eq!(QueueKind::Standard.code(), 1);
         assert_eq!(QueueKind::Fifo.code(), 2);
         for kind in [QueueKind::Standard, QueueKind::Fifo] {
-            assert_eq!(QueueKind::from_code(kind.code()), kind);
+            assert_eq!(QueueKind::from_code(kind.code()), Some(kind));
             let config = new_config(&QueueConfigInput {
                 kind: Some(kind),
                 ..QueueConfigInput::default()
@@ -548,11 +565,25 @@ mod tests {
             .expect("valid");
             let record = queue_record(7, 0, &config);
             assert_eq!(record.kind, kind.code());
-            assert_eq!(queue_config(&record).kind, kind);
+            assert_eq!(queue_config("q", &record).unwrap().kind, kind);
         }
-        // Any other number reads as standard, as a start always took it.
-        assert_eq!(QueueKind::from_code(0), QueueKind::Standard);
-        assert_eq!(QueueKind::from_code(9), QueueKind::Standard);
+        // Any other number is damage, refused naming the queue and the
+        // number: never read as a standard queue.
+        assert_eq!(QueueKind::from_code(0), None);
+        assert_eq!(QueueKind::from_code(9), None);
+        let config = new_config(&QueueConfigInput::default()).expect("valid");
+        let mut record = queue_record(7, 0, &config);
+        record.kind = 9;
+        let e = queue_config("orders", &record).unwrap_err();
+        assert!(e.is_corrupt(), "{e}");
+        assert!(
+            e.to_string().contains("\"orders\"") && e.to_string().contains("kind 9"),
+            "{e}"
+        );
+        let mut record = queue_record(7, 0, &config);
+        record.on_poison = 0;
+        let e = queue_config("orders", &record).unwrap_err();
+        assert!(e.to_string().contains("on_poison 0"), "{e}");
     }
 
     #[test]

@@ -31,7 +31,7 @@ pub(crate) fn load<S: LoadSource>(store: &S, now: u64) -> Result<(State, Txn)> {
     for item in store.scan::<QueueRecord>(Space::Queues) {
         let (key, rec) = item?;
         let OwnedKey::Queue(name) = key else { continue };
-        let config = persist::queue_config(&rec);
+        let config = persist::queue_config(&name, &rec)?;
         if let Some(dl) = &config.dead_letter {
             st.dlq_sources
                 .entry(dl.queue.clone())

@@ -8,6 +8,13 @@
 //! when it is closed returns every delivery still held to the queue, each
 //! counting as an attempt. Adapters (the gRPC `Subscribe` stream) map
 //! their protocol onto it and decide only when to write and wait.
+//!
+//! An ack on a subscription does not wait before the next step: it is
+//! decided and logged (`Subscription::ack` hands back the engine's
+//! `Pending`, not the storage's commit), its credit is freed, the next
+//! receive leases and logs right behind it, and the ack is answered once
+//! durable. So the ack and the lease usually share one `fdatasync`, and,
+//! the log being ordered, a crash can lose the lease only with the ack.
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -34,11 +34,18 @@ pub fn verify(dir: &Path, opts: &VerifyOptions) -> crate::storage::Result<Verify
 
 /// Every queue rule over the records read.
 fn check(r: &mut VerifyReport, recs: &Records) {
-    let kinds: HashMap<u32, (&String, QueueKind)> = recs
-        .queues
-        .iter()
-        .map(|(n, q)| (q.qid, (n, QueueKind::from_code(q.kind))))
-        .collect();
+    let mut kinds: HashMap<u32, (&String, QueueKind)> = HashMap::new();
+    for (n, q) in &recs.queues {
+        match QueueKind::from_code(q.kind) {
+            Some(kind) => {
+                kinds.insert(q.qid, (n, kind));
+            }
+            None => r.problem(format!(
+                "queue {n:?}: kind {} is none of 1 (standard), 2 (FIFO)",
+                q.kind
+            )),
+        }
+    }
     dead_letter_queues(r, recs);
     let held = messages(r, recs, &kinds);
     groups(r, recs, &kinds);

@@ -26,6 +26,7 @@
 //! `crate::edge`, never another front end or the root.
 
 mod config;
+pub mod notify;
 mod open;
 
 use std::future::Future;

@@ -125,8 +125,53 @@ async fn the_cli_drives_a_dead_letter_flow() {
         ),
         (Some(1), Some(1), Some(1200))
     );
+    // The list shows each queue's depth.
+    let list = json(&run(&s, &["queue", "list", "--json"]));
+    assert_eq!(list[0]["name"], "orders");
+    assert_eq!(list[0]["stats"]["total"], 1200, "{list}");
+    assert_eq!(list[1]["stats"]["total"], 1, "{list}");
+    let table = String::from_utf8_lossy(&run(&s, &["queue", "list"]).stdout).into_owned();
+    let header: Vec<&str> = table
+        .lines()
+        .next()
+        .unwrap()
+        .split("  ")
+        .filter(|c| !c.is_empty())
+        .map(str::trim)
+        .collect();
+    assert_eq!(
+        &header[..5],
+        ["NAME", "KIND", "READY", "IN FLIGHT", "TOTAL"],
+        "{table}"
+    );
+    let row: Vec<&str> = table
+        .lines()
+        .find(|l| l.starts_with("orders.dlq"))
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        &row[..5],
+        ["orders.dlq", "STANDARD", "1", "0", "1"],
+        "{table}"
+    );
+
+    // A redrive back into orders, counted on both sides, as the console
+    // counts it.
+    assert!(run(&s, &["dlq", "redrive", "orders.dlq"]).status.success());
+    let out = json(&run(&s, &["queue", "stats", "orders.dlq", "--json"]));
+    assert_eq!(out["redriven"], 1, "{out}");
+    let st = json(&run(&s, &["queue", "stats", "orders", "--json"]));
+    assert_eq!(st["redrive_received"], 1, "{st}");
+    let text = String::from_utf8_lossy(&run(&s, &["queue", "stats", "orders"]).stdout).into_owned();
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("redriven in") && l.ends_with(" 1")),
+        "{text}"
+    );
+
     let purged = json(&run(&s, &["queue", "purge", "orders", "--json"]));
-    assert_eq!(purged["messages_deleted"], 1200);
+    assert_eq!(purged["messages_deleted"], 1201);
 
     let list = json(&run(&s, &["queue", "list", "--json"]));
     let names: Vec<&str> = list
@@ -401,6 +446,11 @@ async fn nack_and_reject_without_a_dlq_stop_with_the_reason() {
         "{text}"
     );
     assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 3);
+    // One message nacked three times: one message, three deliveries.
+    assert!(
+        text.contains("nacked 1 message(s) in 3 deliveries"),
+        "{text}"
+    );
     // --count still bounds it exactly.
     let out = run(
         &s,

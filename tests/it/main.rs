@@ -22,6 +22,7 @@ mod logs;
 mod messaging;
 mod redrive;
 mod security;
+mod service_manager;
 mod slow_clients;
 mod sqs;
 mod sqs_auth;

@@ -1,6 +1,62 @@
 //! Opening the store: the data directory checked, the log replayed into
 //! the database, payload pointers counted, and the log writer and the
 //! applier started (recovery).
+//!
+//! ## The data directory
+//!
+//! ```text
+//! letterbox-data/        mode 0700
+//!   FORMAT               "letterbox data directory\nformat 1\n"
+//!   CHECKPOINT           "letterbox checkpoint\napplied N\nlog S F\n
+//!                        sizes S:BYTES[:FIRST] ...\n": the lsn the last
+//!                        checkpoint made durable in the database, the
+//!                        segment S the log goes on in (its first record is
+//!                        lsn F; absent between a start's replay and its new
+//!                        segment), and every segment from S on with its
+//!                        size and, once a record in it is durable, its
+//!                        first lsn
+//!   LOCK                 flock'd by the running server
+//!   wal/NNNN….wal        log segments (20-digit numbers)
+//!   wal/spare-NNNN….seg  retired segments kept for reuse
+//!   db/                  sled, until the first rewrite
+//!   db-N/                sled, after the N-th rewrite (see `rewrite`)
+//!   DATABASE             "letterbox database\ncurrent db-N\n" (absent: db/)
+//! ```
+//!
+//! A start writes `FORMAT` first and `CHECKPOINT` last, before it opens
+//! the log or answers any call. So a directory with `FORMAT` but no
+//! `CHECKPOINT`, no `DATABASE` and no log segment is a very first start cut
+//! short (sled's files may be empty or cut short): it holds nothing
+//! acknowledged, and is initialized again with a warning (a leftover
+//! `FORMAT.tmp` does not make it foreign). A start also removes any other
+//! `db`/`db-N` directory than the current one (a rewrite cut short before
+//! or after its commit point).
+//!
+//! Everything else a start cannot trust stops it with a message naming the
+//! file, and nothing is modified: a missing `FORMAT` in a non-empty
+//! directory, an unknown format, a lock held by another process; a
+//! database that is missing, unreadable (sled's panics on some damage are
+//! caught) or older than the last checkpoint once the log is replayed into
+//! it; a payload pointer past the end of its segment; and a log that does
+//! not go on where `CHECKPOINT` says (`wal::check_continuity`) or holds an
+//! intact record of a later write after the place its records stop
+//! (`wal::replay`). Damage the log can repair is repaired; anything else is
+//! refused rather than served as less data.
+//!
+//! ## Recovery
+//!
+//! Open sled (which reads its own page-table snapshot and its log since:
+//! sled 0.34 writes that snapshot only when it opens, so the first start
+//! after a burst of writes is the slow one); replay the log records newer
+//! than the applied lsn into it (payload puts become pointers); checkpoint.
+//! Then two full scans run at once: the payload pointers counted per
+//! segment on the opening thread, and the engine's load on a thread of its
+//! own (`letterbox-load`, through `Reader`), the opening thread then
+//! reading the message records backwards until it meets the load's scan
+//! so that the pages it still needs are in sled's cache (`warm_metas`).
+//! Nothing is submitted before both end; then the segments no pointer
+//! refers to are retired, the log starts in a fresh segment, and the log
+//! writer and the applier start.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
