@@ -495,7 +495,7 @@ async fn a_postgresql_outage_longer_than_the_lease_stops_the_owner_and_the_stand
         .expect("the standby did not take over once PostgreSQL was back")
         .unwrap();
     assert!(
-        b.log().contains("PostgreSQL not reachable"),
+        b.log().contains("standby: cannot reach PostgreSQL"),
         "the standby did not meet the outage:\n{}",
         b.log()
     );
