@@ -7,7 +7,8 @@
 //! ([`GRPC_PREFIX`]), the Anypoint MQ REST address when that facade is on
 //! ([`ANYPOINT_PREFIX`]), the metrics URL when metrics are on
 //! ([`METRICS_PREFIX`]), the console URL when the console is on
-//! ([`CONSOLE_PREFIX`]).
+//! ([`CONSOLE_PREFIX`]), the SQS endpoint's URL when it is on
+//! ([`SQS_PREFIX`]).
 
 use std::ffi::OsStr;
 use std::io::{BufRead, BufReader};
@@ -25,6 +26,8 @@ pub const ANYPOINT_PREFIX: &str = "letterbox anypoint listening on ";
 pub const METRICS_PREFIX: &str = "letterbox metrics on ";
 /// `letterbox console at URL`.
 pub const CONSOLE_PREFIX: &str = "letterbox console at ";
+/// `letterbox sqs at URL`.
+pub const SQS_PREFIX: &str = "letterbox sqs at ";
 
 /// What the server has announced so far.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -37,6 +40,8 @@ pub struct Announced {
     pub metrics: Option<String>,
     /// The console URL, as printed.
     pub console: Option<String>,
+    /// The SQS endpoint's URL, as printed.
+    pub sqs: Option<String>,
     /// Lines that are none of these.
     pub other: Vec<String>,
 }
@@ -54,6 +59,8 @@ impl Announced {
             self.metrics = Some(rest.trim().to_string());
         } else if let Some(rest) = line.strip_prefix(CONSOLE_PREFIX) {
             self.console = Some(rest.trim().to_string());
+        } else if let Some(rest) = line.strip_prefix(SQS_PREFIX) {
+            self.sqs = Some(rest.trim().to_string());
         } else {
             self.other.push(line.to_string());
         }
@@ -234,11 +241,13 @@ mod tests {
         a.read(&format!("{ANYPOINT_PREFIX}127.0.0.1:6"));
         a.read(&format!("{METRICS_PREFIX}http://127.0.0.1:7/metrics"));
         a.read(&format!("{CONSOLE_PREFIX}http://127.0.0.1:8/"));
+        a.read(&format!("{SQS_PREFIX}http://127.0.0.1:9/"));
         a.read("something else");
         assert_eq!(a.grpc, "127.0.0.1:5".parse().ok());
         assert_eq!(a.anypoint, "127.0.0.1:6".parse().ok());
         assert_eq!(a.metrics.as_deref(), Some("http://127.0.0.1:7/metrics"));
         assert_eq!(a.console.as_deref(), Some("http://127.0.0.1:8/"));
+        assert_eq!(a.sqs.as_deref(), Some("http://127.0.0.1:9/"));
         assert_eq!(a.other, vec!["something else".to_string()]);
     }
 }

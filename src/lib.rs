@@ -12,8 +12,9 @@
 //! - The front ends, each importing the engine and `edge` only: `grpc`
 //!   (the gRPC services with tonic, conversions, the status mapping),
 //!   [`anypoint`] (the optional Anypoint MQ compatible REST facade: Broker
-//!   API, an Admin and Stats subset), [`console`] (the web console) and
-//!   `metrics` (the Prometheus endpoint).
+//!   API, an Admin and Stats subset), [`sqs`] (the Amazon SQS compatible
+//!   endpoint: AWS JSON 1.0 and the query protocol), [`console`] (the web
+//!   console) and `metrics` (the Prometheus endpoint).
 //! - `edge`: what the front ends share: the audit log, connection caps,
 //!   the HTTP listeners, TLS settings, consumers.
 //! - [`pb`]: the generated protobuf types of `letterbox.v1`.
@@ -43,6 +44,7 @@ mod metrics;
 pub mod pb;
 pub mod queue;
 pub mod server;
+pub mod sqs;
 pub mod storage;
 pub mod units;
 

@@ -18,7 +18,7 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use letterbox::cli;
 use letterbox::clock::SystemClock;
 use letterbox::config::{LogFormat, ServeArgs, read_config_file};
-use letterbox::launch::{ANYPOINT_PREFIX, CONSOLE_PREFIX, GRPC_PREFIX, METRICS_PREFIX};
+use letterbox::launch::{ANYPOINT_PREFIX, CONSOLE_PREFIX, GRPC_PREFIX, METRICS_PREFIX, SQS_PREFIX};
 use letterbox::server::{FrontEnd, Server, ServerError};
 use tracing_subscriber::EnvFilter;
 
@@ -135,6 +135,11 @@ enum AuthCmd {
     /// Make a random bearer token: prints the token (give it to the
     /// client) and its digest (put it in `token_sha256`).
     NewToken,
+    /// Make a random AWS access key for the SQS endpoint: prints the
+    /// access key id (put it in `aws_access_key_id`) and the secret access
+    /// key (give both to the client; write the secret into the file named
+    /// by `aws_secret_access_key_file`).
+    NewAwsKey,
 }
 
 fn auth_command(cmd: &AuthCmd) -> ExitCode {
@@ -165,6 +170,12 @@ fn auth_command(cmd: &AuthCmd) -> ExitCode {
             let (token, digest) = letterbox::auth::new_token();
             println!("token:        {token}");
             println!("token_sha256: {digest}");
+            ExitCode::SUCCESS
+        }
+        AuthCmd::NewAwsKey => {
+            let (id, secret) = letterbox::auth::new_aws_key();
+            println!("aws_access_key_id:     {id}");
+            println!("aws_secret_access_key: {secret}");
             ExitCode::SUCCESS
         }
     }
@@ -379,6 +390,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
             FrontEnd::Anypoint => format!("{ANYPOINT_PREFIX}{}", l.addr),
             FrontEnd::Metrics => format!("{METRICS_PREFIX}{}", l.url()),
             FrontEnd::Console => format!("{CONSOLE_PREFIX}{}", l.url()),
+            FrontEnd::Sqs => format!("{SQS_PREFIX}{}", l.url()),
         };
         announce(&line);
         tracing::info!(

@@ -16,6 +16,7 @@
 #   letterbox anypoint listening on ADDR     (with --anypoint-listen)
 #   letterbox metrics on URL                 (with --metrics-listen)
 #   letterbox console at URL                 (when the console is on)
+#   letterbox sqs at URL                     (when the SQS endpoint is on)
 #
 # so a script can give it port 0 (`--listen 127.0.0.1:0`) and read the
 # port it got. Its log goes to standard error.
@@ -34,6 +35,7 @@ esac
 # The prefixes of the server's announcements (src/launch.rs).
 LETTERBOX_GRPC_LINE="letterbox listening on "
 LETTERBOX_METRICS_LINE="letterbox metrics on "
+LETTERBOX_SQS_LINE="letterbox sqs at "
 
 # port_open PORT [HOST]: something accepts connections on HOST:PORT
 # (HOST 127.0.0.1).

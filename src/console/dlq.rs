@@ -3,7 +3,8 @@
 //! reason, time window and text; a selection (ticked rows, or everything
 //! matching the filter) is redriven after a dry-run preview that says how
 //! many and where to, at an optional rate, with its progress on a page of
-//! its own (`jobs.rs`).
+//! its own (`jobs.rs`). The queue's SQS message move tasks are listed
+//! there too (`move_tasks.rs`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -273,6 +274,7 @@ async fn render(
                 a href=(format!("/queues/{src}")) { (src) }
             }
         }
+        (super::move_tasks::section(c, name))
         form #dlq-filter .row method="get" action=(format!("/queues/{name}/dead-letters")) {
             label { "Source queue" input type="text" name="source" value=(filter.source) list="dlq-sources"; }
             datalist #dlq-sources { @for src in &info.dead_letter_sources { option value=(src) {} } }

@@ -33,6 +33,7 @@ mod exchanges;
 mod history;
 mod jobs;
 mod layout;
+mod move_tasks;
 mod overview;
 mod queue;
 mod session;
@@ -245,6 +246,15 @@ fn router(console: Shared) -> Router {
         .route("/queues/{name}/groups/skip", post(queue::skip_head))
         .route("/queues/{name}/dead-letters", get(dlq::page))
         .route("/queues/{name}/redrive", post(dlq::redrive))
+        .route("/queues/{name}/move-tasks/{id}", get(move_tasks::page))
+        .route(
+            "/queues/{name}/move-tasks/{id}/progress",
+            get(move_tasks::progress_part),
+        )
+        .route(
+            "/queues/{name}/move-tasks/{id}/cancel",
+            post(move_tasks::cancel),
+        )
         .route("/jobs/{id}", get(dlq::job))
         .route("/jobs/{id}/progress", get(dlq::job_progress))
         .route("/jobs/{id}/cancel", post(dlq::cancel))

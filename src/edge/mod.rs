@@ -1,14 +1,17 @@
 //! What the front ends share, and nothing of any one of them: the audit
 //! log (`audit`), connection caps and deadlines over every listener
 //! (`conns`), the HTTP listeners served with hyper (`http`), TLS settings
-//! (`tls`), who consumes each queue (`consumers`), and the HTTP status of
-//! an engine error (`status`). [`Shared`] is what the composition root
+//! (`tls`), who consumes each queue (`consumers`), the HTTP status of
+//! an engine error (`status`), and the SQS message move tasks a dead
+//! letter queue keeps (`move_tasks`: the SQS endpoint runs them, the
+//! console shows and stops them). [`Shared`] is what the composition root
 //! (`crate::server`) hands each front end it starts.
 
 pub(crate) mod audit;
 pub(crate) mod conns;
 pub(crate) mod consumers;
 pub(crate) mod http;
+pub(crate) mod move_tasks;
 pub(crate) mod status;
 pub(crate) mod tls;
 

@@ -21,8 +21,22 @@ impl Broker {
         name: &str,
         input: &QueueConfigInput,
     ) -> Result<(QueueInfo, bool)> {
+        self.create_queue_annotated(name, input, Vec::new()).await
+    }
+
+    /// [`Broker::create_queue`] with the queue's annotations (string pairs
+    /// a front end keeps with it, written in the same transaction). An
+    /// existing queue with the same configuration is answered as it is,
+    /// its annotations unchanged.
+    pub async fn create_queue_annotated(
+        &self,
+        name: &str,
+        input: &QueueConfigInput,
+        annotations: Vec<(String, String)>,
+    ) -> Result<(QueueInfo, bool)> {
         validate::name("name", name)?;
         let config = validate::new_config(input)?;
+        let annotations = super::annotations::checked(annotations)?;
         let now = self.now();
         let commit = {
             let mut st = self.lock();
@@ -48,6 +62,9 @@ impl Broker {
                 change
                     .txn
                     .put_queue(name, &persist::queue_record(qid, now, &config));
+                if !annotations.is_empty() {
+                    super::annotations::put(change, qid, &annotations);
+                }
                 change.touch(qid);
                 if let Some(dl) = &config.dead_letter {
                     st.dlq_sources
@@ -56,8 +73,9 @@ impl Broker {
                         .insert(name.to_string());
                 }
                 st.names.insert(name.to_string(), qid);
-                st.queues
-                    .insert(qid, QueueState::new(qid, name.to_string(), config, now));
+                let mut q = QueueState::new(qid, name.to_string(), config, now);
+                q.annotations = annotations;
+                st.queues.insert(qid, q);
                 Ok(())
             })?;
             commit
@@ -114,6 +132,19 @@ impl Broker {
         input: &QueueConfigInput,
         removals: QueueRemovals,
     ) -> Result<QueueInfo> {
+        self.update_queue_annotated(name, input, removals, &[])
+            .await
+    }
+
+    /// [`Broker::update_queue`] that also changes the queue's annotations,
+    /// in the same transaction (applied to them as they are then).
+    pub async fn update_queue_annotated(
+        &self,
+        name: &str,
+        input: &QueueConfigInput,
+        removals: QueueRemovals,
+        annotations: &[super::annotations::AnnotationChange],
+    ) -> Result<QueueInfo> {
         validate::name("name", name)?;
         let commit = {
             let mut st = self.lock();
@@ -122,11 +153,19 @@ impl Broker {
             let config = validate::updated_config(&q.config, input, removals)?;
             let created_at = q.created_at;
             check_dead_letter(&st, name, &config)?;
-            let old_dl = st.queue(qid)?.config.dead_letter.clone();
+            let q = st.queue(qid)?;
+            let pairs = (!annotations.is_empty())
+                .then(|| super::annotations::applied(&q.annotations, annotations))
+                .transpose()?;
+            let old_dl = q.config.dead_letter.clone();
             // Everything checked: nothing below fails.
             let ((), commit) = self.decide(&mut st, |st, change| {
                 if let Some(q) = st.queues.get_mut(&qid) {
                     q.config = config.clone();
+                    if let Some(a) = pairs {
+                        super::annotations::put(change, qid, &a);
+                        q.annotations = a;
+                    }
                 }
                 if let Some(dl) = old_dl
                     && let Some(s) = st.dlq_sources.get_mut(&dl.queue)
@@ -189,6 +228,7 @@ impl Broker {
                 }
                 change.txn.delete(Key::Queue(name));
                 change.txn.delete(Key::Counters(qid));
+                change.txn.delete(Key::Annotations(qid));
                 super::exchange::unbind_everywhere(st, name, change);
                 st.names.remove(name);
                 Ok(())

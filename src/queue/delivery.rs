@@ -317,7 +317,7 @@ impl Broker {
     /// a FIFO message whose lease ran out releases the later ones of its
     /// group first, so that none of them can be acked in that gap ahead
     /// of its redelivery (SPEC §3). Free when nothing is due.
-    fn catch_up(&self, st: &mut State, now: u64, change: &mut Change) -> Result<()> {
+    pub(super) fn catch_up(&self, st: &mut State, now: u64, change: &mut Change) -> Result<()> {
         if st.timers.first().is_some_and(|&(due, _, _)| due <= now) {
             self.due_timers(st, now, change)?;
         }

@@ -35,6 +35,7 @@
 //! through [`Store`]. It never names tonic, prost or sled.
 
 mod admin;
+pub mod annotations;
 pub mod definitions;
 mod delivery;
 mod dlq;

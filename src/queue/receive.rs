@@ -156,6 +156,10 @@ impl Broker {
                 let qid = st.qid(queue)?;
                 let q = st.queue(qid)?;
                 let timeout = match opts.ack_timeout {
+                    // A lease that ends at once: the message is counted as
+                    // delivered and is visible again (SQS's receive with
+                    // VisibilityTimeout=0).
+                    Some(0) => 0,
                     Some(t) => {
                         validate::lease_length("ack_timeout_ms", t, q.config.max_lease_total)?;
                         t
@@ -237,6 +241,10 @@ impl Broker {
         let max = usize::try_from(max).unwrap_or(10);
         let per_group = usize::try_from(opts.max_per_group).unwrap_or(usize::MAX);
         let auto_ack = opts.auto_ack;
+        // Leases that ran out and the sweeper has not ended yet end first,
+        // so that their messages can be picked (a lease of 0 ms ends at
+        // once).
+        self.catch_up(st, now, change)?;
         let mut picked: Vec<Picked> = Vec::new();
         let mut used = 0u64;
         // FIFO groups whose message was set aside (a damaged body, auto-ack
@@ -339,7 +347,11 @@ impl Broker {
         preread: Option<&mut PreRead>,
         change: &mut Change,
     ) -> Result<Taken> {
-        let mut meta = self.meta(qid, pos)?;
+        // As this receive's change leaves it: its `catch_up` may have
+        // ended the message's lease a moment ago.
+        let Some(mut meta) = self.meta_in(change, qid, pos)? else {
+            return Ok(Taken::NotRead);
+        };
         let body = match preread {
             Some(read) => match read.remove(&meta.pid()) {
                 Some(body) => Some(body),

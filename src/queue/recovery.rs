@@ -11,7 +11,7 @@
 //! are deleted.
 
 use crate::storage::records::{
-    CountersRecord, DedupRecord, ExchangeRecord, GroupRecord, QueueRecord,
+    AnnotationsRecord, CountersRecord, DedupRecord, ExchangeRecord, GroupRecord, QueueRecord,
 };
 use crate::storage::{Key, LoadSource, OwnedKey, Space, SysKey, Txn};
 
@@ -64,6 +64,16 @@ pub(crate) fn load<S: LoadSource>(store: &S, now: u64) -> Result<(State, Txn)> {
         }
     }
     let mut cleanup = Txn::new();
+    for item in store.scan::<AnnotationsRecord>(Space::Annotations) {
+        let (key, rec) = item?;
+        let OwnedKey::Annotations(qid) = key else {
+            continue;
+        };
+        match st.queues.get_mut(&qid) {
+            Some(q) => q.annotations = rec.pairs,
+            None => cleanup.delete(Key::Annotations(qid)),
+        }
+    }
     for item in store.scan::<GroupRecord>(Space::Groups) {
         let (key, rec) = item?;
         let OwnedKey::Group(qid, group) = key else {

@@ -287,6 +287,9 @@ pub(crate) struct QueueState {
     pub client_ids: HashMap<String, u64>,
     pub leased: u64,
     pub delayed: u64,
+    /// String pairs a front end keeps with the queue (the SQS endpoint's
+    /// attributes), sorted by name; the engine never reads them.
+    pub annotations: Vec<(String, String)>,
     /// Bumped whenever a message may have become deliverable; long polls
     /// and subscriptions wait on it.
     pub wake: watch::Sender<u64>,
@@ -309,6 +312,7 @@ impl QueueState {
             client_ids: HashMap::new(),
             leased: 0,
             delayed: 0,
+            annotations: Vec::new(),
             wake: watch::channel(0).0,
         }
     }

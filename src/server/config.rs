@@ -51,6 +51,10 @@ pub struct ServerConfig {
     pub anypoint_listen: Option<SocketAddr>,
     /// Address of the web console, if it is on.
     pub console_listen: Option<ConsoleAt>,
+    /// Address of the SQS endpoint, if it is on.
+    pub sqs_listen: Option<ConsoleAt>,
+    /// Settings of the SQS endpoint.
+    pub sqs: crate::sqs::SqsOptions,
     /// Time between two samples of the console's plots.
     pub console_sample_every: Duration,
     /// Settings of the Anypoint MQ REST facade.
@@ -86,7 +90,7 @@ impl std::fmt::Debug for RemoteStore {
     }
 }
 
-/// Where the web console listens.
+/// Where the web console (or the SQS endpoint) listens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ConsoleAt {
     /// This address, or the server does not start.
@@ -114,6 +118,8 @@ impl ServerConfig {
             metrics_per_queue: false,
             anypoint_listen: None,
             console_listen: None,
+            sqs_listen: None,
+            sqs: crate::sqs::SqsOptions::default(),
             console_sample_every: Duration::from_secs(5),
             remote: None,
             anypoint: AnypointOptions {

@@ -10,8 +10,9 @@
 //! the consumers):
 //!
 //! - gRPC (`crate::grpc`), always;
-//! - the Anypoint MQ REST facade (`crate::anypoint`) and the web console
-//!   (`crate::console`), started in `start_http_front_ends`;
+//! - the Anypoint MQ REST facade (`crate::anypoint`), the web console
+//!   (`crate::console`) and the SQS endpoint (`crate::sqs`), started in
+//!   `start_http_front_ends`;
 //! - the metrics endpoint (`crate::metrics`);
 //!
 //! with the engine's sweeper. It owns the shutdown: once the shutdown
@@ -66,6 +67,7 @@ struct Listeners {
 struct HttpListeners {
     anypoint: Option<Bound>,
     console: Option<Bound>,
+    sqs: Option<Bound>,
 }
 
 /// A front end with a listener of its own. A new front end is one more
@@ -81,6 +83,8 @@ pub enum FrontEnd {
     Metrics,
     /// The web console.
     Console,
+    /// The SQS endpoint.
+    Sqs,
 }
 
 impl FrontEnd {
@@ -91,6 +95,7 @@ impl FrontEnd {
             FrontEnd::Anypoint => "REST",
             FrontEnd::Metrics => "metrics",
             FrontEnd::Console => "console",
+            FrontEnd::Sqs => "SQS",
         }
     }
 
@@ -101,6 +106,7 @@ impl FrontEnd {
             FrontEnd::Anypoint => "the Anypoint MQ REST API",
             FrontEnd::Metrics => "metrics",
             FrontEnd::Console => "the web console",
+            FrontEnd::Sqs => "the SQS endpoint",
         }
     }
 }
@@ -144,7 +150,8 @@ pub struct Listening {
 
 impl Listening {
     /// The URL a client uses (`https://` with TLS): the gRPC endpoint,
-    /// the REST API's base, the metrics page, the console's first page.
+    /// the REST API's base, the metrics page, the console's first page,
+    /// the SQS endpoint's base.
     pub fn url(&self) -> String {
         let scheme = if self.tls { "https" } else { "http" };
         let base = format!("{scheme}://{}", self.addr);
@@ -152,7 +159,7 @@ impl Listening {
             FrontEnd::Grpc => base,
             FrontEnd::Anypoint => format!("{base}/api/v1"),
             FrontEnd::Metrics => format!("{base}/metrics"),
-            FrontEnd::Console => format!("{base}/"),
+            FrontEnd::Console | FrontEnd::Sqs => format!("{base}/"),
         }
     }
 }
@@ -201,12 +208,13 @@ async fn bind(at: SocketAddr) -> Result<(TcpListener, SocketAddr), ServerError> 
     Ok((l, bound))
 }
 
-/// Binds an optional listener (`what`, in the warning) where it may
+/// Binds an optional listener (`what`, set by `flag`, in the warning) where it may
 /// listen: exactly there, or (preferred) there or any free port on its
 /// IP, else not at all (a warning).
 async fn bind_at(
     at: Option<ConsoleAt>,
     what: &str,
+    flag: &str,
 ) -> Result<Option<(TcpListener, SocketAddr)>, ServerError> {
     match at {
         Some(ConsoleAt::Exactly(at)) => bind(at).await.map(Some),
@@ -219,7 +227,7 @@ async fn bind_at(
             match l.and_then(|l| l.local_addr().map(|a| (l, a))) {
                 Ok(x) => Ok(Some(x)),
                 Err(e) => {
-                    tracing::warn!(addr = %at, error = %e, "{what} could not listen there nor on another port of its address; serving without it (give --console-listen ADDR, or off)");
+                    tracing::warn!(addr = %at, error = %e, "{what} could not listen there nor on another port of its address; serving without it (give {flag} ADDR, or off)");
                     Ok(None)
                 }
             }
@@ -240,7 +248,8 @@ async fn listen(config: &ServerConfig, doors: &mut Doors) -> Result<Listeners, S
         Some(at) => Some(bind(at).await?),
         None => None,
     };
-    let console = bind_at(config.console_listen, "the console").await?;
+    let console = bind_at(config.console_listen, "the console", "--console-listen").await?;
+    let sqs = bind_at(config.sqs_listen, "the SQS endpoint", "--sqs-listen").await?;
     let mut door = |(listener, addr): (TcpListener, SocketAddr), name, protocol| Bound {
         listener,
         addr,
@@ -250,6 +259,7 @@ async fn listen(config: &ServerConfig, doors: &mut Doors) -> Result<Listeners, S
     let http = HttpListeners {
         anypoint: anypoint.map(|l| door(l, FrontEnd::Anypoint.name(), Protocol::Http)),
         console: console.map(|l| door(l, FrontEnd::Console.name(), Protocol::Http)),
+        sqs: sqs.map(|l| door(l, FrontEnd::Sqs.name(), Protocol::Http)),
     };
     let metrics = metrics.map(|l| door(l, FrontEnd::Metrics.name(), Protocol::Http));
     Ok(Listeners {
@@ -306,6 +316,11 @@ impl Server {
         self.listeners.http.console.as_ref().map(|b| b.addr)
     }
 
+    /// The bound address of the SQS endpoint, if it is on.
+    pub fn sqs_addr(&self) -> Option<SocketAddr> {
+        self.listeners.http.sqs.as_ref().map(|b| b.addr)
+    }
+
     /// The bound address of the metrics endpoint, if it is on.
     pub fn metrics_addr(&self) -> Option<SocketAddr> {
         self.listeners.metrics.as_ref().map(|b| b.addr)
@@ -337,6 +352,7 @@ impl Server {
         all.extend(self.anypoint_addr().map(|a| http(FrontEnd::Anypoint, a)));
         all.extend(self.metrics_addr().map(|a| http(FrontEnd::Metrics, a)));
         all.extend(self.console_addr().map(|a| http(FrontEnd::Console, a)));
+        all.extend(self.sqs_addr().map(|a| http(FrontEnd::Sqs, a)));
         all
     }
 
@@ -469,7 +485,8 @@ fn start_metrics(
     })
 }
 
-/// Starts the HTTP front ends that are on (the REST facade, the console),
+/// Starts the HTTP front ends that are on (the REST facade, the console,
+/// the SQS endpoint),
 /// each on its listener over `shared`, stopping once `drain` is
 /// cancelled; returns them, named for the shutdown's warnings, in the
 /// order they are waited for. A new HTTP front end is started here.
@@ -499,6 +516,18 @@ fn start_http_front_ends(
             crate::console::serve(listener, shared, opts, stop)
         });
         started.push(("console requests", task));
+    }
+    if let Some(b) = listeners.sqs {
+        // Its long polls end when the engine begins shutting down.
+        let listener = shared.http_listener(b.listener, b.door);
+        let opts = crate::sqs::SqsOptions {
+            tls: config.tls.is_some(),
+            ..config.sqs.clone()
+        };
+        let task = Task::spawn(drain.child_token(), |stop| {
+            crate::sqs::serve(listener, shared, opts, stop)
+        });
+        started.push(("SQS calls", task));
     }
     started
 }

@@ -13,6 +13,7 @@
 //! | `0x06` | `Dedup(qid, key)`: tag, `u32`, key bytes | [`DedupRecord`](super::records::DedupRecord) |
 //! | `0x07` | `Group(qid, group)`: tag, `u32`, group bytes | [`GroupRecord`](super::records::GroupRecord) |
 //! | `0x08` | `Exchange(name)`: tag, name bytes | [`ExchangeRecord`](super::records::ExchangeRecord) |
+//! | `0x09` | `Annotations(qid)`: tag, `u32` | [`AnnotationsRecord`](super::records::AnnotationsRecord) |
 //!
 //! `qid` is a queue's internal number (never reused), `pos` a message's
 //! position (a global counter, so that positions order messages by the
@@ -55,6 +56,8 @@ pub enum Key<'a> {
     Group(u32, &'a str),
     /// An exchange and its bindings, by name.
     Exchange(&'a str),
+    /// A queue's annotations (string pairs a front end keeps with it).
+    Annotations(u32),
 }
 
 pub(crate) const TAG_SYS: u8 = 0x01;
@@ -65,6 +68,7 @@ pub(crate) const TAG_PAYLOAD: u8 = 0x05;
 pub(crate) const TAG_DEDUP: u8 = 0x06;
 pub(crate) const TAG_GROUP: u8 = 0x07;
 pub(crate) const TAG_EXCHANGE: u8 = 0x08;
+pub(crate) const TAG_ANNOTATIONS: u8 = 0x09;
 
 /// The keyspaces, for prefix scans.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,6 +87,8 @@ pub enum Space {
     Groups,
     /// All exchanges.
     Exchanges,
+    /// All queues' annotations.
+    Annotations,
 }
 
 impl Space {
@@ -100,6 +106,7 @@ impl Space {
             Space::Dedups => vec![TAG_DEDUP],
             Space::Groups => vec![TAG_GROUP],
             Space::Exchanges => vec![TAG_EXCHANGE],
+            Space::Annotations => vec![TAG_ANNOTATIONS],
         }
     }
 }
@@ -144,6 +151,10 @@ impl Key<'_> {
                 b.put_u8(TAG_EXCHANGE);
                 b.put_slice(name.as_bytes());
             }
+            Key::Annotations(qid) => {
+                b.put_u8(TAG_ANNOTATIONS);
+                b.put_u32(*qid);
+            }
         }
         b.freeze()
     }
@@ -164,6 +175,8 @@ pub enum OwnedKey {
     Group(u32, String),
     /// See [`Key::Exchange`].
     Exchange(String),
+    /// See [`Key::Annotations`].
+    Annotations(u32),
     /// Any other key.
     Other,
 }
@@ -197,6 +210,7 @@ impl OwnedKey {
                 )
             }
             TAG_EXCHANGE => OwnedKey::Exchange(String::from_utf8(rest.to_vec()).ok()?),
+            TAG_ANNOTATIONS => OwnedKey::Annotations(u32::from_be_bytes(rest.try_into().ok()?)),
             _ => OwnedKey::Other,
         })
     }
@@ -238,5 +252,8 @@ mod tests {
         );
         let g = Key::Group(7, "g-1").encode();
         assert_eq!(OwnedKey::decode(&g), Some(OwnedKey::Group(7, "g-1".into())));
+        let a = Key::Annotations(7).encode();
+        assert!(a.starts_with(&Space::Annotations.prefix()));
+        assert_eq!(OwnedKey::decode(&a), Some(OwnedKey::Annotations(7)));
     }
 }

@@ -316,6 +316,15 @@ pub struct ExchangeRecord {
     pub bindings: Vec<(String, Vec<(String, String)>)>,
 }
 
+/// A queue's annotations: string pairs that a front end keeps with the
+/// queue (the SQS endpoint's attributes, tags and move tasks), sorted by
+/// name. The engine stores them and never reads them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AnnotationsRecord {
+    /// (name, value), sorted by name, names unique.
+    pub pairs: Vec<(String, String)>,
+}
+
 impl Record for QueueRecord {}
 impl Record for CountersRecord {}
 impl Record for LeaseRecord {}
@@ -323,6 +332,7 @@ impl Record for PayloadRecord {}
 impl Record for DedupRecord {}
 impl Record for GroupRecord {}
 impl Record for ExchangeRecord {}
+impl Record for AnnotationsRecord {}
 
 impl Record for MetaRecord {
     const VERSION: u8 = 2;

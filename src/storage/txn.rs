@@ -6,8 +6,8 @@ use bytes::Bytes;
 use super::error::Result;
 use super::keys::{Key, SysKey};
 use super::records::{
-    self, CountersRecord, DedupRecord, ExchangeRecord, GroupRecord, MetaRecord, PayloadRecord,
-    QueueRecord,
+    self, AnnotationsRecord, CountersRecord, DedupRecord, ExchangeRecord, GroupRecord, MetaRecord,
+    PayloadRecord, QueueRecord,
 };
 use crate::faults::{self, Fault};
 
@@ -141,6 +141,11 @@ impl Txn {
     /// Stores a group's state.
     pub fn put_group(&mut self, qid: u32, group: &str, rec: &GroupRecord) {
         self.put_record(Key::Group(qid, group), rec);
+    }
+
+    /// Writes a queue's annotations.
+    pub fn put_annotations(&mut self, qid: u32, rec: &AnnotationsRecord) {
+        self.put_record(Key::Annotations(qid), rec);
     }
 }
 

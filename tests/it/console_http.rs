@@ -21,7 +21,7 @@ use letterbox::server::ConsoleAt;
 use crate::harness::*;
 
 /// A browser of one console: its cookie jar holds the session.
-struct Web {
+pub(crate) struct Web {
     addr: SocketAddr,
     http: Client<HttpConnector, Full<Bytes>>,
     cookie: Option<String>,
@@ -30,15 +30,15 @@ struct Web {
     same_site: bool,
 }
 
-struct Page {
-    status: u16,
+pub(crate) struct Page {
+    pub(crate) status: u16,
     headers: hyper::HeaderMap,
-    body: String,
+    pub(crate) body: String,
 }
 
 impl Page {
     /// The CSRF token of the page's forms.
-    fn csrf(&self) -> String {
+    pub(crate) fn csrf(&self) -> String {
         let at = self
             .body
             .find("name=\"csrf\" value=\"")
@@ -47,7 +47,7 @@ impl Page {
         rest[..rest.find('"').expect("end of value")].to_string()
     }
 
-    fn location(&self) -> String {
+    pub(crate) fn location(&self) -> String {
         self.headers
             .get("location")
             .and_then(|v| v.to_str().ok())
@@ -58,7 +58,7 @@ impl Page {
     /// Asserts the page holds `needle`, as markup or as text (with its
     /// quotes escaped as HTML escapes them).
     #[track_caller]
-    fn has(&self, needle: &str) -> &Page {
+    pub(crate) fn has(&self, needle: &str) -> &Page {
         assert!(
             self.body.contains(needle) || self.body.contains(&needle.replace('"', "&quot;")),
             "status {}: {needle:?} not in {}",
@@ -70,7 +70,7 @@ impl Page {
 }
 
 impl Web {
-    fn new(addr: SocketAddr) -> Web {
+    pub(crate) fn new(addr: SocketAddr) -> Web {
         Web {
             addr,
             http: Client::builder(TokioExecutor::new()).build_http(),
@@ -120,11 +120,11 @@ impl Web {
         }
     }
 
-    async fn get(&mut self, path: &str) -> Page {
+    pub(crate) async fn get(&mut self, path: &str) -> Page {
         self.send(Method::GET, path, String::new(), None).await
     }
 
-    async fn post(&mut self, path: &str, fields: &[(&str, &str)]) -> Page {
+    pub(crate) async fn post(&mut self, path: &str, fields: &[(&str, &str)]) -> Page {
         let body = form_urlencoded::Serializer::new(String::new())
             .extend_pairs(fields)
             .finish();

@@ -465,6 +465,7 @@ fn only_storage_names_sled() {
 const FRAMEWORK_USERS: &[&str] = &[
     "src/grpc/",
     "src/anypoint/",
+    "src/sqs/",
     "src/console/",
     "src/metrics.rs",
     "src/edge/",
@@ -489,7 +490,7 @@ fn only_front_ends_name_axum_or_tonic() {
         .filter(|f| !FRAMEWORK_USERS.iter().any(|u| f.starts_with(u)))
         .collect();
     check(
-        "only the front ends (src/grpc/, src/anypoint/, src/console/, src/metrics.rs, \
+        "only the front ends (src/grpc/, src/anypoint/, src/sqs/, src/console/, src/metrics.rs, \
          src/edge/), src/client/ and src/pb.rs name axum or tonic",
         &others,
         |_, code| crates_named(code, FRAMEWORKS),
@@ -500,7 +501,7 @@ fn only_front_ends_name_axum_or_tonic() {
 /// their shared kit, the engine, storage.
 const LAYERS: &[&[&str]] = &[
     &["server"],
-    &["grpc", "anypoint", "console", "metrics"],
+    &["grpc", "anypoint", "sqs", "console", "metrics"],
     &["edge"],
     &["queue"],
     &["storage"],
@@ -586,7 +587,7 @@ fn the_audit_log_is_documented_whole() {
         .expect("docs/configuration.md has the section");
     let mut missing = Vec::new();
     let mut found = 0;
-    for dir in ["src/grpc", "src/anypoint", "src/console"] {
+    for dir in ["src/grpc", "src/anypoint", "src/sqs", "src/console"] {
         for file in rust_files(dir) {
             let text = read(&file);
             // The actions are written as "noun.verb", the first string of

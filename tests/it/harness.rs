@@ -85,6 +85,8 @@ pub struct TestServer {
     pub addr: SocketAddr,
     /// The Anypoint MQ REST address, when started with `--anypoint-listen`.
     pub anypoint: Option<SocketAddr>,
+    /// The SQS endpoint's address, when started with `--sqs-listen`.
+    pub sqs: Option<SocketAddr>,
     args: Vec<String>,
 }
 
@@ -102,7 +104,7 @@ impl TestServer {
             let url = fresh_database(&admin).await;
             args.extend(["--store".into(), url, "--node-name".into(), "it".into()]);
         }
-        let (child, addr, anypoint) = spawn_full(
+        let (child, a) = spawn_announced(
             &dir.path().join("data"),
             &dir.path().join("server.log"),
             &args,
@@ -111,8 +113,9 @@ impl TestServer {
         TestServer {
             dir,
             child: Some(child),
-            addr,
-            anypoint,
+            addr: a.grpc.expect("address"),
+            anypoint: a.anypoint,
+            sqs: sqs_addr(&a),
             args,
         }
     }
@@ -160,15 +163,16 @@ impl TestServer {
     /// Starts again on the same data directory (after `kill` or `stop`).
     pub async fn restart(&mut self) {
         assert!(self.child.is_none(), "stop or kill first");
-        let (child, addr, anypoint) = spawn_full(
+        let (child, a) = spawn_announced(
             &self.data_dir(),
             &self.dir.path().join("server.log"),
             &self.args,
         )
         .expect("server restarts");
         self.child = Some(child);
-        self.addr = addr;
-        self.anypoint = anypoint;
+        self.addr = a.grpc.expect("address");
+        self.anypoint = a.anypoint;
+        self.sqs = sqs_addr(&a);
     }
 }
 
@@ -184,6 +188,14 @@ pub fn spawn(data: &Path, log: &Path, args: &[String]) -> Result<(Child, SocketA
     spawn_full(data, log, args).map(|(c, a, _)| (c, a))
 }
 
+/// The SQS endpoint's address of what a server printed.
+fn sqs_addr(a: &letterbox::launch::Announced) -> Option<SocketAddr> {
+    a.sqs
+        .as_deref()
+        .and_then(|u| u.strip_prefix("http://"))
+        .and_then(|u| u.trim_end_matches('/').parse().ok())
+}
+
 /// [`spawn`], also reading the Anypoint MQ REST address from the second
 /// line when `args` turn it on.
 pub fn spawn_full(
@@ -191,6 +203,18 @@ pub fn spawn_full(
     log: &Path,
     args: &[String],
 ) -> Result<(Child, SocketAddr, Option<SocketAddr>), String> {
+    let (child, a) = spawn_announced(data, log, args)?;
+    Ok((child, a.grpc.expect("address"), a.anypoint))
+}
+
+/// Starts the binary; returns it and what it announced (the gRPC
+/// address, and those of the listeners `args` turn on: Anypoint MQ REST,
+/// SQS).
+pub fn spawn_announced(
+    data: &Path,
+    log: &Path,
+    args: &[String],
+) -> Result<(Child, letterbox::launch::Announced), String> {
     let log_file = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -213,15 +237,17 @@ pub fn spawn_full(
         .args(args)
         .env("LETTERBOX_LOG", "info");
     let anypoint = args.iter().any(|a| a.starts_with("--anypoint-listen"));
+    let sqs = args
+        .iter()
+        .position(|a| a == "--sqs-listen")
+        .and_then(|i| args.get(i + 1))
+        .is_some_and(|v| v != "off");
     let mut served = serve.spawn(log_file).expect("spawn letterbox");
     match served.wait_blocking(
-        |a| a.grpc.is_some() && (!anypoint || a.anypoint.is_some()),
+        |a| a.grpc.is_some() && (!anypoint || a.anypoint.is_some()) && (!sqs || a.sqs.is_some()),
         Duration::from_secs(60),
     ) {
-        Ok(()) => {
-            let a = served.announced;
-            Ok((served.child, a.grpc.expect("address"), a.anypoint))
-        }
+        Ok(()) => Ok((served.child, served.announced)),
         Err(e) => Err(format!(
             "{e}: {}",
             std::fs::read_to_string(log).unwrap_or_default()
@@ -239,6 +265,8 @@ pub struct InProc {
     pub console: Option<SocketAddr>,
     /// The metrics endpoint's address, when the configuration turned it on.
     pub metrics: Option<SocketAddr>,
+    /// The SQS endpoint's address, when the configuration turned it on.
+    pub sqs: Option<SocketAddr>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<()>>,
     _dir: tempfile::TempDir,
@@ -276,6 +304,7 @@ impl InProc {
         let anypoint = server.anypoint_addr();
         let console = server.console_addr();
         let metrics = server.metrics_addr();
+        let sqs = server.sqs_addr();
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(async move {
             server
@@ -291,6 +320,7 @@ impl InProc {
             anypoint,
             console,
             metrics,
+            sqs,
             stop: Some(tx),
             task: Some(task),
             _dir: dir,

@@ -415,3 +415,107 @@ async fn a_first_repetition_of_zero_is_refused() {
     let e = refused("--first-rep", "0").await;
     assert!(e.contains("--first-rep"), "{e}");
 }
+
+/// `letterbox-sqs`: loadgen over Letterbox's SQS endpoint, one message a
+/// call and batched, receives of one with each delete waited for and of
+/// ten with the deletes batched; every message published is received and
+/// deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sqs_target_publishes_receives_and_deletes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut config = ServerConfig::new(
+        dir.path().join("data"),
+        "127.0.0.1:0".parse().expect("addr"),
+    );
+    config.store.segment_size = 8 << 20;
+    config.store.min_free_bytes = 0;
+    config.sqs_listen = Some(letterbox::server::ConsoleAt::Exactly(
+        "127.0.0.1:0".parse().expect("addr"),
+    ));
+    let server = Server::start(config, Arc::new(SystemClock))
+        .await
+        .expect("start");
+    let sqs = format!("http://{}", server.sqs_addr().expect("the SQS endpoint"));
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        server
+            .serve(async {
+                let _ = rx.await;
+            })
+            .await
+            .expect("serve");
+    });
+    let out = dir.path().join("r.jsonl");
+    let runs = [
+        [
+            "--workload",
+            "publish-durable",
+            "--window",
+            "4",
+            "--count",
+            "40",
+        ]
+        .as_slice(),
+        &[
+            "--workload",
+            "publish-durable",
+            "--window",
+            "20",
+            "--batch",
+            "10",
+            "--count",
+            "95",
+        ],
+        &[
+            "--workload",
+            "consume-ack",
+            "--prefetch",
+            "1",
+            "--ack",
+            "sync",
+            "--count",
+            "30",
+        ],
+        &[
+            "--workload",
+            "consume-ack",
+            "--prefetch",
+            "25",
+            "--ack",
+            "async",
+            "--count",
+            "120",
+        ],
+    ];
+    for (lines, args) in runs.into_iter().enumerate() {
+        let mut argv = vec![
+            "loadgen",
+            "run",
+            "--target",
+            "letterbox-sqs",
+            "--sqs-url",
+            &sqs,
+            "--max-secs",
+            "60",
+            "--out",
+            out.to_str().expect("utf-8 path"),
+        ];
+        argv.extend_from_slice(args);
+        letterbox_tools::loadgen::run_cli(&argv)
+            .await
+            .unwrap_or_else(|e| panic!("loadgen {args:?}: {e:#}"));
+        let text = std::fs::read_to_string(&out).expect("results");
+        let all: Vec<&str> = text.lines().collect();
+        assert_eq!(all.len(), lines + 1, "{args:?}");
+        let r: Value = serde_json::from_str(all[lines]).expect("json");
+        let want: u64 = args[args.len() - 1].parse().expect("count");
+        assert_eq!(r["completed"], want, "{r}");
+        assert_eq!(r["timed_out"], false, "{r}");
+        assert_eq!(r["target"], "letterbox-sqs");
+        if args[1] == "consume-ack" {
+            assert_eq!(r["extra"]["queue_depth_after"], 0, "none left visible: {r}");
+        }
+    }
+    let _ = tx.send(());
+    task.await.expect("server task");
+}

@@ -11,8 +11,8 @@ use std::path::Path;
 use super::VerifyReport;
 use crate::storage::error::{Result, StorageError};
 use crate::storage::keys::{
-    OwnedKey, TAG_COUNTERS, TAG_DEDUP, TAG_EXCHANGE, TAG_GROUP, TAG_META, TAG_PAYLOAD, TAG_QUEUE,
-    TAG_SYS,
+    OwnedKey, TAG_ANNOTATIONS, TAG_COUNTERS, TAG_DEDUP, TAG_EXCHANGE, TAG_GROUP, TAG_META,
+    TAG_PAYLOAD, TAG_QUEUE, TAG_SYS,
 };
 use crate::storage::local::{payloads, wal};
 use crate::storage::records::{
@@ -91,7 +91,10 @@ pub(super) fn read_all(
                 b.copy_from_slice(&k[1..9]);
                 read_payload(u64::from_be_bytes(b), &v, &mut segs, &mut recs, r)?;
             }
-            Some(TAG_QUEUE | TAG_COUNTERS | TAG_META | TAG_DEDUP | TAG_GROUP | TAG_EXCHANGE) => {
+            Some(
+                TAG_QUEUE | TAG_COUNTERS | TAG_META | TAG_DEDUP | TAG_GROUP | TAG_EXCHANGE
+                | TAG_ANNOTATIONS,
+            ) => {
                 let Some(key) = OwnedKey::decode(&k) else {
                     r.problem(format!("{}: malformed key", what()));
                     continue;
@@ -203,6 +206,9 @@ fn read_engine_record(
             .map(|_| recs.groups.push((qid, g)))
             .map_err(bad),
         OwnedKey::Exchange(_) => records::decode::<ExchangeRecord>(&name, v)
+            .map(|_| ())
+            .map_err(bad),
+        OwnedKey::Annotations(_) => records::decode::<records::AnnotationsRecord>(&name, v)
             .map(|_| ())
             .map_err(bad),
         OwnedKey::Other => Err(format!("{}: unknown key", what())),

@@ -6,7 +6,8 @@
 //! loadgen report --results r.jsonl --disk results/<run>/disk
 //! ```
 //!
-//! Targets are pluggable: see [`target`]. `letterbox` is always built; the
+//! Targets are pluggable: see [`target`]. `letterbox` and the SQS targets
+//! (`letterbox-sqs`, `moto-sqs`: [`sqs`]) are always built; the
 //! peers (`rabbit-quorum`, `rabbit-quorum-3`, `rabbit-classic`, `nats-js`)
 //! need the cargo feature `peers`.
 
@@ -25,6 +26,7 @@ pub mod letterbox;
 pub mod rabbit;
 pub mod report;
 pub mod scrape;
+pub mod sqs;
 pub mod stats;
 pub mod target;
 pub mod workload;
@@ -62,8 +64,8 @@ enum Cmd {
 
 #[derive(Parser)]
 struct RunArgs {
-    /// letterbox | rabbit-quorum | rabbit-quorum-3 | rabbit-classic | nats-js
-    /// (see target::connect)
+    /// letterbox | letterbox-sqs | moto-sqs | tonic-floor | rabbit-quorum |
+    /// rabbit-quorum-3 | rabbit-classic | nats-js (see target::connect)
     #[arg(long)]
     target: String,
     #[arg(long, value_enum)]
@@ -169,6 +171,16 @@ struct RunArgs {
         env = "LOADGEN_NATS_URL"
     )]
     nats_url: String,
+    /// letterbox-sqs: Letterbox's SQS endpoint (`letterbox serve --sqs-listen`)
+    #[arg(long, default_value = "http://127.0.0.1:9324", env = "LOADGEN_SQS_URL")]
+    sqs_url: String,
+    /// moto-sqs: moto's server (`moto_server`)
+    #[arg(
+        long,
+        default_value = "http://127.0.0.1:5000",
+        env = "LOADGEN_MOTO_URL"
+    )]
+    moto_url: String,
 }
 
 /// Entry point of the `loadgen` binary.
@@ -224,6 +236,8 @@ async fn run(a: RunArgs) -> Result<()> {
         amqp_url: a.amqp_url.clone(),
         amqp_cluster_url: a.amqp_cluster_url.clone(),
         nats_url: a.nats_url.clone(),
+        sqs_url: a.sqs_url.clone(),
+        moto_url: a.moto_url.clone(),
     };
     let t = target::connect(&a.target, &ep).await?;
     let caps = t.caps();
