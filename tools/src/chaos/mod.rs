@@ -467,7 +467,15 @@ pub async fn run(args: Args) -> Result<i32> {
 
     // Final phase: a clean server, producers and admin stop, consumers ack
     // everything but poison, until every queue is empty.
-    let (s, running_epoch) = final_server(&mut nem, running).await?;
+    let Some((s, running_epoch)) = final_server(&mut nem, running).await? else {
+        // A start refused on a directory this run did not damage (or put
+        // back): the server found lost data and stopped, which the health
+        // invariant counts; there is nothing left to drain.
+        workers.abandon(&sh).await;
+        let code = verdict(&args, seed, &nem, &hist, started.elapsed());
+        println!("chaos: run directory kept: {}", run_dir.display());
+        return Ok(code);
+    };
     workers.drain(&sh, &mut nem).await;
     if !soak_samples.is_empty() {
         // Two checkpoints (30 s apart by default) retire what the drain
@@ -649,6 +657,17 @@ impl Workers {
         Workers { workers, consumers }
     }
 
+    /// Stops every task at once, without a drain: the final server did
+    /// not start.
+    async fn abandon(self, sh: &Shared) {
+        sh.quiet.store(true, Ordering::SeqCst);
+        sh.phase.store(workload::STOP, Ordering::SeqCst);
+        for t in self.workers.into_iter().chain(self.consumers) {
+            t.abort();
+            let _ = t.await;
+        }
+    }
+
     /// Stops the producers and the admin worker, lets the consumers ack
     /// everything but poison until every queue is empty (90 s at most,
     /// 20 s without progress), then stops them.
@@ -796,8 +815,12 @@ async fn cycles(nem: &mut Nemesis, args: &Args, started: Instant) -> Result<()> 
 /// The server of the final phase, and its epoch if it is not the last
 /// one started: the soak's, still running; with `--pair` the owner (the
 /// pair brought up if no node serves), its standby killed; otherwise a
-/// new one.
-async fn final_server(nem: &mut Nemesis, running: Option<Server>) -> Result<(Server, Option<u64>)> {
+/// new one. `None`, with a health violation recorded, when a new one does
+/// not start.
+async fn final_server(
+    nem: &mut Nemesis,
+    running: Option<Server>,
+) -> Result<Option<(Server, Option<u64>)>> {
     let mut running = running;
     let mut running_epoch = None;
     if nem.pair.as_ref().is_some_and(|p| p.owner.is_none()) {
@@ -820,17 +843,20 @@ async fn final_server(nem: &mut Nemesis, running: Option<Server>) -> Result<(Ser
         None => {
             let mut s = nem.spawn(None)?;
             if !nem.ready(&mut s).await? {
-                bail!(
-                    "the server did not start for the final phase ({}); the end of its log:\n{}",
-                    s.try_wait()
-                        .map_or("still running".into(), |st| st.to_string()),
+                let status = s
+                    .try_wait()
+                    .map_or("still running".into(), |st| st.to_string());
+                let _ = s.kill();
+                nem.health.push(format!(
+                    "the server did not start for the final phase ({status}); what was acknowledged cannot be read back; the end of its log:\n{}",
                     server::log_tail(&nem.spec.log, 30)
-                );
+                ));
+                return Ok(None);
             }
             s
         }
     };
-    Ok((s, running_epoch))
+    Ok(Some((s, running_epoch)))
 }
 
 /// After the final stop: a restart, where nothing may reappear and the
