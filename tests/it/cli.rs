@@ -14,16 +14,6 @@ fn run(s: &TestServer, args: &[&str]) -> Output {
         .expect("run letterbox")
 }
 
-/// The binary, with no profile of the user's own in the way.
-fn letterbox() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_letterbox"));
-    c.env("LETTERBOX_CONFIG_HOME", "/nonexistent/letterbox-config")
-        .env_remove("LETTERBOX_SERVER")
-        .env_remove("LETTERBOX_CONTEXT")
-        .env_remove("LETTERBOX_TOKEN");
-    c
-}
-
 fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }

@@ -515,3 +515,15 @@ pub fn assert_status<T: std::fmt::Debug>(
         }
     }
 }
+
+/// The binary as a client command, with no profile, server, context,
+/// token or CA of the user's own in the way.
+pub fn letterbox() -> std::process::Command {
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_letterbox"));
+    c.env("LETTERBOX_CONFIG_HOME", "/nonexistent/letterbox-config")
+        .env_remove("LETTERBOX_SERVER")
+        .env_remove("LETTERBOX_CONTEXT")
+        .env_remove("LETTERBOX_TOKEN")
+        .env_remove("LETTERBOX_CA_CERT");
+    c
+}

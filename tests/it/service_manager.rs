@@ -3,7 +3,6 @@
 //! and `letterbox health`, the container's health check.
 
 use std::os::unix::net::UnixDatagram;
-use std::process::Command;
 use std::time::Duration;
 
 use letterbox::launch::Serve;
@@ -91,16 +90,6 @@ fn a_missing_socket_does_not_stop_the_server() {
     assert!(child.try_wait().unwrap().is_none(), "the server exited");
     let _ = child.kill();
     let _ = child.wait();
-}
-
-/// The binary, with no profile of the user's own in the way.
-fn letterbox() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_letterbox"));
-    c.env("LETTERBOX_CONFIG_HOME", "/nonexistent/letterbox-config")
-        .env_remove("LETTERBOX_SERVER")
-        .env_remove("LETTERBOX_CONTEXT")
-        .env_remove("LETTERBOX_TOKEN");
-    c
 }
 
 #[tokio::test]

@@ -5,20 +5,9 @@
 //! which listener it reached and where gRPC is.
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 
 use crate::harness::*;
-
-/// The binary, with no profile of the user's own in the way.
-fn letterbox() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_letterbox"));
-    c.env("LETTERBOX_CONFIG_HOME", "/nonexistent/letterbox-config")
-        .env_remove("LETTERBOX_SERVER")
-        .env_remove("LETTERBOX_CONTEXT")
-        .env_remove("LETTERBOX_TOKEN")
-        .env_remove("LETTERBOX_CA_CERT");
-    c
-}
 
 fn text(out: &Output) -> (String, String) {
     (
